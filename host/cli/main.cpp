@@ -1,9 +1,53 @@
-// cli/main.cpp: the `ferry` command (placeholder until the CLI lands).
+// cli/main.cpp: the `ferry` command: parses global options and dispatches to a subcommand.
+#include <ferry/sdk/error.hpp>
+
 #include <cstdio>
+#include <map>
 
-#include "ferry_build_config.h"
+#include "cli/command.hpp"
+#include "common/log.hpp"
 
-int main() {
-  std::printf("ferry %s\n", FERRY_VERSION);
-  return 0;
+int main(int argc, char** argv) {
+  using namespace ferry::cli;
+  CLI::App app{"ferry: moves model weights from RL trainers into rollout engines"};
+  app.require_subcommand(1);
+  GlobalOptions globals;
+  app.add_option("--config", globals.config_path, "TOML config file (docs/config.md)");
+  app.add_option("--set", globals.overrides, "config override KEY=VALUE (repeatable)");
+  app.add_option("--plugin-dir", globals.plugin_dirs, "extra plugin folder, searched first");
+  app.add_option("--log-level", globals.log_level, "trace, debug, info, warn, error, off");
+
+  std::map<CLI::App*, Action> actions;
+  auto add = [&](Action (*adder)(CLI::App&, const GlobalOptions&)) {
+    const auto before = app.get_subcommands({});
+    Action action = adder(app, globals);
+    for (CLI::App* sub : app.get_subcommands({})) {
+      bool seen = false;
+      for (CLI::App* old : before) seen = seen || old == sub;
+      if (!seen) actions[sub] = action;
+    }
+  };
+  add(add_plugins_command);
+  add(add_version_command);
+  add(add_conformance_command);
+  add(add_inspect_command);
+  add(add_serve_command);
+  add(add_push_command);
+  add(add_demo_command);
+  add(add_bench_command);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    ferry::set_log_level(globals.log_level);
+    for (auto& [sub, action] : actions) {
+      if (sub->parsed()) return action();
+    }
+    return 2;
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "ferry: error: %s (%s)\n", e.what(), ferry::status_name(e.code()));
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: error: %s\n", e.what());
+    return 1;
+  }
 }
