@@ -65,18 +65,24 @@ struct Limits {
 // Checks a manifest against the rules (docs/plugin-abi.md, "Manifests"): known dtypes, at most
 // max_dims dims, size == product(shape) * dtype size without overflow, non-empty unique names,
 // and for a bucket (bucket_count > 0): bucket_index < bucket_count, entries sorted by offset,
-// non-overlapping, inside bucket_bytes, gaps no larger than max_bucket_gap. Throws ferry::Error
-// (CORRUPT_DATA) whose message names the tensor and the rule.
+// non-overlapping, inside bucket_bytes, gaps no larger than max_bucket_gap. Also: names at most
+// max_name_bytes and without NUL bytes, a known quantization scale dtype, sharding index < count
+// and dim < ndim. Throws ferry::Error (CORRUPT_DATA) whose message names the tensor and the rule:
+// "manifest: tensor 'x' (index 3): size 12 != product(shape [2, 3]) * 4 = 24".
 void validate(const Manifest& manifest, const Limits& limits = {});
 
 // Serializes (after validate) to a flat Cap'n Proto message.
 std::vector<std::uint8_t> encode(const Manifest& manifest);
 
 // Parses untrusted bytes with `limits`, then validate(). Throws ferry::Error (CORRUPT_DATA).
+// The bytes must be exactly one message (no trailing words); misaligned input is copied. A
+// fingerprint whose algorithm is not kFingerprintAlgorithm is rejected.
 Manifest decode(std::span<const std::uint8_t> bytes, const Limits& limits = {});
 
 // A stable 64-bit signature of what a plan depends on: each entry's name, dtype and shape, in
 // order (not offsets, fingerprints or versions). Equal signatures => the cached plan applies.
+// Algorithm (stable across builds and hosts): FNV-1a 64 over little-endian u64 fields: the entry
+// count, then per entry the name length, the name bytes, the dtype, ndim and each dim.
 std::uint64_t signature(const Manifest& manifest);
 
 // The entries as ferry_tensor_desc_t (for model plugins). Names point into `manifest`, which

@@ -1,0 +1,115 @@
+// config/config.hpp: the typed configuration of the `ferry` host (docs/config.md): defaults, a
+// TOML file (`--config FILE`), and `--set key.path=value` overrides, each checked for unknown keys,
+// wrong types and out-of-range values with an error that names the key and its line.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry::config {
+
+// What happens to a tagged region's contents on release_memory_occupation.
+enum class ReleasePolicy {
+  discard,  // contents are dropped; resume gives zeroed memory until the next update
+  backup,   // contents are copied to the host mirror and restored on resume
+};
+
+// How parameter names and shapes are laid out in the receiver.
+enum class Layout {
+  engine,  // the inference engine's fused layout (stacked MoE experts, merged qkv, ...)
+  hf,      // the checkpoint's own (Hugging Face) names and shapes
+};
+
+struct ReceiverConfig {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 30000;
+  std::string token;               // "" = mutating routes need no token
+  std::string device = "cpu";      // "cpu", "cuda" or "cuda:N"
+  std::string model_path;          // "" = no model loaded at start
+  std::string model_family;        // "" = detect from the model's config.json
+  Layout layout = Layout::engine;
+  std::uint32_t tp_rank = 0;
+  std::uint32_t tp_size = 1;
+  std::uint32_t ep_rank = 0;
+  std::uint32_t ep_size = 1;
+  std::string transport = "disk";  // plugin name: libferry_transport_<name>.so
+};
+
+struct UpdateConfig {
+  std::uint64_t bucket_bytes = 256ull << 20;
+  std::uint32_t read_threads = 0;   // 0 = auto
+  std::uint32_t apply_threads = 0;  // 0 = auto
+  bool verify_fingerprints = true;
+  std::uint64_t bucket_timeout_ms = 60000;
+  std::uint64_t commit_timeout_ms = 60000;
+};
+
+struct MemoryConfig {
+  ReleasePolicy weights_policy = ReleasePolicy::backup;
+  ReleasePolicy staging_policy = ReleasePolicy::discard;
+  std::string mirror_path;  // "" = anonymous memory; a file (e.g. under /dev/shm) = file-backed
+};
+
+struct DemoConfig {
+  std::uint32_t steps = 5;
+  std::uint64_t hidden_size = 256;
+  std::uint32_t layers = 4;
+  std::uint64_t vocab_size = 4096;
+  std::string transport = "auto";
+  std::string device = "cpu";
+};
+
+// Free-form options of one plugin ([transport.<name>] or [model.<name>]): every value kept as a
+// string (numbers in decimal, booleans as "true"/"false"); the plugin validates them.
+using PluginOptions = std::map<std::string, std::string>;
+
+struct Config {
+  std::vector<std::string> plugin_dirs;  // searched before the environment and install dir
+  std::string log_level = "info";        // trace, debug, info, warn, error, off
+  ReceiverConfig receiver;
+  UpdateConfig update;
+  MemoryConfig memory;
+  DemoConfig demo;
+  std::map<std::string, PluginOptions> transports;  // by plugin name
+  std::map<std::string, PluginOptions> models;      // by plugin name
+};
+
+// Parses TOML text. `source_name` prefixes error messages ("config.toml:12: unknown key
+// 'receiver.prot'"). Applies every rule, including the cross-key ones (see validate).
+// Throws ferry::Error INVALID_ARGUMENT.
+Config parse(std::string_view toml_text, std::string source_name);
+
+// Reads and parses a file; errors name the path as given. Throws ferry::Error: NOT_FOUND / IO
+// when the file cannot be read, INVALID_ARGUMENT for its content.
+Config load_file(const std::string& path);
+
+// Applies one "key.path=value" override (`--set`). The value is read as a TOML value of the
+// key's type ("receiver.port=8000", "plugin_dirs=['/a','/b']", "update.verify_fingerprints=false");
+// a string key also takes the bare text ("memory.weights_policy=discard"). Keys under
+// transport.<name>. and model.<name>. are plugin options and are added. Checks the key's own
+// type and range; the cross-key rules (tp_rank < tp_size) are left to validate(), so that the
+// order of overrides does not matter. Throws ferry::Error INVALID_ARGUMENT naming the override.
+void apply_override(Config& config, std::string_view key_eq_value);
+
+// Cross-key rules: receiver.tp_rank < tp_size, receiver.ep_rank < ep_size.
+// Throws ferry::Error INVALID_ARGUMENT.
+void validate(const Config& config);
+
+// The usual sequence: defaults or `path` (when not empty), then each override in order, then
+// validate().
+Config load(const std::string& path, std::span<const std::string> overrides);
+
+const char* policy_name(ReleasePolicy policy) noexcept;  // "discard", "backup"
+const char* layout_name(Layout layout) noexcept;         // "engine", "hf"
+
+// The options as the plugin ABI takes them. Pointers point into `options`, which must outlive
+// the result and stay unmodified.
+std::vector<ferry_option_t> option_array(const PluginOptions& options);
+
+}  // namespace ferry::config

@@ -1,0 +1,577 @@
+// The receiver: model binding + weight store + update engine behind the control operations
+// (see receiver/receiver.hpp).
+#include "receiver/receiver.hpp"
+
+#include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "receiver/source_reader.hpp"
+#include "registry/registry.hpp"
+#include "store/cpu_weight_store.hpp"
+#include "store/host_mirror.hpp"
+#include "update/model_binding.hpp"
+#include "update/update_engine.hpp"
+
+namespace ferry::receiver {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kWeightsTag = "weights";
+constexpr std::uint64_t kStagingAlign = 256;
+
+store::Policy to_store_policy(config::ReleasePolicy p) {
+  return p == config::ReleasePolicy::backup ? store::Policy::Backup : store::Policy::Discard;
+}
+
+// Reads config.json next to a checkpoint (the folder itself, or the folder of a file).
+std::string read_config_json(const fs::path& checkpoint) {
+  fs::path dir = fs::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
+  fs::path file = dir / "config.json";
+  std::ifstream in(file);
+  if (!in) return {};
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The model family named by config.json's architectures / model_type.
+std::string detect_family(const std::string& config_json, const fs::path& checkpoint) {
+  if (config_json.empty()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cannot detect the model family of '{}': no config.json beside it; set "
+         "receiver.model_family (or --model-family)",
+         checkpoint.string());
+  }
+  auto doc = nlohmann::json::parse(config_json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "config.json beside '{}' is not a JSON object",
+         checkpoint.string());
+  }
+  std::vector<std::string> names;
+  if (auto it = doc.find("architectures"); it != doc.end() && it->is_array()) {
+    for (const auto& a : *it) {
+      if (a.is_string()) names.push_back(a.get<std::string>());
+    }
+  }
+  if (auto it = doc.find("model_type"); it != doc.end() && it->is_string()) {
+    names.push_back(it->get<std::string>());
+  }
+  for (const auto& n : names) {
+    std::string lower = n;
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    if (lower.find("moe") != std::string::npos || lower.find("deepseek") != std::string::npos) {
+      return "moe";
+    }
+    if (lower.find("llama") != std::string::npos || lower.find("qwen") != std::string::npos ||
+        lower.find("mistral") != std::string::npos) {
+      return "dense";
+    }
+  }
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "cannot detect the model family of '{}' from config.json (architectures/model_type); set "
+       "receiver.model_family",
+       checkpoint.string());
+}
+
+struct AlignedBuffer {
+  std::unique_ptr<std::byte[]> storage;
+  std::span<std::byte> bytes;
+  explicit AlignedBuffer(std::uint64_t size)
+      : storage(new std::byte[size + kStagingAlign]) {
+    auto addr = reinterpret_cast<std::uintptr_t>(storage.get());
+    auto aligned = (addr + kStagingAlign - 1) & ~(kStagingAlign - 1);
+    bytes = {storage.get() + (aligned - addr), size};
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string escape_label(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Receiver::State {
+  config::Config config;
+  const registry::Registry& registry;
+  std::mutex update_mutex;  // one mutating operation at a time
+  std::atomic<bool> busy{false};
+  std::atomic<const char*> activity{""};  // "loading" / "updating" while busy
+
+  std::shared_ptr<const registry::LoadedPlugin> model_plugin;
+  std::unique_ptr<update::ModelBinding> binding;
+  std::unique_ptr<store::CpuWeightStore> store;
+  std::unique_ptr<update::UpdateEngine> engine;
+  std::map<std::string, ferry_tensor_desc_t> catalog;  // checkpoint tensors by name
+  std::vector<std::string> catalog_names;                // owns the names `catalog` points at
+  std::vector<std::vector<std::uint64_t>> catalog_shapes;
+
+  State(const config::Config& c, const registry::Registry& r) : config(c), registry(r) {}
+
+  unsigned threads() const { return config.update.apply_threads; }
+
+  // Creates the model binding, store and engine from the first checkpoint's catalog.
+  void create_layout(const manifest::Manifest& cat, const fs::path& checkpoint) {
+    const std::string config_json = read_config_json(checkpoint);
+    std::string family = config.receiver.model_family;
+    if (family.empty()) family = detect_family(config_json, checkpoint);
+    model_plugin = registry.model(family);
+    const auto& opts = config.models[family];
+    std::vector<ferry_option_t> options = config::option_array(opts);
+    ferry_model_create_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_model_create_args_t, num_options);
+    args.layout = config::layout_name(config.receiver.layout);
+    args.tp_rank = config.receiver.tp_rank;
+    args.tp_size = config.receiver.tp_size;
+    args.ep_rank = config.receiver.ep_rank;
+    args.ep_size = config.receiver.ep_size;
+    args.config_json = config_json.empty() ? nullptr : config_json.c_str();
+    args.options = options.data();
+    args.num_options = options.size();
+    auto new_binding = update::ModelBinding::create(model_plugin->model(), family, args, model_plugin);
+    auto descs = manifest::tensor_descs(cat);
+    const auto& layout = new_binding->target_layout(descs);
+
+    auto new_store = std::make_unique<store::CpuWeightStore>(
+        store::CpuWeightStoreOptions{config.update.apply_threads});
+    std::vector<store::TensorSpec> specs;
+    specs.reserve(layout.size());
+    for (const auto& p : layout) specs.push_back({p.name, p.dtype, p.shape});
+    new_store->place_all(kWeightsTag, to_store_policy(config.memory.weights_policy), specs);
+    if (!config.memory.mirror_path.empty() &&
+        config.memory.weights_policy == config::ReleasePolicy::backup) {
+      new_store->attach_mirror(store::HostMirror::create_file(
+          config.memory.mirror_path, new_store->mirror_layout(), config.update.apply_threads));
+    }
+    update::UpdateOptions uopts;
+    uopts.verify_fingerprints = config.update.verify_fingerprints;
+    uopts.threads = config.update.apply_threads;
+    auto new_engine = std::make_unique<update::UpdateEngine>(*new_store, *new_binding, uopts);
+
+    // Keep the catalog for get_weights_by_name.
+    std::map<std::string, ferry_tensor_desc_t> new_catalog;
+    catalog_names.clear();
+    catalog_shapes.clear();
+    catalog_names.reserve(cat.tensors.size());
+    for (const auto& e : cat.tensors) catalog_names.push_back(e.name);
+    for (std::size_t i = 0; i < cat.tensors.size(); ++i) {
+      ferry_tensor_desc_t d = descs[i];
+      d.name = catalog_names[i].c_str();
+      new_catalog[catalog_names[i]] = d;
+    }
+    binding = std::move(new_binding);
+    store = std::move(new_store);
+    engine = std::move(new_engine);
+    catalog = std::move(new_catalog);
+    logger("receiver")->info("model family '{}' ({} layout, tp {}/{}): {} parameters", family,
+                             args.layout, args.tp_rank, args.tp_size, layout.size());
+  }
+
+  // A later checkpoint must describe the same tensors as the first one.
+  void check_catalog(const manifest::Manifest& cat) const {
+    for (const auto& e : cat.tensors) {
+      auto it = catalog.find(e.name);
+      if (it == catalog.end()) {
+        fail(FERRY_STATUS_INCOMPATIBLE,
+             "checkpoint tensor '{}' is not part of the loaded model's layout", e.name);
+      }
+      const auto& d = it->second;
+      std::vector<std::uint64_t> shape(d.shape, d.shape + d.ndim);
+      if (d.dtype != e.dtype || shape != e.shape) {
+        fail(FERRY_STATUS_INCOMPATIBLE, "checkpoint tensor '{}' is {} {} but the layout expects {} {}",
+             e.name, dtype_name(e.dtype), shape_string(e.shape), dtype_name(d.dtype),
+             shape_string(shape));
+      }
+    }
+    if (cat.tensors.size() < catalog.size()) {
+      std::set<std::string> present;
+      for (const auto& e : cat.tensors) present.insert(e.name);
+      std::vector<std::string> missing;
+      for (const auto& [name, d] : catalog) {
+        if (!present.count(name) && missing.size() < 8) missing.push_back(name);
+      }
+      fail(FERRY_STATUS_INCOMPATIBLE, "checkpoint lacks {} tensor(s) of the layout, e.g. {}",
+           catalog.size() - cat.tensors.size(), fmt::join(missing, ", "));
+    }
+  }
+
+  void require_weights_resident() const {
+    if (store && store->released(kWeightsTag)) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "weights are released; call resume_memory_occupation first");
+    }
+  }
+};
+
+namespace {
+struct BusyGuard {
+  std::atomic<bool>& busy;
+  std::atomic<const char*>& activity;
+  BusyGuard(std::atomic<bool>& b, std::atomic<const char*>& a, const char* what)
+      : busy(b), activity(a) {
+    activity.store(what);
+    busy.store(true);
+  }
+  ~BusyGuard() {
+    busy.store(false);
+    activity.store("");
+  }
+};
+}  // namespace
+
+Receiver::Receiver(const config::Config& config, const registry::Registry& registry)
+    : state_(std::make_unique<State>(config, registry)) {}
+
+Receiver::~Receiver() = default;
+
+UpdateReport Receiver::update_from_disk(const fs::path& path,
+                                        const std::optional<std::string>& label) {
+  auto& s = *state_;
+  std::unique_lock lock(s.update_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  s.require_weights_resident();
+
+  // Open and validate the whole checkpoint before touching anything.
+  auto plugin = s.registry.transport("disk");
+  std::map<std::string, std::string> topts = s.config.transports["disk"];
+  if (s.config.update.read_threads != 0 && !topts.count("read_threads")) {
+    topts["read_threads"] = std::to_string(s.config.update.read_threads);
+  }
+  SourceReader reader(plugin, topts, path.string());
+  const auto& cat = reader.catalog();
+
+  BusyGuard busy(s.busy, s.activity, s.engine ? "updating" : "loading");
+  if (!s.engine) {
+    s.create_layout(cat, path);
+  } else {
+    s.check_catalog(cat);
+  }
+
+  std::uint64_t largest = 0, total = 0;
+  for (const auto& e : cat.tensors) {
+    largest = std::max(largest, e.size);
+    total += e.size;
+  }
+  std::uint64_t capacity = std::max<std::uint64_t>(
+      std::min<std::uint64_t>(s.config.update.bucket_bytes, total + kStagingAlign),
+      largest + kStagingAlign);
+  capacity = (capacity + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  // Two staging buckets: bucket k+1 is read while bucket k is applied.
+  AlignedBuffer staging[2] = {AlignedBuffer(capacity), AlignedBuffer(capacity)};
+
+  const auto previous = s.engine->version();
+  const std::uint64_t number = previous.number + 1;
+  const std::string version_label = label.value_or(std::to_string(number));
+  s.engine->begin(number, version_label);
+
+  UpdateReport report;
+  try {
+    const unsigned read_threads = s.config.update.read_threads;
+    struct Read {
+      bool more = false;
+      std::vector<std::uint8_t> manifest;
+      std::uint64_t bytes = 0;
+    };
+    auto read_into = [&](int slot) {
+      Read r;
+      r.more = reader.read(staging[slot].bytes, read_threads, r.manifest, r.bytes);
+      return r;
+    };
+    int slot = 0;
+    Read current = read_into(slot);
+    while (current.more) {
+      auto next = std::async(std::launch::async, read_into, 1 - slot);
+      try {
+        const auto decoded = manifest::decode(current.manifest);
+        s.engine->apply_bucket(staging[slot].bytes.first(decoded.bucket_bytes), current.manifest);
+        report.bytes += current.bytes;
+        report.tensors += decoded.tensors.size();
+        report.buckets += 1;
+      } catch (...) {
+        next.wait();
+        throw;
+      }
+      current = next.get();
+      slot = 1 - slot;
+    }
+    s.engine->commit();
+  } catch (const std::exception& e) {
+    s.engine->abort(e.what());
+    throw;
+  }
+  report.version = version();
+  report.seconds = seconds_since(start);
+  logger("receiver")->info("update {} ('{}') from disk: {} tensors, {:.1f} MiB in {:.3f} s",
+                           report.version.number, report.version.label, report.tensors,
+                           report.bytes / 1048576.0, report.seconds);
+  return report;
+}
+
+UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uint64_t version_hint,
+                                    const std::optional<std::string>& label,
+                                    const std::map<std::string, std::uint64_t>& expected) {
+  auto& s = *state_;
+  std::unique_lock lock(s.update_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  if (!s.engine) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "no layout yet: load a checkpoint from disk first (the first load defines the layout)");
+  }
+  s.require_weights_resident();
+  const auto start = std::chrono::steady_clock::now();
+  BusyGuard busy(s.busy, s.activity, "updating");
+  const std::uint64_t number =
+      version_hint != 0 ? version_hint : s.engine->version().number + 1;
+  s.engine->begin(number, label.value_or(std::to_string(number)));
+  UpdateReport report;
+  try {
+    if (!expected.empty()) s.engine->set_expected_fingerprints(expected);
+    for (const auto& b : buckets) {
+      s.engine->apply_bucket(b.data, b.manifest);
+      report.bytes += b.data.size();
+      report.buckets += 1;
+    }
+    s.engine->commit();
+  } catch (const std::exception& e) {
+    s.engine->abort(e.what());
+    throw;
+  }
+  report.version = version();
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+WeightValues Receiver::weights_by_name(const std::string& name, std::size_t truncate_size) const {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  if (!s.engine) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
+  auto it = s.catalog.find(name);
+  if (it == s.catalog.end()) {
+    fail(FERRY_STATUS_NOT_FOUND, "no checkpoint tensor named '{}'", name);
+  }
+  s.require_weights_resident();
+  const auto& desc = it->second;
+  auto ops = s.binding->locate(desc);
+  WeightValues out;
+  out.name = name;
+  out.dtype = desc.dtype;
+  std::uint64_t elements = 0;
+  for (const auto& op : ops) elements += op.rows * op.cols;
+  // This rank's shape: the checkpoint shape with the sharded dimension divided.
+  std::vector<std::uint64_t> shape(desc.shape, desc.shape + desc.ndim);
+  const std::uint64_t full = element_count(shape).value_or(0);
+  if (elements != full && elements != 0 && !ops.empty() && full % elements == 0) {
+    // A shard on dimension d > 0 is one block per outer row (rows == product of the dims before
+    // d); otherwise the shard is on dimension 0.
+    const std::uint64_t parts = full / elements;
+    std::size_t sharded = 0;
+    std::uint64_t outer = shape.empty() ? 1 : shape[0];
+    for (std::size_t d = 1; d < shape.size(); ++d) {
+      if (ops.front().rows == outer && shape[d] % parts == 0) {
+        sharded = d;
+        break;
+      }
+      outer *= shape[d];
+    }
+    if (!shape.empty()) shape[sharded] /= parts;
+  }
+  out.shape = shape;
+  const auto& layout = s.binding->layout();
+  std::size_t remaining = std::min<std::uint64_t>(truncate_size, elements);
+  for (const auto& op : ops) {
+    if (remaining == 0) break;
+    const auto& lp = layout.at(op.dst_param);
+    const auto info = s.store->param(std::string_view(lp.name));
+    const std::size_t esize = dtype_size(info.dtype);
+    for (std::uint64_t r = 0; r < op.rows && remaining > 0; ++r) {
+      const std::uint64_t n = std::min<std::uint64_t>(op.cols, remaining);
+      std::vector<double> row(n);
+      const std::byte* src = info.data + (op.dst_offset + r * op.dst_row_stride) * esize;
+      if (info.dtype == FERRY_DTYPE_F64 || kernels::cast_supported(info.dtype, FERRY_DTYPE_F64)) {
+        kernels::convert_elements(src, info.dtype, row.data(), FERRY_DTYPE_F64, n);
+      } else {
+        for (std::uint64_t i = 0; i < n; ++i) {
+          const std::byte* p = src + i * esize;
+          switch (info.dtype) {
+            case FERRY_DTYPE_I8: row[i] = static_cast<double>(*reinterpret_cast<const std::int8_t*>(p)); break;
+            case FERRY_DTYPE_U8: row[i] = static_cast<double>(*reinterpret_cast<const std::uint8_t*>(p)); break;
+            case FERRY_DTYPE_BOOL: row[i] = *reinterpret_cast<const std::uint8_t*>(p) ? 1.0 : 0.0; break;
+            case FERRY_DTYPE_I16: { std::int16_t v; std::memcpy(&v, p, 2); row[i] = v; break; }
+            case FERRY_DTYPE_I32: { std::int32_t v; std::memcpy(&v, p, 4); row[i] = v; break; }
+            case FERRY_DTYPE_I64: { std::int64_t v; std::memcpy(&v, p, 8); row[i] = static_cast<double>(v); break; }
+            default: fail(FERRY_STATUS_UNIMPLEMENTED, "cannot show values of dtype {}", dtype_name(info.dtype));
+          }
+        }
+      }
+      out.values.insert(out.values.end(), row.begin(), row.end());
+      remaining -= n;
+    }
+  }
+  return out;
+}
+
+void Receiver::set_version_label(const std::string& label) {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  if (!s.engine) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
+  s.engine->set_version_label(label);
+}
+
+VersionInfo Receiver::version() const {
+  const auto* engine = state_->engine.get();
+  if (engine == nullptr) return {};
+  auto v = engine->version();
+  return VersionInfo{v.number, v.label};
+}
+
+Health Receiver::health() const {
+  auto& s = *state_;
+  if (s.busy.load()) {
+    const char* what = s.activity.load();
+    return Health{false, what, std::string(what) == "loading" ? "loading the first weights"
+                                                               : "an update is being applied"};
+  }
+  if (!s.engine) return Health{false, "empty", "no weights loaded yet"};
+  auto h = s.engine->health();
+  if (!h.ready) return Health{false, "fenced", h.reason};
+  if (s.store->released(kWeightsTag)) {
+    return Health{false, "released", "weights are released (resume_memory_occupation)"};
+  }
+  if (!s.store->contents_valid(kWeightsTag)) {
+    return Health{false, "invalid", s.store->invalid_reason(kWeightsTag)};
+  }
+  return Health{true, "ready", ""};
+}
+
+void Receiver::release(const std::vector<std::string>& tags) {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  if (!s.store) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
+  std::vector<std::string> chosen = tags.empty() ? s.store->tags() : tags;
+  if (tags.empty()) {
+    std::erase_if(chosen, [&](const std::string& t) { return s.store->released(t); });
+    if (chosen.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "every tag is already released");
+  }
+  s.store->release(chosen);
+}
+
+void Receiver::resume(const std::vector<std::string>& tags) {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  if (!s.store) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
+  std::vector<std::string> chosen = tags.empty() ? s.store->tags() : tags;
+  if (tags.empty()) {
+    std::erase_if(chosen, [&](const std::string& t) { return !s.store->released(t); });
+    if (chosen.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "no tag is released");
+  }
+  s.store->resume(chosen);
+}
+
+std::vector<TagState> Receiver::memory_state() const {
+  std::vector<TagState> out;
+  if (!state_->store) return out;
+  for (const auto& t : state_->store->memory_state()) {
+    out.push_back(TagState{t.tag, t.bytes + t.external_bytes, t.released,
+                           store::policy_name(t.policy), t.contents_valid});
+  }
+  return out;
+}
+
+std::map<std::string, std::uint64_t> Receiver::fingerprints() const {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  std::map<std::string, std::uint64_t> out;
+  if (!s.store) return out;
+  s.require_weights_resident();
+  // Computed from the bytes in memory now, not remembered from the commit: this is what
+  // verifies that release/resume and updates left exactly the expected weights.
+  for (std::size_t i = 0; i < s.store->param_count(); ++i) {
+    auto p = s.store->param(i);
+    out[p.name] = kernels::fingerprint_cpu(p.data, p.bytes, s.threads());
+  }
+  return out;
+}
+
+std::vector<ferry_tensor_desc_t> Receiver::layout() const {
+  std::vector<ferry_tensor_desc_t> out;
+  if (!state_->binding) return out;
+  for (const auto& p : state_->binding->layout()) {
+    ferry_tensor_desc_t d{};
+    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+    d.name = p.name.c_str();
+    d.dtype = p.dtype;
+    d.ndim = static_cast<std::uint32_t>(p.shape.size());
+    std::copy(p.shape.begin(), p.shape.end(), d.shape);
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::string Receiver::metrics_text() const {
+  auto& s = *state_;
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double value,
+                    const std::string& labels = "") {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{} {}\n", name, help, name, type, name,
+                       labels.empty() ? "" : "{" + labels + "}", value);
+  };
+  const auto h = health();
+  const auto v = version();
+  metric("ferry_ready", "gauge", "1 when the receiver serves committed weights", h.ready ? 1 : 0);
+  metric("ferry_weight_version", "gauge", "commit counter of the published weights",
+         static_cast<double>(v.number), "label=\"" + escape_label(v.label) + "\"");
+  if (s.engine) {
+    const auto m = s.engine->metrics();
+    metric("ferry_updates_committed_total", "counter", "updates committed", m.updates_committed);
+    metric("ferry_updates_aborted_total", "counter", "updates aborted", m.updates_aborted);
+    metric("ferry_update_rollbacks_total", "counter", "aborted updates restored from the mirror",
+           m.rollbacks);
+    metric("ferry_buckets_applied_total", "counter", "buckets applied", m.buckets_applied);
+    metric("ferry_bytes_applied_total", "counter", "bucket bytes applied", m.bytes_applied);
+    metric("ferry_apply_seconds_total", "counter", "seconds spent applying buckets",
+           m.seconds_applying);
+    metric("ferry_plan_cache_hits_total", "counter", "plans served from the cache", m.plan_cache_hits);
+    metric("ferry_fenced", "gauge", "1 while a failed update left partial weights", m.fenced ? 1 : 0);
+  }
+  for (const auto& t : memory_state()) {
+    const std::string labels = "tag=\"" + escape_label(t.tag) + "\"";
+    metric("ferry_memory_bytes", "gauge", "bytes of the tag's memory", t.bytes, labels);
+    metric("ferry_memory_released", "gauge", "1 while the tag is released", t.released ? 1 : 0,
+           labels);
+  }
+  return out;
+}
+
+}  // namespace ferry::receiver

@@ -1,0 +1,115 @@
+// receiver/receiver.hpp: the receiver: one object that owns a model binding, a weight store and
+// an update engine, and offers the operations of the control API (HTTP, C API, Python). The
+// standalone `ferry serve` and an embedded receiver are both this class.
+//
+// Threading: every method may be called from any thread. Mutating operations (updates, release,
+// resume, version changes) are serialized; health(), version() and metrics_text() never block
+// behind a running update.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ferry::config {
+struct Config;
+}
+namespace ferry::registry {
+class Registry;
+}
+
+namespace ferry::receiver {
+
+struct VersionInfo {
+  std::uint64_t number = 0;  // increments on every committed update
+  std::string label;         // the weight_version string as the control API names it
+};
+
+struct Health {
+  bool ready = false;
+  std::string state;   // "ready", "loading", "updating", "released", "fenced", "empty"
+  std::string reason;  // why not ready ("" when ready)
+};
+
+struct UpdateReport {
+  VersionInfo version;
+  std::uint64_t bytes = 0;
+  std::uint64_t tensors = 0;
+  std::uint64_t buckets = 0;
+  double seconds = 0;
+};
+
+struct WeightValues {
+  std::string name;
+  ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+  std::vector<std::uint64_t> shape;  // this rank's shard of the checkpoint tensor
+  std::vector<double> values;        // first truncate_size values of the flattened tensor
+};
+
+struct TagState {
+  std::string tag;
+  std::uint64_t bytes = 0;
+  bool released = false;
+  std::string policy;  // "discard" or "backup"
+  bool contents_valid = true;
+};
+
+class Receiver {
+ public:
+  // Loads the model plugin named by the config (or detected later from the first checkpoint's
+  // config.json) and the transports it needs from `registry`, which must outlive the receiver.
+  Receiver(const config::Config& config, const registry::Registry& registry);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  // update_weights_from_disk: reads a safetensors file or folder through the disk transport and
+  // applies it as one update. The first load also creates the parameters (the target layout).
+  // Failure leaves the previous version published (restored or fenced, see health()).
+  UpdateReport update_from_disk(const std::filesystem::path& path,
+                                const std::optional<std::string>& label);
+
+  // Applies one update from buckets already in memory (bucket bytes + manifest bytes each), the
+  // path every network transport ends in. `expected` maps parameter names to fingerprints the
+  // sender computed; a mismatch aborts the update.
+  struct Bucket {
+    std::vector<std::byte> data;
+    std::vector<std::uint8_t> manifest;
+  };
+  UpdateReport apply_update(const std::vector<Bucket>& buckets, std::uint64_t version_hint,
+                            const std::optional<std::string>& label,
+                            const std::map<std::string, std::uint64_t>& expected = {});
+
+  // get_weights_by_name: `name` is a checkpoint name, mapped through the layout.
+  WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;
+
+  void set_version_label(const std::string& label);
+  VersionInfo version() const;
+  Health health() const;
+
+  // Tags: empty means every tag. Errors: unknown tag, double release/resume.
+  void release(const std::vector<std::string>& tags);
+  void resume(const std::vector<std::string>& tags);
+  std::vector<TagState> memory_state() const;
+
+  // Fingerprints (docs/fingerprint.md) of every parameter, by parameter name.
+  std::map<std::string, std::uint64_t> fingerprints() const;
+
+  // Prometheus text exposition of counters and state.
+  std::string metrics_text() const;
+
+  // The target layout (parameter names, dtypes, shapes), empty before the first load.
+  std::vector<ferry_tensor_desc_t> layout() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ferry::receiver

@@ -1,0 +1,179 @@
+// store/weight_store.hpp: the weight store interface: parameters placed in tagged regions with
+// stable virtual addresses, released and resumed by tag, backed up into the host mirror.
+//
+// Contract (DESIGN.md, "The weight store"):
+//  - A region is a range of memory with an address that never changes for the store's lifetime.
+//    Each region belongs to a tag ("weights", "staging", "kv_cache", any string); a tag has a
+//    policy and may hold several regions. Release drops the memory behind every region of the
+//    tag but keeps the addresses reserved; resume maps memory back at the same addresses.
+//  - Policy::Discard: after release the contents are undefined; contents_valid(tag) is false
+//    (with a reason) until someone who rewrote every byte calls set_contents_valid(tag, true).
+//    Policy::Backup: release first copies the tag's parameters into the host mirror and resume
+//    copies them back, so the contents are exactly what they were.
+//  - A parameter is ferry-owned (place(): carved out of a region of its tag, 256-byte aligned) or
+//    engine-owned (register_external(): memory the engine allocated; the store never reallocates
+//    or frees it). A tag that holds an engine-owned parameter cannot be released: release() of it
+//    is refused with FAILED_PRECONDITION (the engine releases its own memory).
+//  - Wrong-state calls (release twice, resume what is not released, an unknown tag, reads and
+//    writes through the store API into a released tag) throw ferry::Error FAILED_PRECONDITION or
+//    NOT_FOUND. Raw data pointers of a released ferry-owned region fault on access (PROT_NONE on
+//    CPU) instead of silently reading zeros.
+//
+// Threading: every member function may be called from any thread; the store serializes them.
+// Pointers returned in ParamInfo stay valid for the store's lifetime; the bytes behind them may be
+// read and written without the store's lock only while the tag is not released, which is what
+// begin_writes() guarantees for an update.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry::store {
+
+class HostMirror;
+struct MirrorParam;
+
+enum class Policy {
+  Discard,  // release drops the contents
+  Backup,   // release saves the contents to the host mirror; resume restores them
+};
+
+// "discard" / "backup".
+const char* policy_name(Policy policy) noexcept;
+// Parses "discard" / "backup"; throws ferry::Error INVALID_ARGUMENT naming the value otherwise.
+Policy policy_from_name(std::string_view name);
+
+// Alignment of every placed parameter, in bytes.
+inline constexpr std::uint64_t kParamAlignment = 256;
+
+// A parameter to place: name, element type and shape.
+struct TensorSpec {
+  std::string name;
+  ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+  std::vector<std::uint64_t> shape;
+};
+
+// What the store knows about one parameter.
+struct ParamInfo {
+  std::string name;
+  ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+  std::vector<std::uint64_t> shape;
+  std::byte* data = nullptr;  // stable for the store's lifetime
+  std::uint64_t bytes = 0;
+  std::uint64_t elements = 0;
+  std::string tag;
+  bool external = false;  // engine-owned (register_external)
+  ferry_memory_kind_t memory_kind = FERRY_MEMORY_HOST;
+};
+
+// The memory state of one tag, for /metrics and /health.
+struct TagState {
+  std::string tag;
+  std::uint64_t bytes = 0;           // capacity of the tag's ferry-owned regions
+  std::uint64_t external_bytes = 0;  // bytes of engine-owned parameters in the tag
+  std::size_t params = 0;
+  bool released = false;
+  Policy policy = Policy::Discard;
+  bool contents_valid = true;
+  std::string reason;  // why contents are not valid; empty when they are
+};
+
+// Bytes a region needs to hold `specs` placed in order (each aligned to kParamAlignment).
+// Throws ferry::Error INVALID_ARGUMENT on an invalid dtype/shape or overflow.
+std::uint64_t region_bytes_for(std::span<const TensorSpec> specs);
+
+class WeightStore {
+ public:
+  virtual ~WeightStore() = default;
+
+  // ---- layout --------------------------------------------------------------------------
+  // Creates (or re-declares) `tag` with `policy`. Changing the policy of a released tag is
+  // refused. A tag is also created, with Policy::Discard, by its first create_region or
+  // register_external.
+  virtual void set_policy(const std::string& tag, Policy policy) = 0;
+  // Reserves a new region of at least `bytes` (rounded up to the page size) for `tag` and sets
+  // the tag's policy. Throws OUT_OF_MEMORY when the address space cannot be reserved, and
+  // FAILED_PRECONDITION when the tag is released.
+  virtual void create_region(const std::string& tag, std::uint64_t bytes, Policy policy) = 0;
+  // Places a parameter in the first region of `tag` with room; returns its index. Throws
+  // INVALID_ARGUMENT (bad name, dtype or shape; duplicate name), NOT_FOUND (tag without
+  // regions), OUT_OF_MEMORY (no region has room) or FAILED_PRECONDITION (tag released).
+  virtual std::size_t place(const std::string& tag, const std::string& name, ferry_dtype_t dtype,
+                            std::span<const std::uint64_t> shape) = 0;
+  // Registers engine-owned memory holding one parameter; returns its index. `data` must stay
+  // valid for the store's lifetime. The store never reallocates or frees it.
+  virtual std::size_t register_external(const std::string& tag, const std::string& name,
+                                        ferry_dtype_t dtype, std::span<const std::uint64_t> shape,
+                                        void* data, ferry_memory_kind_t kind) = 0;
+  // create_region(tag, region_bytes_for(specs), policy), then place every spec in order.
+  // Returns the index of the first placed parameter.
+  std::size_t place_all(const std::string& tag, Policy policy, std::span<const TensorSpec> specs);
+
+  // ---- lookup --------------------------------------------------------------------------
+  virtual std::size_t param_count() const = 0;
+  // Throws NOT_FOUND for an index out of range.
+  virtual ParamInfo param(std::size_t index) const = 0;
+  virtual std::optional<std::size_t> find(std::string_view name) const = 0;
+  // Throws NOT_FOUND naming the parameter.
+  ParamInfo param(std::string_view name) const;
+  // Every tag, sorted by name.
+  virtual std::vector<std::string> tags() const = 0;
+  // Parameter indices of `tag` in placement order; NOT_FOUND for an unknown tag.
+  virtual std::vector<std::size_t> params_in(const std::string& tag) const = 0;
+  // The memory kind of ferry-owned regions (FERRY_MEMORY_HOST for the CPU store).
+  virtual ferry_memory_kind_t region_memory_kind() const noexcept = 0;
+
+  // ---- checked access (the store API; raw pointers skip these checks) -------------------
+  // Copies bytes into / out of a parameter at a byte offset. FAILED_PRECONDITION when the
+  // parameter's tag is released, INVALID_ARGUMENT when the range is out of bounds.
+  virtual void write(std::size_t index, std::uint64_t offset, std::span<const std::byte> bytes) = 0;
+  virtual void read(std::size_t index, std::uint64_t offset, std::span<std::byte> out) const = 0;
+
+  // ---- release / resume ----------------------------------------------------------------
+  // Validates every tag first (known, not released, no engine-owned parameter, no update
+  // writing into it), then releases them. Backup tags are saved to the host mirror first.
+  virtual void release(std::span<const std::string> tags) = 0;
+  // Validates every tag first (known, released), then maps memory back at the same addresses.
+  // Backup tags get their contents back from the mirror; discard tags read as zeros.
+  virtual void resume(std::span<const std::string> tags) = 0;
+  virtual bool released(const std::string& tag) const = 0;
+  virtual bool contents_valid(const std::string& tag) const = 0;
+  // Empty when contents are valid.
+  virtual std::string invalid_reason(const std::string& tag) const = 0;
+  // Called by whoever rewrote (valid = true) or corrupted (valid = false, with the reason) the
+  // whole contents of a tag: the update engine after a full commit or a fenced abort.
+  virtual void set_contents_valid(const std::string& tag, bool valid, std::string reason) = 0;
+  virtual std::vector<TagState> memory_state() const = 0;
+
+  // ---- writers ---------------------------------------------------------------------------
+  // Marks `tags` as being written through raw pointers by `writer` (e.g. "update 7"): release
+  // of those tags is refused until end_writes(). Refused when a tag is released or already has
+  // a writer.
+  virtual void begin_writes(std::span<const std::string> tags, const std::string& writer) = 0;
+  virtual void end_writes(std::span<const std::string> tags) noexcept = 0;
+
+  // ---- host mirror ---------------------------------------------------------------------
+  // The mirror covers exactly the parameters of Backup tags, in placement order.
+  virtual std::vector<MirrorParam> mirror_layout() const = 0;
+  // The current mirror, or null when none exists yet (one is created on first need).
+  virtual std::shared_ptr<HostMirror> mirror() const = 0;
+  // Uses `mirror` (e.g. a file-backed one) from now on. Its layout must equal mirror_layout()
+  // (INCOMPATIBLE otherwise, naming the first difference).
+  virtual void attach_mirror(std::shared_ptr<HostMirror> mirror) = 0;
+  // Copies the parameters of Backup tags `tags` into the mirror (creating an anonymous mirror
+  // when none exists). FAILED_PRECONDITION for a released or non-Backup tag.
+  virtual void save_to_mirror(std::span<const std::string> tags) = 0;
+  // Copies them back from the mirror. FAILED_PRECONDITION for a released or non-Backup tag, or
+  // when the mirror holds no copy of one of the parameters.
+  virtual void restore_from_mirror(std::span<const std::string> tags) = 0;
+};
+
+}  // namespace ferry::store

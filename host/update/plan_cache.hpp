@@ -1,0 +1,47 @@
+// update/plan_cache.hpp: plans computed once per bucket shape and reused, keyed by the manifest
+// signature (each entry's name, dtype and shape in order). A hit is confirmed against the stored
+// entries, so a 64-bit signature collision recomputes instead of applying a wrong plan.
+#pragma once
+
+#include "update/plan_provider.hpp"
+
+#include <ferry/sdk/manifest.hpp>
+
+#include <memory>
+#include <unordered_map>
+
+namespace ferry::update {
+
+using PlanOps = std::shared_ptr<const std::vector<ferry_plan_op_t>>;
+
+class PlanCache {
+ public:
+  // When `capacity` plans are held, the next miss empties the cache first.
+  explicit PlanCache(std::size_t capacity = 1024) : capacity_(capacity) {}
+
+  // The plan for `manifest`'s entries, from the cache or from `provider` on a miss.
+  PlanOps get(const manifest::Manifest& manifest, PlanProvider& provider);
+
+  void clear() noexcept { plans_.clear(); }
+  std::size_t size() const noexcept { return plans_.size(); }
+  std::uint64_t hits() const noexcept { return hits_; }
+  std::uint64_t misses() const noexcept { return misses_; }
+
+ private:
+  struct Shape {
+    std::string name;
+    ferry_dtype_t dtype;
+    std::vector<std::uint64_t> shape;
+    friend bool operator==(const Shape&, const Shape&) = default;
+  };
+  struct Cached {
+    std::vector<Shape> entries;
+    PlanOps ops;
+  };
+  std::size_t capacity_;
+  std::unordered_map<std::uint64_t, Cached> plans_;
+  std::uint64_t hits_ = 0;
+  std::uint64_t misses_ = 0;
+};
+
+}  // namespace ferry::update

@@ -1,0 +1,172 @@
+// update/update_engine.hpp: applies one versioned update (a sequence of buckets) to the weight
+// store as a transaction: bucket -> manifest (validated) -> fingerprints checked -> cached plan
+// -> CPU scatter; commit proves every parameter was fully written, checks fingerprints and only
+// then publishes the version.
+//
+// Transactions (DESIGN.md, "Transactions"). The published version never advances on failure.
+// The first bucket that writes into live weights makes the store dirty. When an update fails
+// (any error in apply_bucket or commit) or is aborted while dirty:
+//  - if the host mirror holds the weights of the published version (every layout tag has policy
+//    Backup), they are copied back: the receiver stays healthy at the old version;
+//  - otherwise the receiver is FENCED: health() is not ready, with a reason naming the update,
+//    the bucket and the error, until a later update commits fully (or restore_from_mirror
+//    succeeds).
+//
+// Threading: begin/apply_bucket/set_expected_fingerprints/commit/abort/restore_from_mirror are
+// serialized by the engine (one update at a time; a call from another thread waits for the one
+// in progress). version(), health(), metrics() and active() may be called from any thread at any
+// time and never wait for a bucket to finish.
+#pragma once
+
+#include "store/weight_store.hpp"
+#include "update/plan_cache.hpp"
+#include "update/plan_provider.hpp"
+#include "update/written_ranges.hpp"
+
+#include <ferry/kernels/cpu.hpp>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace ferry::update {
+
+struct UpdateOptions {
+  bool verify_fingerprints = true;  // check entry fingerprints before writing a bucket
+  unsigned threads = 0;             // kernel threads; 0: the hardware count
+  std::size_t plan_cache_capacity = 1024;
+  std::size_t missing_names_listed = 8;  // how many missing parameters an error names
+};
+
+struct WeightVersion {
+  bool committed = false;  // false until the first commit (or restore / adopt)
+  std::uint64_t number = 0;
+  std::string label;
+};
+
+struct Health {
+  bool ready = false;
+  std::string reason;  // why not ready; empty when ready
+};
+
+struct UpdateMetrics {
+  std::uint64_t updates_committed = 0;
+  std::uint64_t updates_aborted = 0;
+  std::uint64_t buckets_applied = 0;
+  std::uint64_t bytes_applied = 0;
+  double seconds_applying = 0;  // time inside apply_bucket
+  std::uint64_t plan_cache_hits = 0;
+  std::uint64_t plan_cache_misses = 0;
+  std::uint64_t rollbacks = 0;  // aborts repaired from the host mirror
+  bool fenced = false;
+};
+
+class UpdateEngine {
+ public:
+  // `store` and `plans` must outlive the engine. The layout's parameters must be in the store
+  // (placed or registered) before begin().
+  UpdateEngine(store::WeightStore& store, PlanProvider& plans, UpdateOptions options = {});
+  ~UpdateEngine();
+  UpdateEngine(const UpdateEngine&) = delete;
+  UpdateEngine& operator=(const UpdateEngine&) = delete;
+
+  // Starts update `version`. FAILED_PRECONDITION when an update is active or a layout tag is
+  // released; NOT_FOUND / INCOMPATIBLE when a layout parameter is missing from the store or has
+  // another dtype or shape. Clears the expected fingerprints.
+  void begin(std::uint64_t version, std::string label);
+
+  // Applies one bucket: decodes and validates `manifest_bytes` (its bucket_bytes must equal
+  // bucket.size(); a non-zero manifest version must equal the active one), verifies every entry
+  // fingerprint (CORRUPT_DATA naming the tensor) before any byte is written, gets the plan
+  // (cached by signature) and scatters. Any error aborts the update (see Transactions) and is
+  // rethrown. FAILED_PRECONDITION without an active update.
+  void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest_bytes);
+
+  // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
+  // commit. A name that is not a layout parameter fails the commit. Needs an active update.
+  void set_expected_fingerprints(std::map<std::string, std::uint64_t> expected);
+
+  // Finishes the active update: every layout parameter must be fully written
+  // (FAILED_PRECONDITION listing the first missing ones), fingerprints must match the expected
+  // ones (CORRUPT_DATA naming the parameter). Then publishes the version and, when every layout
+  // tag has policy Backup, refreshes the host mirror. Any failure aborts the update.
+  void commit();
+
+  // Aborts the active update with `reason` (see Transactions). No-op without an active update.
+  void abort(const std::string& reason);
+
+  // Restart without the trainer: copies the host mirror's committed weights into the store,
+  // verifies them against the fingerprints the mirror recorded and publishes the mirror's
+  // version. FAILED_PRECONDITION when no update may start or the mirror holds no committed
+  // version; CORRUPT_DATA naming the parameter on a fingerprint mismatch (the store is fenced).
+  void restore_from_mirror();
+
+  // Declares the store's current contents (e.g. engine-owned weights the engine loaded itself)
+  // as version `version`; refreshes the mirror when the layout tags have policy Backup.
+  void adopt_current(std::uint64_t version, std::string label);
+
+  // Changes only the label of the published version (/update_weight_version).
+  void set_version_label(std::string label);
+
+  WeightVersion version() const;
+  Health health() const;
+  UpdateMetrics metrics() const;
+  bool active() const;
+  // Fingerprints of the parameters computed at the last commit / restore / adopt.
+  std::map<std::string, std::uint64_t> fingerprints() const;
+
+ private:
+  struct Target {
+    std::size_t store_index = 0;
+    kernels::ParamView view;
+    std::uint64_t bytes = 0;
+    std::string tag;
+  };
+
+  void bind_layout_locked();
+  std::vector<std::uint64_t> fingerprint_params_locked(const std::vector<Target>& targets) const;
+  // Publishes a version and fingerprints; marks layout tags valid; refreshes the mirror when
+  // `refresh_mirror` and every layout tag has policy Backup.
+  void publish_locked(const WeightVersion& version, std::vector<std::uint64_t> fingerprints,
+                      bool refresh_mirror);
+  bool all_tags_backup_locked() const;
+  void refresh_mirror_locked(const WeightVersion& version,
+                             const std::vector<std::uint64_t>& fingerprints);
+  // Ends the active update after a failure: rollback or fence. Never throws.
+  void fail_locked(const std::string& where, const std::string& why) noexcept;
+  void fence_locked(const std::string& reason) noexcept;
+  bool mirror_holds_published_locked() const;
+  void finish_locked() noexcept;
+  void record_written(const ferry_plan_op_t& op);
+
+  store::WeightStore& store_;
+  PlanProvider& plans_;
+  UpdateOptions options_;
+  std::mutex op_mutex_;  // serializes update operations
+
+  // Guarded by op_mutex_.
+  PlanCache cache_;
+  std::vector<Target> targets_;  // one per layout parameter
+  std::vector<std::string> layout_tags_;
+  std::vector<WrittenRanges> written_;
+  std::map<std::string, std::uint64_t> expected_;
+  std::uint64_t buckets_this_update_ = 0;
+  std::optional<std::uint32_t> current_bucket_;
+
+  // Guarded by state_mutex_ (read from any thread).
+  mutable std::mutex state_mutex_;
+  bool active_ = false;
+  bool dirty_ = false;
+  std::uint64_t active_version_ = 0;
+  std::string active_label_;
+  WeightVersion published_;
+  std::optional<std::string> fence_;
+  std::map<std::string, std::uint64_t> fingerprints_;
+  std::vector<std::string> health_tags_;  // copy of layout_tags_ for health()
+  UpdateMetrics metrics_;
+};
+
+}  // namespace ferry::update

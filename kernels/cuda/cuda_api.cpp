@@ -1,0 +1,123 @@
+// Host side of the CUDA kernels (cuda.hpp): validates plans with the CPU checks, builds the
+// device op table with its prefix sum of work units, and turns CUDA errors into ferry::Error.
+#include "ferry/kernels/cuda.hpp"
+
+#include "launch.hpp"
+
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace ferry::kernels {
+namespace {
+
+// Work unit sizes: a copy unit is 64 KiB of one row, a cast unit 16 Ki elements of one row.
+constexpr std::uint64_t kCopyUnitBytes = 64ull << 10;
+constexpr std::uint64_t kCastUnitElems = 16ull << 10;
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  const ferry_status_code_t code = err == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY
+                                                                    : FERRY_STATUS_INTERNAL;
+  fail(code, "{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+}  // namespace
+
+void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
+                  std::span<const ParamView> params, cudaStream_t stream) {
+  check_plan(ops, entries, params);
+  if (ops.size() > std::numeric_limits<std::uint32_t>::max()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "scatter_cuda: {} ops exceed the 2^32 - 1 per launch",
+         ops.size());
+  }
+  std::vector<cuda_detail::DeviceOp> table;
+  table.reserve(ops.size());
+  std::uint64_t units = 0;
+  for (const ferry_plan_op_t& op : ops) {
+    if (op.rows == 0 || op.cols == 0) continue;
+    const EntryView& entry = entries[op.src_tensor];
+    const ParamView& param = params[op.dst_param];
+    const std::uint64_t ss = dtype_size(op.src_dtype);
+    const std::uint64_t ds = dtype_size(op.dst_dtype);
+    cuda_detail::DeviceOp d{};
+    d.src = reinterpret_cast<const unsigned char*>(entry.data) + op.src_offset * ss;
+    d.dst = reinterpret_cast<unsigned char*>(param.data) + op.dst_offset * ds;
+    d.rows = op.rows;
+    d.cols = op.cols;
+    d.src_stride = op.src_row_stride * ss;
+    d.dst_stride = op.dst_row_stride * ds;
+    d.is_copy = op.src_dtype == op.dst_dtype ? 1 : 0;
+    if (d.is_copy) {
+      // Bytes; contiguous blocks become one long row.
+      d.src_size = d.dst_size = 1;
+      d.cols = op.cols * ss;
+      if (op.rows == 1 || (op.src_row_stride == op.cols && op.dst_row_stride == op.cols)) {
+        d.cols *= op.rows;
+        d.rows = 1;
+      }
+      d.unit_elems = kCopyUnitBytes;
+    } else {
+      d.src_dtype = static_cast<std::uint32_t>(op.src_dtype);
+      d.dst_dtype = static_cast<std::uint32_t>(op.dst_dtype);
+      d.src_size = static_cast<std::uint32_t>(ss);
+      d.dst_size = static_cast<std::uint32_t>(ds);
+      d.unit_elems = kCastUnitElems;
+      const auto s = reinterpret_cast<std::uintptr_t>(d.src);
+      const auto t = reinterpret_cast<std::uintptr_t>(d.dst);
+      d.aligned = (s % ss == 0 && t % ds == 0) ? 1 : 0;
+    }
+    d.units_per_row = (d.cols + d.unit_elems - 1) / d.unit_elems;
+    d.first_unit = units;
+    const auto op_units = checked_mul(d.rows, d.units_per_row);
+    const auto next = op_units ? checked_add(units, *op_units) : std::nullopt;
+    if (!next) fail(FERRY_STATUS_INVALID_ARGUMENT, "scatter_cuda: work units overflow uint64");
+    units = *next;
+    table.push_back(d);
+  }
+  if (table.empty()) return;
+  check_cuda(cuda_detail::launch_scatter(table.data(), table.size(), units, stream),
+             "scatter_cuda: launching the scatter kernel");
+}
+
+void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t* device_result,
+                            cudaStream_t stream) {
+  if (device_result == nullptr) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_cuda_async: device_result is null");
+  }
+  if (data == nullptr && bytes > 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_cuda_async: data is null for {} bytes",
+         bytes);
+  }
+  check_cuda(cuda_detail::launch_fingerprint(data, bytes, device_result, stream),
+             "fingerprint_cuda: launching the fingerprint kernels");
+}
+
+std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream) {
+  std::uint64_t* device_result = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&device_result), sizeof(std::uint64_t),
+                             stream),
+             "fingerprint_cuda: allocating the result");
+  std::uint64_t value = 0;
+  cudaError_t err = cudaSuccess;
+  try {
+    fingerprint_cuda_async(data, bytes, device_result, stream);
+    err = cudaMemcpyAsync(&value, device_result, sizeof value, cudaMemcpyDeviceToHost, stream);
+  } catch (...) {
+    (void)cudaFreeAsync(device_result, stream);
+    throw;
+  }
+  const cudaError_t free_err = cudaFreeAsync(device_result, stream);
+  const cudaError_t sync_err = cudaStreamSynchronize(stream);
+  check_cuda(err, "fingerprint_cuda: copying the result");
+  check_cuda(free_err, "fingerprint_cuda: freeing the result");
+  check_cuda(sync_err, "fingerprint_cuda: waiting for the stream");
+  return value;
+}
+
+}  // namespace ferry::kernels

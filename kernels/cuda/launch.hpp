@@ -1,0 +1,44 @@
+// kernels/cuda/launch.hpp: the boundary between the host-side C++ (cuda_api.cpp: validation,
+// errors) and the nvcc-compiled kernels (*.cu). Plain types only, so the .cu files need no fmt
+// or SDK headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::kernels::cuda_detail {
+
+// One op as the device executes it. A copy moves bytes (src_size = dst_size = 1, cols in bytes);
+// a cast converts elements. The op covers rows x units_per_row work units; unit u of the op is
+// row u / units_per_row, elements [k * unit_elems, min((k + 1) * unit_elems, cols)) with
+// k = u % units_per_row.
+struct DeviceOp {
+  const unsigned char* src;
+  unsigned char* dst;
+  std::uint64_t src_stride;  // bytes between row starts
+  std::uint64_t dst_stride;
+  std::uint64_t rows;
+  std::uint64_t cols;  // elements (bytes for a copy) per row
+  std::uint64_t unit_elems;
+  std::uint64_t units_per_row;
+  std::uint64_t first_unit;  // exclusive prefix sum of the units of the ops before
+  std::uint32_t src_dtype;   // ferry_dtype_t; 0 for a byte copy
+  std::uint32_t dst_dtype;
+  std::uint32_t src_size;    // bytes per element
+  std::uint32_t dst_size;
+  std::uint32_t aligned;     // 1 when every element address is aligned to its size
+  std::uint32_t is_copy;
+};
+
+// Copies the table to the device and launches the scatter kernel on `stream`.
+cudaError_t launch_scatter(const DeviceOp* host_ops, std::size_t num_ops,
+                           std::uint64_t total_units, cudaStream_t stream);
+
+// Launches the per-chunk hash kernel and the combine kernel; writes the result to
+// `device_result`.
+cudaError_t launch_fingerprint(const void* data, std::uint64_t bytes,
+                               std::uint64_t* device_result, cudaStream_t stream);
+
+}  // namespace ferry::kernels::cuda_detail

@@ -1,0 +1,108 @@
+// tests/registry/plugins_cli_test.cpp: runs the real `ferry plugins` and `ferry version`
+// executables against a folder of mocks and broken plugins and checks what they print.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "plugin_files.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ferry::testing::TempDir;
+
+struct Run {
+  int status = -1;
+  std::string out;
+};
+
+// Runs `ferry ARGS` with FERRY_PLUGIN_PATH unset; captures stdout (stderr carries the logs).
+Run run_ferry(const std::string& args) {
+  const auto exe = ferry::testing::env_dir("FERRY_EXE");
+  const std::string command = "env -u FERRY_PLUGIN_PATH '" + exe.string() + "' " + args + " 2>/dev/null";
+  Run run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class PluginsCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmp_.folder("plugins");
+    ferry::testing::copy_plugin(ferry::testing::mock_transport(), dir_);
+    ferry::testing::copy_plugin(ferry::testing::mock_model(), dir_);
+    ferry::testing::copy_plugin(ferry::testing::broken("wrongmajor"), dir_);
+    ferry::testing::copy_plugin(ferry::testing::broken("alpha"), dir_);
+    ferry::testing::write_text_plugin(dir_, "libferry_transport_text.so");
+  }
+
+  TempDir tmp_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(PluginsCommand, JsonListsMocksWithCapabilitiesAndRefusalsWithReasons) {
+  const Run run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins --json");
+  ASSERT_EQ(run.status, 0) << run.out;
+  const auto doc = nlohmann::json::parse(run.out);
+  ASSERT_FALSE(doc["search_dirs"].empty());
+  EXPECT_EQ(doc["search_dirs"][0], dir_.string());
+
+  int mocks = 0;
+  for (const auto& plugin : doc["plugins"]) {
+    if (plugin["path"].get<std::string>().rfind(dir_.string(), 0) != 0) continue;  // in-tree ones
+    ++mocks;
+    EXPECT_EQ(plugin["name"], "mock");
+    EXPECT_EQ(plugin["abi"], "1.0");
+    EXPECT_EQ(plugin["version"], "0.1-test");
+    if (plugin["kind"] == "transport") {
+      EXPECT_EQ(plugin["path"], (dir_ / "libferry_transport_mock.so").string());
+      EXPECT_EQ(plugin["capabilities"], nlohmann::json::array({"p2p"}));
+      EXPECT_EQ(plugin["memory_kinds"], nlohmann::json::array({"host", "pinned"}));
+      EXPECT_EQ(plugin["max_inflight_buckets"], 1);
+    } else {
+      EXPECT_EQ(plugin["kind"], "model");
+      EXPECT_FALSE(plugin.contains("capabilities"));
+    }
+  }
+  EXPECT_EQ(mocks, 2);
+
+  std::map<std::string, std::string> reasons;
+  for (const auto& refusal : doc["refused"]) {
+    reasons[std::filesystem::path(refusal["path"].get<std::string>()).filename().string()] =
+        refusal["reason"].get<std::string>();
+  }
+  EXPECT_THAT(reasons["libferry_transport_wrongmajor.so"], HasSubstr("implements plugin ABI 2.0"));
+  EXPECT_THAT(reasons["libferry_transport_alpha.so"], HasSubstr("reports name 'beta'"));
+  EXPECT_THAT(reasons["libferry_transport_text.so"], HasSubstr("not a loadable shared object"));
+}
+
+TEST_F(PluginsCommand, TableShowsCapabilityWordsAndRefusedLines) {
+  const Run run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("NAME"));
+  EXPECT_THAT(run.out, HasSubstr("host,pinned"));
+  EXPECT_THAT(run.out, HasSubstr("refused:\n"));
+  EXPECT_THAT(run.out, HasSubstr((dir_ / "libferry_transport_wrongmajor.so").string() +
+                                 ": implements plugin ABI 2.0"));
+}
+
+TEST(VersionCommand, PrintsVersionAbiAndFeatures) {
+  const Run run = run_ferry("version");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("ferry 0.1.0\n"));
+  EXPECT_THAT(run.out, HasSubstr("plugin ABI 1.0"));
+  EXPECT_THAT(run.out, HasSubstr("features: cuda "));
+}
+
+}  // namespace

@@ -1,0 +1,221 @@
+// Tests of the host mirror: parallel copies, the file-backed format reopened by a second instance
+// (restart without the trainer), and refusal of mismatched or corrupt files.
+#include "store/cpu_weight_store.hpp"
+#include "store/host_mirror.hpp"
+
+#include <ferry/sdk/error.hpp>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace ferry::store {
+namespace {
+
+std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> out(n);
+  for (auto& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+// A file under /dev/shm (or the temp folder) removed at the end of the test.
+class MirrorFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::filesystem::path shm = "/dev/shm";
+    const auto dir = std::filesystem::is_directory(shm) ? shm : std::filesystem::temp_directory_path();
+    path_ = dir / ("ferry-mirror-test-" + std::to_string(::getpid()) + "-" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+  std::filesystem::path path_;
+};
+
+const std::vector<std::string> kWeights = {"weights"};
+
+std::vector<TensorSpec> model_specs() {
+  return {{"embed", FERRY_DTYPE_BF16, {512, 96}},
+          {"layers.0.w", FERRY_DTYPE_F32, {33, 17}},
+          {"norm", FERRY_DTYPE_F32, {96}}};
+}
+
+std::vector<std::vector<std::byte>> fill_random(WeightStore& store, std::uint32_t seed) {
+  std::vector<std::vector<std::byte>> out;
+  for (std::size_t i = 0; i < store.param_count(); ++i) {
+    auto bytes = random_bytes(store.param(i).bytes, seed + static_cast<std::uint32_t>(i));
+    store.write(i, 0, bytes);
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+TEST(CopyParallel, CopiesManyChunksExactly) {
+  const auto src = random_bytes(40ull << 20, 3);
+  std::vector<std::byte> dst(src.size());
+  const auto small = random_bytes(777, 4);
+  std::vector<std::byte> small_dst(small.size());
+  const std::vector<CopyJob> jobs = {{dst.data(), src.data(), src.size()},
+                                     {small_dst.data(), small.data(), small.size()}};
+  copy_parallel(jobs, 4);
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(small_dst, small);
+}
+
+TEST_F(MirrorFile, ReopenedByASecondInstanceRestoresContents) {
+  std::vector<std::vector<std::byte>> saved;
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, model_specs());
+    saved = fill_random(store, 40);
+    auto mirror = HostMirror::create_file(path_, store.mirror_layout());
+    EXPECT_EQ(mirror->committed(), std::nullopt);
+    store.attach_mirror(std::move(mirror));
+    store.save_to_mirror(kWeights);
+    store.mirror()->set_committed({17, "step-17"}, std::vector<std::uint64_t>{1, 2, 3});
+  }
+  // A fresh store (as after a restart) with the same layout, filled with other bytes.
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  fill_random(store, 90);
+  const auto layout = store.mirror_layout();
+  std::shared_ptr<HostMirror> mirror = HostMirror::open_file(path_, &layout);
+  ASSERT_TRUE(mirror->committed().has_value());
+  EXPECT_EQ(mirror->committed()->number, 17u);
+  EXPECT_EQ(mirror->committed()->label, "step-17");
+  EXPECT_EQ(mirror->fingerprint(2), 3u);
+  EXPECT_TRUE(mirror->filled(0));
+  store.attach_mirror(mirror);
+  store.restore_from_mirror(kWeights);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    std::vector<std::byte> now(saved[i].size());
+    store.read(i, 0, now);
+    EXPECT_EQ(now, saved[i]) << store.param(i).name;
+  }
+}
+
+TEST_F(MirrorFile, RefusesAMismatchedLayoutNamingTheParameter) {
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, model_specs());
+    HostMirror::create_file(path_, store.mirror_layout());
+  }
+  auto specs = model_specs();
+  specs[1].shape = {33, 18};
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, specs);
+  const auto layout = store.mirror_layout();
+  try {
+    HostMirror::open_file(path_, &layout);
+    FAIL() << "a mismatched layout was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
+    EXPECT_NE(std::string(e.what()).find("layers.0.w"), std::string::npos) << e.what();
+  }
+  // Opening without an expected layout works; attaching it to this store does not.
+  std::shared_ptr<HostMirror> mirror = HostMirror::open_file(path_);
+  EXPECT_EQ(mirror->entries().size(), 3u);
+  try {
+    store.attach_mirror(mirror);
+    FAIL() << "attach_mirror accepted a mismatched mirror";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
+  }
+  // One parameter fewer is a mismatch too.
+  specs.pop_back();
+  specs[1].shape = {33, 17};
+  CpuWeightStore shorter;
+  shorter.place_all("weights", Policy::Backup, specs);
+  const auto short_layout = shorter.mirror_layout();
+  try {
+    HostMirror::open_file(path_, &short_layout);
+    FAIL() << "a shorter layout was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("norm"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(MirrorFile, RefusesCorruptOrTruncatedFiles) {
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, model_specs());
+    HostMirror::create_file(path_, store.mirror_layout());
+  }
+  const auto size = std::filesystem::file_size(path_);
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(128 + 256 + 3 * 16 + 2));
+    f.put('X');  // inside the parameter table, which is checksummed
+  }
+  try {
+    HostMirror::open_file(path_);
+    FAIL() << "a corrupt table was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA);
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  std::filesystem::resize_file(path_, size - 4096);
+  try {
+    HostMirror::open_file(path_);
+    FAIL() << "a truncated file was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA);
+  }
+  {
+    std::ofstream f(path_, std::ios::binary | std::ios::trunc);
+    f << "definitely not a mirror file, but long enough to hold a whole header of 128 bytes ...."
+         "..................................................";
+  }
+  try {
+    HostMirror::open_file(path_);
+    FAIL() << "a foreign file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("magic"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path_);
+  try {
+    HostMirror::open_file(path_);
+    FAIL() << "a missing file was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_NOT_FOUND);
+  }
+}
+
+TEST_F(MirrorFile, ClearedCommitMarksNoVersionAfterReopen) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  auto mirror = HostMirror::create_file(path_, store.mirror_layout());
+  mirror->set_committed({3, "x"}, std::vector<std::uint64_t>(3, 0));
+  mirror->clear_committed();
+  mirror.reset();
+  auto reopened = HostMirror::open_file(path_);
+  EXPECT_EQ(reopened->committed(), std::nullopt);
+  EXPECT_FALSE(reopened->filled(0));
+  std::vector<std::byte> target(reopened->entries()[0].bytes);
+  const std::size_t entry[] = {0};
+  std::byte* const targets[] = {target.data()};
+  try {
+    reopened->restore(entry, targets);
+    FAIL() << "restore of an empty slot succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+    EXPECT_NE(std::string(e.what()).find("embed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HostMirror, AnonymousMirrorBacksUpOnlyBackupTags) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  store.place_all("kv_cache", Policy::Discard,
+                  std::vector<TensorSpec>{{"kv", FERRY_DTYPE_F32, {1024}}});
+  const auto layout = store.mirror_layout();
+  ASSERT_EQ(layout.size(), 3u);
+  EXPECT_EQ(layout[0].name, "embed");
+  EXPECT_EQ(layout[2].tag, "weights");
+}
+
+}  // namespace
+}  // namespace ferry::store

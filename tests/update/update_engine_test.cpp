@@ -1,0 +1,421 @@
+// Tests of the update engine's transactions: full updates commit exact bytes; an update killed or
+// failing half way never advances the version, is rolled back exactly under the backup policy
+// and fences the receiver under the discard policy until a full update commits.
+#include "update_fixture.hpp"
+
+#include "store/cpu_weight_store.hpp"
+#include "store/host_mirror.hpp"
+#include "update/update_engine.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+namespace ferry::update {
+namespace {
+
+using namespace ferry::update::testing;
+using store::CpuWeightStore;
+using store::Policy;
+
+using Weights = std::map<std::string, std::vector<std::byte>>;
+
+std::vector<LayoutParam> small_layout() {
+  return {{"embed", FERRY_DTYPE_BF16, {64, 48}},
+          {"layers.0.w", FERRY_DTYPE_F32, {33, 17}},
+          {"layers.1.w", FERRY_DTYPE_F32, {40}},
+          {"norm", FERRY_DTYPE_F16, {48}}};
+}
+
+const std::vector<std::vector<std::string>> kBucketNames = {{"embed", "layers.0.w"},
+                                                            {"layers.1.w"},
+                                                            {"norm"}};
+
+// A receiver: store with the layout placed under "weights", a plan provider and the engine.
+struct Receiver {
+  explicit Receiver(Policy policy) : plans(small_layout()) {
+    std::vector<store::TensorSpec> specs;
+    for (const auto& p : plans.layout()) specs.push_back({p.name, p.dtype, p.shape});
+    store.place_all("weights", policy, specs);
+    engine = std::make_unique<UpdateEngine>(store, plans);
+  }
+
+  Bucket bucket(const Weights& w, std::uint64_t version, std::uint32_t k) const {
+    return make_bucket(plans.layout(), w, kBucketNames[k], version, k,
+                       static_cast<std::uint32_t>(kBucketNames.size()));
+  }
+
+  void apply(const Bucket& b) { engine->apply_bucket(b.bytes, b.encoded()); }
+
+  void push(const Weights& w, std::uint64_t version) {
+    engine->begin(version, "v" + std::to_string(version));
+    for (std::uint32_t k = 0; k < kBucketNames.size(); ++k) apply(bucket(w, version, k));
+    engine->commit();
+  }
+
+  Weights contents() const {
+    Weights out;
+    for (const auto& p : plans.layout()) {
+      const auto info = store.param(p.name);
+      std::vector<std::byte> bytes(info.bytes);
+      store.read(*store.find(p.name), 0, bytes);
+      out[p.name] = std::move(bytes);
+    }
+    return out;
+  }
+
+  CpuWeightStore store;
+  IdentityPlans plans;
+  std::unique_ptr<UpdateEngine> engine;
+};
+
+TEST(UpdateEngine, FullUpdateCommitsExactDataAndPublishesTheVersion) {
+  Receiver r(Policy::Discard);
+  EXPECT_FALSE(r.engine->health().ready);
+  EXPECT_EQ(r.engine->health().reason, "no weights committed yet");
+  const auto w = random_weights(r.plans.layout(), 1);
+  r.push(w, 7);
+  EXPECT_EQ(r.contents(), w);
+  const auto v = r.engine->version();
+  EXPECT_TRUE(v.committed);
+  EXPECT_EQ(v.number, 7u);
+  EXPECT_EQ(v.label, "v7");
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  const auto fps = r.engine->fingerprints();
+  ASSERT_EQ(fps.size(), 4u);
+  EXPECT_EQ(fps.at("norm"), kernels::fingerprint_cpu(w.at("norm").data(), w.at("norm").size()));
+  const auto m = r.engine->metrics();
+  EXPECT_EQ(m.updates_committed, 1u);
+  EXPECT_EQ(m.updates_aborted, 0u);
+  EXPECT_EQ(m.buckets_applied, 3u);
+  EXPECT_GT(m.bytes_applied, 64u * 48u * 2u);
+  EXPECT_FALSE(r.engine->active());
+}
+
+TEST(UpdateEngine, CallsOutOfOrderAreRefused) {
+  Receiver r(Policy::Discard);
+  const auto w = random_weights(r.plans.layout(), 2);
+  const auto b = r.bucket(w, 1, 0);
+  EXPECT_EQ(error_of([&] { r.apply(b); }).code(), FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_EQ(error_of([&] { r.engine->commit(); }).code(), FERRY_STATUS_FAILED_PRECONDITION);
+  r.engine->begin(1, "a");
+  const auto e = error_of([&] { r.engine->begin(2, "b"); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(e.what()).find("update 1"), std::string::npos) << e.what();
+  // The refused begin did not disturb the active update.
+  for (std::uint32_t k = 0; k < 3; ++k) r.apply(r.bucket(w, 1, k));
+  r.engine->commit();
+  EXPECT_EQ(r.engine->version().number, 1u);
+}
+
+TEST(UpdateEngine, CommitWithMissingParamsListsThemAndAborts) {
+  Receiver r(Policy::Discard);
+  const auto w = random_weights(r.plans.layout(), 3);
+  r.engine->begin(4, "v4");
+  r.apply(r.bucket(w, 4, 0));
+  const auto e = error_of([&] { r.engine->commit(); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find("2 of 4 parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layers.1.w"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("norm"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("embed"), std::string::npos) << msg;
+  EXPECT_FALSE(r.engine->active());
+  EXPECT_FALSE(r.engine->version().committed);
+  EXPECT_EQ(r.engine->metrics().updates_aborted, 1u);
+  const auto h = r.engine->health();
+  EXPECT_FALSE(h.ready);
+  EXPECT_NE(h.reason.find("update 4 aborted at commit"), std::string::npos) << h.reason;
+}
+
+TEST(UpdateEngine, AbortHalfwayWithBackupRestoresOldBytesExactly) {
+  Receiver r(Policy::Backup);
+  const auto old_weights = random_weights(r.plans.layout(), 10);
+  r.push(old_weights, 1);
+  const auto next = random_weights(r.plans.layout(), 11);
+  r.engine->begin(2, "v2");
+  r.apply(r.bucket(next, 2, 0));
+  r.apply(r.bucket(next, 2, 1));
+  EXPECT_FALSE(r.engine->health().ready);  // live weights are mixed while the update runs
+  EXPECT_NE(r.contents(), old_weights);
+  r.engine->abort("trainer killed");
+  EXPECT_EQ(r.contents(), old_weights);
+  EXPECT_EQ(r.engine->version().number, 1u);
+  EXPECT_EQ(r.engine->version().label, "v1");
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->metrics().rollbacks, 1u);
+  EXPECT_FALSE(r.engine->metrics().fenced);
+}
+
+TEST(UpdateEngine, FingerprintMismatchIsRefusedBeforeWritingAndRolledBack) {
+  Receiver r(Policy::Backup);
+  const auto old_weights = random_weights(r.plans.layout(), 20);
+  r.push(old_weights, 5);
+  const auto next = random_weights(r.plans.layout(), 21);
+  r.engine->begin(6, "v6");
+  r.apply(r.bucket(next, 6, 0));
+  auto corrupt = r.bucket(next, 6, 1);
+  corrupt.bytes[corrupt.manifest.tensors[0].offset + 3] ^= std::byte{0x40};  // flipped in flight
+  const auto e = error_of([&] { r.apply(corrupt); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(std::string(e.what()).find("layers.1.w"), std::string::npos) << e.what();
+  EXPECT_FALSE(r.engine->active());
+  EXPECT_EQ(r.contents(), old_weights);
+  EXPECT_EQ(r.engine->version().number, 5u);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  // Later buckets of the dead update are refused.
+  EXPECT_EQ(error_of([&] { r.apply(r.bucket(next, 6, 2)); }).code(),
+            FERRY_STATUS_FAILED_PRECONDITION);
+}
+
+TEST(UpdateEngine, FingerprintMismatchWritesNothingOfThatBucket) {
+  Receiver r(Policy::Discard);
+  const auto old_weights = random_weights(r.plans.layout(), 25);
+  r.push(old_weights, 1);
+  const auto next = random_weights(r.plans.layout(), 26);
+  r.engine->begin(2, "v2");
+  auto corrupt = r.bucket(next, 2, 0);
+  corrupt.bytes.back() ^= std::byte{1};  // the last byte of layers.0.w
+  EXPECT_EQ(error_of([&] { r.apply(corrupt); }).code(), FERRY_STATUS_CORRUPT_DATA);
+  // embed, earlier in the same bucket, was not written either; nothing was dirty, so no fence.
+  EXPECT_EQ(r.contents(), old_weights);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->version().number, 1u);
+}
+
+TEST(UpdateEngine, LyingManifestWithDiscardFencesUntilAFullUpdate) {
+  Receiver r(Policy::Discard);
+  r.push(random_weights(r.plans.layout(), 30), 1);
+  const auto next = random_weights(r.plans.layout(), 31);
+  r.engine->begin(2, "v2");
+  r.apply(r.bucket(next, 2, 0));
+  auto lying = r.bucket(next, 2, 1);
+  lying.manifest.bucket_bytes += 64;  // claims more bytes than arrived
+  const auto e = error_of([&] { r.apply(lying); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_EQ(r.engine->version().number, 1u);
+  const auto h = r.engine->health();
+  EXPECT_FALSE(h.ready);
+  EXPECT_NE(h.reason.find("update 2 aborted at bucket 1"), std::string::npos) << h.reason;
+  EXPECT_NE(h.reason.find("weights are partial until a full update or disk reload succeeds"),
+            std::string::npos)
+      << h.reason;
+  EXPECT_TRUE(r.engine->metrics().fenced);
+  EXPECT_FALSE(r.store.contents_valid("weights"));
+
+  // A partial update does not lift the fence...
+  const auto third = random_weights(r.plans.layout(), 32);
+  r.engine->begin(3, "v3");
+  r.apply(r.bucket(third, 3, 0));
+  r.engine->abort("operator cancelled");
+  EXPECT_FALSE(r.engine->health().ready);
+  EXPECT_NE(r.engine->health().reason.find("update 3 aborted after bucket 0"), std::string::npos)
+      << r.engine->health().reason;
+  // ...a full one does.
+  r.push(third, 4);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->version().number, 4u);
+  EXPECT_EQ(r.contents(), third);
+  EXPECT_TRUE(r.store.contents_valid("weights"));
+  EXPECT_FALSE(r.engine->metrics().fenced);
+}
+
+TEST(UpdateEngine, BucketOfAnotherUpdateOrCatalogIsRefused) {
+  Receiver r(Policy::Backup);
+  const auto w = random_weights(r.plans.layout(), 40);
+  r.push(w, 1);
+  const auto next = random_weights(r.plans.layout(), 41);
+  r.engine->begin(2, "v2");
+  r.apply(r.bucket(next, 2, 0));
+  const auto stale = r.bucket(next, 9, 1);
+  EXPECT_EQ(error_of([&] { r.apply(stale); }).code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_EQ(r.contents(), w);
+  r.engine->begin(3, "v3");
+  const std::vector<std::uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const auto b = r.bucket(next, 3, 0);
+  EXPECT_EQ(error_of([&] { r.engine->apply_bucket(b.bytes, garbage); }).code(),
+            FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+}
+
+TEST(UpdateEngine, ExpectedFingerprintMismatchAtCommitAbortsNamingTheParameter) {
+  Receiver r(Policy::Backup);
+  const auto w = random_weights(r.plans.layout(), 50);
+  r.push(w, 1);
+  const auto next = random_weights(r.plans.layout(), 51);
+  r.engine->begin(2, "v2");
+  for (std::uint32_t k = 0; k < 3; ++k) r.apply(r.bucket(next, 2, k));
+  std::map<std::string, std::uint64_t> expected;
+  for (const auto& [name, bytes] : next) {
+    expected[name] = kernels::fingerprint_cpu(bytes.data(), bytes.size());
+  }
+  expected["layers.0.w"] ^= 1;
+  r.engine->set_expected_fingerprints(expected);
+  const auto e = error_of([&] { r.engine->commit(); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(std::string(e.what()).find("layers.0.w"), std::string::npos) << e.what();
+  EXPECT_EQ(r.contents(), w);
+  EXPECT_EQ(r.engine->version().number, 1u);
+
+  // With the right fingerprints the same update commits.
+  expected["layers.0.w"] ^= 1;
+  r.engine->begin(3, "v3");
+  for (std::uint32_t k = 0; k < 3; ++k) r.apply(r.bucket(next, 3, k));
+  r.engine->set_expected_fingerprints(expected);
+  r.engine->commit();
+  EXPECT_EQ(r.contents(), next);
+  EXPECT_EQ(r.engine->version().number, 3u);
+}
+
+TEST(UpdateEngine, PlanIsComputedOncePerBucketShape) {
+  Receiver r(Policy::Discard);
+  r.push(random_weights(r.plans.layout(), 60), 1);
+  r.push(random_weights(r.plans.layout(), 61), 2);
+  r.push(random_weights(r.plans.layout(), 62), 3);
+  EXPECT_EQ(r.plans.calls, 3);
+  EXPECT_EQ(r.engine->metrics().plan_cache_misses, 3u);
+  EXPECT_EQ(r.engine->metrics().plan_cache_hits, 6u);
+}
+
+TEST(UpdateEngine, ReleasedWeightsRefuseAnUpdateAndCannotBeReleasedDuringOne) {
+  Receiver r(Policy::Backup);
+  const auto w = random_weights(r.plans.layout(), 70);
+  r.push(w, 1);
+  const std::vector<std::string> tags = {"weights"};
+  r.engine->begin(2, "v2");
+  EXPECT_EQ(error_of([&] { r.store.release(tags); }).code(), FERRY_STATUS_FAILED_PRECONDITION);
+  r.engine->abort("test");
+  r.store.release(tags);
+  EXPECT_FALSE(r.engine->health().ready);
+  EXPECT_NE(r.engine->health().reason.find("released"), std::string::npos);
+  const auto e = error_of([&] { r.engine->begin(3, "v3"); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(e.what()).find("released"), std::string::npos) << e.what();
+  r.store.resume(tags);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.contents(), w);
+}
+
+TEST(UpdateEngine, DiscardReleaseMakesTheReceiverUnreadyUntilAFullUpdate) {
+  Receiver r(Policy::Discard);
+  r.push(random_weights(r.plans.layout(), 80), 1);
+  const std::vector<std::string> tags = {"weights"};
+  r.store.release(tags);
+  r.store.resume(tags);
+  EXPECT_FALSE(r.engine->health().ready);
+  EXPECT_NE(r.engine->health().reason.find("discard"), std::string::npos);
+  const auto w = random_weights(r.plans.layout(), 81);
+  r.push(w, 2);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.contents(), w);
+}
+
+TEST(UpdateEngine, LayoutParameterMissingFromTheStoreIsNamedAtBegin) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Discard,
+                  std::vector<store::TensorSpec>{{"embed", FERRY_DTYPE_BF16, {64, 48}}});
+  IdentityPlans plans(small_layout());
+  UpdateEngine engine(store, plans);
+  const auto e = error_of([&] { engine.begin(1, "v1"); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_NOT_FOUND);
+  EXPECT_NE(std::string(e.what()).find("layers.0.w"), std::string::npos) << e.what();
+  EXPECT_FALSE(engine.active());
+}
+
+TEST(UpdateEngine, RestartRestoresTheCommittedVersionFromAFileMirror) {
+  const auto dir = std::filesystem::is_directory("/dev/shm") ? std::filesystem::path("/dev/shm")
+                                                             : std::filesystem::temp_directory_path();
+  const auto path = dir / ("ferry-update-test-" + std::to_string(::getpid()));
+  Weights committed;
+  {
+    Receiver r(Policy::Backup);
+    r.store.attach_mirror(store::HostMirror::create_file(path, r.store.mirror_layout()));
+    committed = random_weights(r.plans.layout(), 90);
+    r.push(committed, 12);
+    // A failed later update must not disturb what the mirror holds.
+    r.engine->begin(13, "v13");
+    r.apply(r.bucket(random_weights(r.plans.layout(), 91), 13, 0));
+    r.engine->abort("trainer gone");
+  }
+  Receiver restarted(Policy::Backup);
+  const auto layout = restarted.store.mirror_layout();
+  restarted.store.attach_mirror(store::HostMirror::open_file(path, &layout));
+  restarted.engine->restore_from_mirror();
+  std::filesystem::remove(path);
+  EXPECT_EQ(restarted.contents(), committed);
+  EXPECT_EQ(restarted.engine->version().number, 12u);
+  EXPECT_EQ(restarted.engine->version().label, "v12");
+  EXPECT_TRUE(restarted.engine->health().ready) << restarted.engine->health().reason;
+}
+
+TEST(UpdateEngine, RestoreWithoutACommittedMirrorIsRefused) {
+  Receiver r(Policy::Backup);
+  EXPECT_EQ(error_of([&] { r.engine->restore_from_mirror(); }).code(),
+            FERRY_STATUS_FAILED_PRECONDITION);
+  Receiver d(Policy::Discard);
+  d.push(random_weights(d.plans.layout(), 95), 1);
+  EXPECT_EQ(error_of([&] { d.engine->restore_from_mirror(); }).code(),
+            FERRY_STATUS_FAILED_PRECONDITION);
+}
+
+TEST(UpdateEngine, AdoptCurrentPublishesEngineLoadedWeights) {
+  Receiver r(Policy::Backup);
+  const auto w = random_weights(r.plans.layout(), 100);
+  for (const auto& [name, bytes] : w) r.store.write(*r.store.find(name), 0, bytes);
+  r.engine->adopt_current(3, "loaded-by-engine");
+  EXPECT_TRUE(r.engine->health().ready);
+  r.engine->set_version_label("relabelled");
+  EXPECT_EQ(r.engine->version().label, "relabelled");
+  EXPECT_EQ(r.store.mirror()->committed()->label, "relabelled");
+  // The adopted weights are the rollback point.
+  r.engine->begin(4, "v4");
+  r.apply(r.bucket(random_weights(r.plans.layout(), 101), 4, 0));
+  r.engine->abort("test");
+  EXPECT_EQ(r.contents(), w);
+  EXPECT_EQ(r.engine->version().number, 3u);
+}
+
+TEST(UpdateEngine, VersionAndHealthAreReadableFromAnotherThreadDuringUpdates) {
+  Receiver r(Policy::Backup);
+  std::atomic<bool> done{false};
+  std::vector<std::uint64_t> seen;
+  std::thread reader([&] {
+    while (!done.load()) {
+      const auto v = r.engine->version();
+      const auto h = r.engine->health();
+      if (v.committed && (seen.empty() || seen.back() != v.number)) seen.push_back(v.number);
+      (void)h;
+    }
+  });
+  std::set<std::uint64_t> committed;
+  for (std::uint64_t version = 1; version <= 20; ++version) {
+    const auto w = random_weights(r.plans.layout(), 200 + version);
+    if (version % 3 == 0) {
+      r.engine->begin(version, "aborted");
+      r.apply(r.bucket(w, version, 0));
+      r.engine->abort("every third update is abandoned");
+    } else {
+      r.push(w, version);
+      committed.insert(version);
+    }
+  }
+  done = true;
+  reader.join();
+  // Only committed versions were ever visible, in increasing order.
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(committed.count(seen[i]), 1u) << seen[i];
+    if (i > 0) {
+      EXPECT_LT(seen[i - 1], seen[i]);
+    }
+  }
+  EXPECT_EQ(r.engine->version().number, 20u);
+  EXPECT_EQ(r.engine->metrics().updates_aborted, 6u);
+  EXPECT_EQ(r.engine->metrics().updates_committed, 14u);
+}
+
+}  // namespace
+}  // namespace ferry::update
