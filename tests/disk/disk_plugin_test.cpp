@@ -313,6 +313,13 @@ TEST_F(DiskPluginTest, TensorLargerThanTheBucketIsRejectedByName) {
                                             "the destination bucket of 1000 bytes"),
             std::string::npos)
       << error_message(error.get());
+  // Nothing was consumed: the same capacity fails the same way, a larger one starts at bucket 0.
+  ErrorPtr again = read(source, dst, &m);
+  EXPECT_EQ(error_code(again.get()), FERRY_STATUS_INVALID_ARGUMENT) << error_message(again.get());
+  std::vector<std::uint8_t> big(1 << 20);
+  ASSERT_EQ(read(source, big, &m), nullptr);
+  EXPECT_EQ(m.bucket_index, 0u);
+  EXPECT_EQ(m.tensors.size(), catalog_order_.size());
   api_->source_close(source);
 }
 

@@ -280,6 +280,54 @@ std::vector<std::uint8_t> shard_bytes(const Tensor& tensor, int dim, unsigned ra
   return out;
 }
 
+int dense_shard_dim(const std::string& name) {
+  for (const char* s : {"o_proj.weight", "down_proj.weight"}) {
+    if (name.ends_with(s)) return 1;
+  }
+  for (const char* s : {"embed_tokens.weight", "lm_head.weight", "q_proj.weight", "k_proj.weight",
+                        "v_proj.weight", "gate_proj.weight", "up_proj.weight"}) {
+    if (name.ends_with(s)) return 0;
+  }
+  return -1;
+}
+
+std::vector<std::uint8_t> dense_expected_shard(const Tensor& t, unsigned rank, unsigned size) {
+  const int dim = dense_shard_dim(t.name);
+  return dim < 0 ? t.bytes : shard_bytes(t, dim, rank, size);
+}
+
+std::vector<std::uint64_t> dense_shard_shape(const Tensor& t, unsigned size) {
+  auto shape = t.shape;
+  const int dim = dense_shard_dim(t.name);
+  if (dim >= 0) shape[static_cast<std::size_t>(dim)] /= size;
+  return shape;
+}
+
+std::map<std::string, std::vector<std::uint8_t>> dense_expected_params(const Checkpoint& c,
+                                                                       const std::string& layout,
+                                                                       unsigned rank,
+                                                                       unsigned size) {
+  static const std::vector<std::pair<std::string, std::string>> kFused = {
+      {"self_attn.q_proj.weight", "self_attn.qkv_proj.weight"},
+      {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight"},
+      {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight"},
+      {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight"},
+      {"mlp.up_proj.weight", "mlp.gate_up_proj.weight"}};
+  std::map<std::string, std::vector<std::uint8_t>> out;
+  for (const auto& t : c.tensors) {
+    std::string param = t.name;
+    if (layout == "engine") {
+      for (const auto& [part, fused] : kFused) {
+        if (t.name.ends_with(part)) param = t.name.substr(0, t.name.size() - part.size()) + fused;
+      }
+    }
+    const auto bytes = dense_expected_shard(t, rank, size);
+    auto& dst = out[param];  // checkpoints list q, k, v and gate, up in the fused order
+    dst.insert(dst.end(), bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
 // ---- the `ferry serve` process -------------------------------------------------------------
 
 namespace {

@@ -97,6 +97,20 @@ double decode_element(ferry_dtype_t dtype, const std::uint8_t* bytes, std::uint6
 // Rank `rank`'s shard (of `size`) of a row-major tensor along `dim` (0 or 1), as raw bytes.
 std::vector<std::uint8_t> shard_bytes(const Tensor& tensor, int dim, unsigned rank, unsigned size);
 
+// What the dense plugin does with a checkpoint tensor under tensor parallelism (models/dense/
+// README.md), restated independently: -1 replicated (norms), 0 (q/k/v, gate/up, embedding,
+// lm_head) or 1 (o_proj, down_proj).
+int dense_shard_dim(const std::string& name);
+// Rank `rank`'s part of the tensor (the whole tensor when replicated) and its shape.
+std::vector<std::uint8_t> dense_expected_shard(const Tensor& tensor, unsigned rank, unsigned size);
+std::vector<std::uint64_t> dense_shard_shape(const Tensor& tensor, unsigned size);
+// Every parameter of one rank with its expected bytes, by parameter name. layout "engine" fuses
+// q,k,v into self_attn.qkv_proj.weight and gate,up into mlp.gate_up_proj.weight (this rank's
+// rows of each part, in that order); "hf" keeps the checkpoint names.
+std::map<std::string, std::vector<std::uint8_t>> dense_expected_params(const Checkpoint& checkpoint,
+                                                                       const std::string& layout,
+                                                                       unsigned rank, unsigned size);
+
 // ---- the `ferry serve` process --------------------------------------------------------------
 
 struct ServeOptions {

@@ -50,55 +50,6 @@ std::string safetensors_name(ferry_dtype_t dtype) {
   return names[static_cast<int>(dtype)];
 }
 
-// The tensor-parallel split of a checkpoint tensor: -1 replicated, else the dimension.
-int shard_dim(const std::string& name) {
-  for (const char* s : {"o_proj.weight", "down_proj.weight"}) {
-    if (name.ends_with(s)) return 1;
-  }
-  for (const char* s : {"embed_tokens.weight", "lm_head.weight", "q_proj.weight", "k_proj.weight",
-                        "v_proj.weight", "gate_proj.weight", "up_proj.weight"}) {
-    if (name.ends_with(s)) return 0;
-  }
-  return -1;
-}
-
-std::vector<std::uint8_t> expected_shard(const Tensor& t, unsigned rank, unsigned size) {
-  const int dim = shard_dim(t.name);
-  return dim < 0 ? t.bytes : shard_bytes(t, dim, rank, size);
-}
-
-std::vector<std::uint64_t> shard_shape(const Tensor& t, unsigned size) {
-  auto shape = t.shape;
-  const int dim = shard_dim(t.name);
-  if (dim >= 0) shape[static_cast<std::size_t>(dim)] /= size;
-  return shape;
-}
-
-// The parameters of one rank and their expected bytes, by parameter name.
-std::map<std::string, std::vector<std::uint8_t>> expected_params(const Checkpoint& c,
-                                                                 const std::string& layout,
-                                                                 unsigned rank, unsigned size) {
-  std::map<std::string, std::vector<std::uint8_t>> out;
-  for (const auto& t : c.tensors) {
-    std::string param = t.name;
-    if (layout == "engine") {
-      for (const auto& [part, fused] :
-           std::vector<std::pair<std::string, std::string>>{
-               {"self_attn.q_proj.weight", "self_attn.qkv_proj.weight"},
-               {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight"},
-               {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight"},
-               {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight"},
-               {"mlp.up_proj.weight", "mlp.gate_up_proj.weight"}}) {
-        if (t.name.ends_with(part)) param = t.name.substr(0, t.name.size() - part.size()) + fused;
-      }
-    }
-    auto bytes = expected_shard(t, rank, size);
-    auto& dst = out[param];  // file order is q, k, v and gate, up: the fused order
-    dst.insert(dst.end(), bytes.begin(), bytes.end());
-  }
-  return out;
-}
-
 struct Case {
   std::string layout;
   unsigned tp_size;
@@ -151,15 +102,15 @@ TEST_P(ServeRoundTrip, EveryValueOfEveryRankEqualsTheCheckpointShard) {
 
     for (const Tensor& t : checkpoint_->tensors) {
       SCOPED_TRACE(t.name);
-      const auto shard = expected_shard(t, r, c.tp_size);
-      const std::uint64_t count = t.elements() / (shard_dim(t.name) < 0 ? 1 : c.tp_size);
+      const auto shard = dense_expected_shard(t, r, c.tp_size);
+      const std::uint64_t count = t.elements() / (dense_shard_dim(t.name) < 0 ? 1 : c.tp_size);
       const Reply reply = serve.weights(t.name, 1u << 20);
       ASSERT_EQ(reply.status, 200) << reply.text;
       const json& body = reply.body;
       EXPECT_EQ(body["name"].get<std::string>(), t.name);
       const std::string dtype = body["dtype"].get<std::string>();
       EXPECT_EQ(dtype, safetensors_name(t.dtype));
-      EXPECT_EQ(body["shape"].get<std::vector<std::uint64_t>>(), shard_shape(t, c.tp_size));
+      EXPECT_EQ(body["shape"].get<std::vector<std::uint64_t>>(), dense_shard_shape(t, c.tp_size));
       const auto values = body["values"].get<std::vector<double>>();
       ASSERT_EQ(values.size(), count);
       std::size_t mismatches = 0;
@@ -184,7 +135,7 @@ TEST_P(ServeRoundTrip, EveryValueOfEveryRankEqualsTheCheckpointShard) {
     // Whole parameters, byte for byte: the fingerprint of the expected bytes of each parameter
     // (fused in the engine layout) equals the receiver's.
     const auto prints = serve.fingerprints();
-    const auto params = expected_params(*checkpoint_, c.layout, r, c.tp_size);
+    const auto params = dense_expected_params(*checkpoint_, c.layout, r, c.tp_size);
     EXPECT_EQ(prints.size(), params.size());
     for (const auto& [name, bytes] : params) {
       ASSERT_TRUE(prints.count(name)) << "no parameter " << name;
