@@ -444,6 +444,12 @@ void HostMirror::clear_filled(std::size_t index) {
   state->filled = 0;
 }
 
+void HostMirror::mark_filled(std::size_t index) {
+  (void)entries_.at(index);
+  auto* state = reinterpret_cast<EntryState*>(base_ + kStateOffset) + index;
+  state->filled = 1;
+}
+
 void HostMirror::save(std::span<const std::size_t> entry,
                       std::span<const std::byte* const> sources) {
   if (entry.size() != sources.size()) {

@@ -96,6 +96,9 @@ class HostMirror {
   const std::vector<MirrorEntry>& entries() const noexcept { return entries_; }
   std::optional<std::size_t> find(std::string_view name) const;
   std::uint64_t data_bytes() const noexcept { return data_bytes_; }
+  // The data area: data_bytes() bytes starting page-aligned, holding every slot (a CUDA store
+  // page-locks exactly this range).
+  std::byte* data_area() noexcept { return base_ + header_bytes_; }
 
   // Throws INCOMPATIBLE naming the first difference between entries() and `layout`.
   void check_layout(std::span<const MirrorParam> layout) const;
@@ -104,9 +107,12 @@ class HostMirror {
   std::byte* slot(std::size_t index);
   const std::byte* slot(std::size_t index) const;
 
-  // Whether entry `index` holds a copy (set by save, cleared by clear_filled).
+  // Whether entry `index` holds a copy (set by save or mark_filled, cleared by clear_filled).
   bool filled(std::size_t index) const;
   void clear_filled(std::size_t index);
+  // For a store that copies into slot() itself (e.g. from device memory): clear_filled before
+  // the copy starts, mark_filled once it has finished.
+  void mark_filled(std::size_t index);
 
   // Copies `sources[i]` (entries()[entry[i]].bytes bytes each, host memory) into the slots and
   // marks those entries filled.

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""bench/torch_baselines.py: the PyTorch baselines `ferry bench` compares ferry's kernels against.
+
+Run by `ferry bench scatter` as a child process (or by hand); prints exactly one JSON object on
+stdout, as its last line:
+
+  {"ok": true, ...numbers...}                 the baselines ran
+  {"ok": false, "unavailable": "<reason>"}    torch (or CUDA in torch) is missing; exit 3
+  {"ok": false, "error": "<reason>"}          the run failed; exit 1
+
+Case `scatter`: the same layout as ferry's bench (bench/README.md): a bucket of COUNT bf16 tensors
+of BYTES bytes each, back to back, copied into COUNT destination slots of one region, BYTES + GAP
+bytes apart, in a fixed shuffled order. Measured, each as the median of REPEAT runs after WARMUP
+runs (CUDA: torch.cuda.Event timing around the whole call, then synchronize; CPU: wall clock):
+
+  loop     for d, s in zip(dst, src): d.copy_(s)      (what users write)
+  foreach  torch._foreach_copy_(dst, src)              (the best plain torch call)
+  flat     one copy_ of the whole bucket               (torch's view of the ceiling)
+
+The destination is poisoned (0xA5) before each method; after it, a sample of tensors is compared
+with the source and the gaps after them with the poison.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+POISON = 0xA5
+
+
+def emit(obj, code):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def unavailable(reason):
+    sys.stderr.write("torch_baselines: unavailable: %s\n" % reason)
+    emit({"ok": False, "unavailable": reason}, 3)
+
+
+def timed(torch, fn, repeat, warmup, cuda):
+    """Median seconds of `fn` over `repeat` runs after `warmup` runs, and every run."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeat):
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
+    return {"median_s": statistics.median(runs), "runs_s": runs}
+
+
+def scatter(torch, args):
+    cuda = args.device == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
+    count, nbytes, gap = args.count, args.bytes, args.gap
+    if count <= 0 or nbytes <= 0 or nbytes % 2 or gap < 0 or gap % 2:
+        raise ValueError("need count > 0, bytes > 0 and even, gap >= 0 and even (bf16 views)")
+    slot = nbytes + gap
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    src = torch.randint(0, 256, (count * nbytes,), dtype=torch.uint8, device=device, generator=gen)
+    dst = torch.empty((count * slot,), dtype=torch.uint8, device=device)
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(5678)).tolist()
+    src_views = [src[i * nbytes:(i + 1) * nbytes].view(torch.bfloat16) for i in range(count)]
+    dst_views = [dst[order[i] * slot:order[i] * slot + nbytes].view(torch.bfloat16)
+                 for i in range(count)]
+
+    picked = sorted({0, count - 1} | {(i * 7919 + 13) % count for i in range(14)})
+    failures = []
+
+    def check(method):
+        if cuda:
+            torch.cuda.synchronize()
+        for i in picked:
+            # Compared as bytes: random bf16 bits include NaNs, which never compare equal.
+            lo = order[i] * slot
+            if not torch.equal(dst[lo:lo + nbytes], src[i * nbytes:(i + 1) * nbytes]):
+                failures.append("%s: tensor %d differs from its source" % (method, i))
+                return
+            lo = order[i] * slot + nbytes
+            if gap and not bool((dst[lo:lo + gap] == POISON).all()):
+                failures.append("%s: the gap after tensor %d was overwritten" % (method, i))
+                return
+
+    def loop():
+        for d, s in zip(dst_views, src_views):
+            d.copy_(s)
+
+    result = {
+        "ok": True,
+        "case": "scatter",
+        "device": args.device,
+        "count": count,
+        "bytes": nbytes,
+        "gap": gap,
+        "repeat": args.repeat,
+        "warmup": args.warmup,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device_name": torch.cuda.get_device_name() if cuda else platform.processor(),
+        "timing": "torch.cuda.Event around the call, then synchronize" if cuda
+                  else "time.perf_counter around the call",
+    }
+
+    dst.fill_(POISON)
+    result["loop"] = timed(torch, loop, args.repeat, args.warmup, cuda)
+    check("loop")
+
+    foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if foreach_copy is None:
+        result["foreach"] = {"unavailable": "torch %s has no torch._foreach_copy_" % torch.__version__}
+    else:
+        dst.fill_(POISON)
+        result["foreach"] = timed(torch, lambda: foreach_copy(dst_views, src_views),
+                                  args.repeat, args.warmup, cuda)
+        check("foreach")
+
+    flat_dst = dst[:count * nbytes]
+    result["flat"] = timed(torch, lambda: flat_dst.copy_(src), args.repeat, args.warmup, cuda)
+    if cuda:
+        torch.cuda.synchronize()
+    piece = 1 << 30  # compare in pieces: a whole-bucket torch.equal allocates a bucket of bools
+    for lo in range(0, count * nbytes, piece):
+        if not torch.equal(flat_dst[lo:lo + piece], src[lo:lo + piece]):
+            failures.append("flat: the copy differs from its source at byte %d.." % lo)
+            break
+
+    result["verified"] = not failures
+    result["verification"] = "; ".join(failures) if failures else (
+        "%d sampled tensors equal their source and their gaps hold the poison, after loop and "
+        "foreach; the flat copy equals the bucket" % len(picked))
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description="PyTorch baselines for ferry bench")
+    parser.add_argument("--case", choices=["scatter"], required=True)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--count", type=int, required=True, help="tensors")
+    parser.add_argument("--bytes", type=int, required=True, help="bytes per tensor")
+    parser.add_argument("--gap", type=int, default=512, help="bytes between destination slots")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    if args.repeat <= 0 or args.warmup < 0:
+        parser.error("--repeat must be positive and --warmup not negative")
+
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        unavailable("torch is not importable by %s: %s" % (sys.executable, e))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        unavailable("torch %s sees no CUDA device (torch.cuda.is_available() is False)"
+                    % torch.__version__)
+
+    try:
+        result = scatter(torch, args)
+    except Exception as e:
+        sys.stderr.write("torch_baselines: error: %s: %s\n" % (type(e).__name__, e))
+        emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)
+    emit(result, 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+// tests/integration/test_demo.cpp: `ferry demo` as a user runs it: the real executable, which
+// starts a real `ferry serve` child, on a tiny model in a temporary work folder; checks the exit
+// code, the per-step lines, the final table, the checkpoint cache and the refusal of cuda.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+std::string quote(const std::string& arg) {
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+class DemoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* exe = std::getenv("FERRY_EXE");
+    ASSERT_NE(exe, nullptr) << "FERRY_EXE must name the ferry executable (meson sets it)";
+    exe_ = exe;
+    std::random_device rd;
+    work_ = fs::temp_directory_path() / ("ferry-demo-test-" + std::to_string(rd()));
+    fs::create_directories(work_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(work_, ec);
+  }
+
+  // Runs `ferry demo` on the tiny model in the work folder with `extra` arguments.
+  Run demo(const std::vector<std::string>& extra) const {
+    std::string command = quote(exe_) + " demo --hidden-size 128 --layers 2 --vocab-size 512 "
+                          "--work-dir " + quote(work_.string());
+    for (const auto& a : extra) command += " " + quote(a);
+    command += " 2>&1";
+    Run run;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return run;
+    char buffer[4096];
+    std::size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
+    const int status = ::pclose(pipe);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run;
+  }
+
+  std::string exe_;
+  fs::path work_;
+};
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(DemoTest, TwoStepsAreDeliveredVerifiedAndTabulated) {
+  const Run run = demo({"--steps", "2"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("receiver: initial weights verified"), std::string::npos) << run.output;
+  EXPECT_TRUE(std::regex_search(run.output,
+                                std::regex(R"(step 1/2: version step-1, [0-9.]+ MiB in [0-9.]+ s \([0-9.]+ GB/s\), release\+resume [0-9.]+ s, verified)")))
+      << run.output;
+  EXPECT_TRUE(std::regex_search(run.output, std::regex(R"(step 2/2: version step-2, .*, verified\n)")))
+      << run.output;
+  EXPECT_TRUE(std::regex_search(run.output,
+                                std::regex(R"(step +version +bytes +seconds +GB/s +verified\n)")))
+      << run.output;
+  // The tiny model is 2 x (q 128x128, k/v 64x128, o 128x128, gate/up/down 384x128, norms) plus
+  // embedding and lm_head 512x128 and the final norm, all BF16: 525,184 elements, 1,050,368
+  // bytes = 1.0 MiB per update.
+  EXPECT_TRUE(std::regex_search(run.output, std::regex(R"(\n +1 +step-1 +1\.0 MiB +[0-9.]+ +[0-9.]+ +yes\n)")))
+      << run.output;
+  EXPECT_TRUE(std::regex_search(run.output, std::regex(R"(\n +2 +step-2 +1\.0 MiB +[0-9.]+ +[0-9.]+ +yes\n)")))
+      << run.output;
+  EXPECT_EQ(count(run.output, "NOT verified"), 0u) << run.output;
+  EXPECT_NE(run.output.find("all 2 steps verified"), std::string::npos) << run.output;
+  // The initial checkpoint is cached (sharded, with index and config); step checkpoints are not.
+  EXPECT_TRUE(fs::exists(work_ / "initial" / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(work_ / "initial" / "model-00002-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(work_ / "initial" / "config.json"));
+  EXPECT_FALSE(fs::exists(work_ / "step-1"));
+  EXPECT_FALSE(fs::exists(work_ / "step-2"));
+}
+
+TEST_F(DemoTest, SecondRunReusesTheCachedInitialCheckpoint) {
+  const Run first = demo({"--steps", "1"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("wrote the initial checkpoint"), std::string::npos) << first.output;
+  const Run second = demo({"--steps", "1"});
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("reusing the cached initial checkpoint"), std::string::npos)
+      << second.output;
+  EXPECT_EQ(second.output.find("wrote the initial checkpoint"), std::string::npos) << second.output;
+}
+
+TEST_F(DemoTest, CorruptedCacheIsRegeneratedAndTheRunStillVerifies) {
+  const Run first = demo({"--steps", "1"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // Flip the last data byte of the last shard: the header stays valid, only the weights change.
+  const fs::path shard = work_ / "initial" / "model-00002-of-00002.safetensors";
+  char original = 0;
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(-1, std::ios::end);
+    f.get(original);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(original ^ 0x40));
+  }
+  const Run second = demo({"--steps", "1"});
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("is not usable (the bytes of tensor lm_head.weight"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("wrote the initial checkpoint"), std::string::npos) << second.output;
+  std::ifstream f(shard, std::ios::binary);
+  f.seekg(-1, std::ios::end);
+  char restored = 0;
+  f.get(restored);
+  EXPECT_EQ(restored, original);
+}
+
+TEST_F(DemoTest, KeepLeavesEveryStepCheckpoint) {
+  const Run run = demo({"--steps", "2", "--keep"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* step : {"step-1", "step-2"}) {
+    EXPECT_TRUE(fs::exists(work_ / step / "model.safetensors.index.json")) << step;
+    EXPECT_TRUE(fs::exists(work_ / step / "model-00001-of-00002.safetensors")) << step;
+  }
+}
+
+TEST_F(DemoTest, CudaDeviceIsRefusedAsUnimplemented) {
+  const Run run = demo({"--steps", "1", "--device", "cuda"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("device 'cuda' is not supported yet"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("UNIMPLEMENTED"), std::string::npos) << run.output;
+  EXPECT_FALSE(fs::exists(work_ / "initial"));
+}
+
+TEST_F(DemoTest, UnknownTransportIsRefused) {
+  const Run run = demo({"--steps", "1", "--transport", "pigeon"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("unknown transport 'pigeon'"), std::string::npos) << run.output;
+}
+
+}  // namespace
