@@ -120,15 +120,15 @@ double median(std::vector<double> v) {
 // Weights of `bytes` in `weights` as 1 GiB parameters (the last one shorter), each filled with a
 // distinct byte so a restore that misplaces or drops a parameter is caught.
 // `create_seconds` receives the time of create_region alone (reserve + map).
-std::vector<std::size_t> place_weights(CudaWeightStore& store, std::uint64_t bytes,
-                                       Policy policy, double* create_seconds = nullptr) {
+std::vector<std::size_t> place_weights(CudaWeightStore& store, std::uint64_t bytes, Policy policy,
+                                       double* create_seconds = nullptr) {
   const double t = seconds([&] { store.create_region("weights", bytes, policy); });
   if (create_seconds != nullptr) *create_seconds = t;
   std::vector<std::size_t> params;
   for (std::uint64_t at = 0, i = 0; at < bytes; at += kGiB, ++i) {
     const std::uint64_t shape[] = {std::min(kGiB, bytes - at)};
-    params.push_back(store.place("weights", fmt::format("layer.{}.weight", i), FERRY_DTYPE_U8,
-                                 shape));
+    params.push_back(
+        store.place("weights", fmt::format("layer.{}.weight", i), FERRY_DTYPE_U8, shape));
     const auto info = store.param(params.back());
     check(cudaMemset(info.data, static_cast<int>(i % 251 + 1), info.bytes), "cudaMemset");
   }
@@ -163,8 +163,11 @@ struct Row {
 };
 
 nlohmann::json to_json(const Row& row) {
-  return {{"what", row.what}, {"bytes", row.bytes}, {"seconds", row.runs},
-          {"median_s", median(row.runs)}, {"gb_per_s", row.gbps()}};
+  return {{"what", row.what},
+          {"bytes", row.bytes},
+          {"seconds", row.runs},
+          {"median_s", median(row.runs)},
+          {"gb_per_s", row.gbps()}};
 }
 
 }  // namespace
@@ -186,7 +189,8 @@ int main(int argc, char** argv) try {
   const std::uint64_t headroom = 4 * kGiB;
   const std::uint64_t free_start = free_device_bytes();
   const std::uint64_t asked = static_cast<std::uint64_t>(args.gib * static_cast<double>(kGiB));
-  const std::uint64_t plain_bytes = std::min(asked, free_start > headroom ? free_start - headroom : 0);
+  const std::uint64_t plain_bytes =
+      std::min(asked, free_start > headroom ? free_start - headroom : 0);
   const std::uint64_t asked_backup =
       static_cast<std::uint64_t>(args.backup_gib * static_cast<double>(kGiB));
   const std::uint64_t backup_bytes = std::min(asked_backup, plain_bytes);
@@ -208,8 +212,8 @@ int main(int argc, char** argv) try {
     const auto address = store.param(params.front()).data;
     Row release{"release, no backup", plain_bytes, {}};
     Row resume_now{"resume right after release, no backup", plain_bytes, {}};
-    Row resume_settled{fmt::format("resume {} ms after release, no backup", args.settle_ms),
-                       plain_bytes, {}};
+    Row resume_settled{
+        fmt::format("resume {} ms after release, no backup", args.settle_ms), plain_bytes, {}};
     std::uint64_t returned = 0;
     for (int r = 0; r < args.repeat; ++r) {
       const std::uint64_t before = free_device_bytes();
@@ -223,7 +227,8 @@ int main(int argc, char** argv) try {
     if (store.param(params.front()).data != address) {
       ferry::fail(FERRY_STATUS_INTERNAL, "resume moved the weights");
     }
-    report["no_backup"] = {{"bytes", plain_bytes}, {"returned_to_device_bytes", returned},
+    report["no_backup"] = {{"bytes", plain_bytes},
+                           {"returned_to_device_bytes", returned},
                            {"chunk_bytes", store.chunk_bytes()},
                            {"granularity", store.granularity()}};
     rows.push_back(create);
@@ -257,12 +262,10 @@ int main(int argc, char** argv) try {
       resume.runs.push_back(seconds([&] { store.resume(tags); }));
       save.runs.push_back(seconds([&] { store.save_to_mirror(tags); }));
       restore.runs.push_back(seconds([&] { store.restore_from_mirror(tags); }));
-      plain_d2h.runs.push_back(seconds([&] {
-        check(cudaMemcpy(host, device, span, cudaMemcpyDeviceToHost), "baseline D2H");
-      }));
-      plain_h2d.runs.push_back(seconds([&] {
-        check(cudaMemcpy(device, host, span, cudaMemcpyHostToDevice), "baseline H2D");
-      }));
+      plain_d2h.runs.push_back(seconds(
+          [&] { check(cudaMemcpy(host, device, span, cudaMemcpyDeviceToHost), "baseline D2H"); }));
+      plain_h2d.runs.push_back(seconds(
+          [&] { check(cudaMemcpy(device, host, span, cudaMemcpyHostToDevice), "baseline H2D"); }));
     }
     verify(store, params);
     report["backup"] = {
@@ -287,12 +290,13 @@ int main(int argc, char** argv) try {
     report["rows"].push_back(to_json(row));
   }
   if (report.contains("backup")) {
-    std::printf("backup vs plain pinned cudaMemcpy: release %.2f, resume %.2f, save %.2f, "
-                "restore %.2f\n",
-                report["backup"]["release_vs_plain_d2h"].get<double>(),
-                report["backup"]["resume_vs_plain_h2d"].get<double>(),
-                report["backup"]["save_vs_plain_d2h"].get<double>(),
-                report["backup"]["restore_vs_plain_h2d"].get<double>());
+    std::printf(
+        "backup vs plain pinned cudaMemcpy: release %.2f, resume %.2f, save %.2f, "
+        "restore %.2f\n",
+        report["backup"]["release_vs_plain_d2h"].get<double>(),
+        report["backup"]["resume_vs_plain_h2d"].get<double>(),
+        report["backup"]["save_vs_plain_d2h"].get<double>(),
+        report["backup"]["restore_vs_plain_h2d"].get<double>());
   }
   if (!args.json.empty()) {
     std::ofstream out(args.json);

@@ -13,7 +13,9 @@
 namespace ferry::store {
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
@@ -23,9 +25,8 @@ CpuWeightStore::CpuWeightStore(CpuWeightStoreOptions options)
       page_bytes_(static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE))) {}
 
 CpuWeightStore::~CpuWeightStore() {
-  for_each_region([](const std::string&, Region& region, bool) {
-    ::munmap(region.base, region.capacity);
-  });
+  for_each_region(
+      [](const std::string&, Region& region, bool) { ::munmap(region.base, region.capacity); });
 }
 
 void CpuWeightStore::reserve_region(const std::string& tag, Region& region) {
@@ -51,7 +52,8 @@ void CpuWeightStore::map_memory(const std::string& tag, std::span<Region> region
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (::mprotect(regions[i].base, regions[i].capacity, PROT_READ | PROT_WRITE) != 0) {
       const auto why = errno_text();
-      for (std::size_t j = 0; j < i; ++j) ::mprotect(regions[j].base, regions[j].capacity, PROT_NONE);
+      for (std::size_t j = 0; j < i; ++j)
+        ::mprotect(regions[j].base, regions[j].capacity, PROT_NONE);
       fail(FERRY_STATUS_OUT_OF_MEMORY, "resuming tag '{}': {}", tag, why);
     }
   }

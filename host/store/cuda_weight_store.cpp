@@ -40,8 +40,8 @@ std::string bytes_text(std::uint64_t bytes) {
 void check(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return;
   (void)cudaGetLastError();
-  const ferry_status_code_t code = err == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY
-                                                                    : FERRY_STATUS_INTERNAL;
+  const ferry_status_code_t code =
+      err == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_INTERNAL;
   fail(code, "{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
@@ -175,8 +175,8 @@ CudaWeightStore::CudaWeightStore(CudaWeightStoreOptions options)
   c.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   c.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   c.prop.location.id = options_.device;
-  c.prop.requestedHandleTypes = options_.exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-                                                    : CU_MEM_HANDLE_TYPE_NONE;
+  c.prop.requestedHandleTypes =
+      options_.exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   c.access.location = c.prop.location;
   c.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 
@@ -208,8 +208,8 @@ CudaWeightStore::CudaWeightStore(CudaWeightStoreOptions options)
     }
   }
   logger("store")->info(
-      "CUDA weight store on device {}: granularity {} bytes, chunks of {} bytes{}",
-      options_.device, granularity_, chunk_bytes_,
+      "CUDA weight store on device {}: granularity {} bytes, chunks of {} bytes{}", options_.device,
+      granularity_, chunk_bytes_,
       options_.exportable ? ", exportable as POSIX file descriptors" : "");
 }
 
@@ -299,8 +299,8 @@ void CudaWeightStore::reserve_region(const std::string& tag, Region& region) {
   const CUresult result = cuda_->address_reserve(&base, region.capacity, granularity_, 0, 0);
   if (result != CUDA_SUCCESS) {
     fail(result == CUDA_ERROR_OUT_OF_MEMORY ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_INTERNAL,
-         "cannot reserve {} of device addresses for tag '{}': {}", bytes_text(region.capacity),
-         tag, cuda_->name(result));
+         "cannot reserve {} of device addresses for tag '{}': {}", bytes_text(region.capacity), tag,
+         cuda_->name(result));
   }
   region.base = reinterpret_cast<std::byte*>(base);
   try {
@@ -341,8 +341,8 @@ void CudaWeightStore::map_memory(const std::string& tag, std::span<Region> regio
   }
 }
 
-void CudaWeightStore::check_external(const std::string& name, const void* data,
-                                     std::uint64_t bytes, ferry_memory_kind_t kind) const {
+void CudaWeightStore::check_external(const std::string& name, const void* data, std::uint64_t bytes,
+                                     ferry_memory_kind_t kind) const {
   if (kind != FERRY_MEMORY_CUDA) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
          "parameter '{}': the CUDA weight store takes CUDA device memory only", name);
@@ -433,8 +433,8 @@ void CudaWeightStore::mirror_changing(HostMirror* old_mirror, HostMirror* new_mi
   const auto start = std::chrono::steady_clock::now();
   populate_parallel(new_mirror->data_area(), new_mirror->data_bytes());
   const auto populated = std::chrono::steady_clock::now();
-  const cudaError_t err = cudaHostRegister(new_mirror->data_area(), new_mirror->data_bytes(),
-                                           cudaHostRegisterDefault);
+  const cudaError_t err =
+      cudaHostRegister(new_mirror->data_area(), new_mirror->data_bytes(), cudaHostRegisterDefault);
   if (err == cudaSuccess) {
     pinned_ = new_mirror;
     pinned_bytes_ = new_mirror->data_bytes();

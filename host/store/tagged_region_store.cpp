@@ -7,7 +7,6 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
-
 namespace ferry::store {
 namespace {
 
@@ -96,9 +95,9 @@ void TaggedRegionStore::create_region(const std::string& tag, std::uint64_t byte
 }
 
 void TaggedRegionStore::check_new_param_locked(const std::string& name, ferry_dtype_t dtype,
-                                            std::span<const std::uint64_t> shape,
-                                            std::uint64_t& bytes,
-                                            std::uint64_t& elements) const {
+                                               std::span<const std::uint64_t> shape,
+                                               std::uint64_t& bytes,
+                                               std::uint64_t& elements) const {
   if (name.empty() || name.size() > kMaxNameBytes) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "parameter name '{}' is empty or longer than {} bytes",
          name, kMaxNameBytes);
@@ -121,7 +120,7 @@ void TaggedRegionStore::check_new_param_locked(const std::string& name, ferry_dt
 }
 
 std::size_t TaggedRegionStore::place(const std::string& tag, const std::string& name,
-                                  ferry_dtype_t dtype, std::span<const std::uint64_t> shape) {
+                                     ferry_dtype_t dtype, std::span<const std::uint64_t> shape) {
   std::lock_guard lock(mutex_);
   Tag& t = tag_locked(tag);
   if (t.released) {
@@ -136,8 +135,8 @@ std::size_t TaggedRegionStore::place(const std::string& tag, const std::string& 
          tag, name);
   }
   for (auto& region : t.regions) {
-    const std::uint64_t offset = (region.used + kParamAlignment - 1) / kParamAlignment *
-                                 kParamAlignment;
+    const std::uint64_t offset =
+        (region.used + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
     if (offset > region.capacity || region.capacity - offset < bytes) continue;
     if (t.policy == Policy::Backup) mirror_layout_changing_locked(tag);
     ParamInfo info;
@@ -162,9 +161,9 @@ std::size_t TaggedRegionStore::place(const std::string& tag, const std::string& 
 }
 
 std::size_t TaggedRegionStore::register_external(const std::string& tag, const std::string& name,
-                                              ferry_dtype_t dtype,
-                                              std::span<const std::uint64_t> shape, void* data,
-                                              ferry_memory_kind_t kind) {
+                                                 ferry_dtype_t dtype,
+                                                 std::span<const std::uint64_t> shape, void* data,
+                                                 ferry_memory_kind_t kind) {
   std::lock_guard lock(mutex_);
   std::uint64_t bytes = 0;
   std::uint64_t elements = 0;
@@ -231,15 +230,15 @@ std::vector<std::size_t> TaggedRegionStore::params_in(const std::string& tag) co
 }
 
 const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std::uint64_t offset,
-                                                       std::uint64_t bytes,
-                                                       const char* what) const {
+                                                          std::uint64_t bytes,
+                                                          const char* what) const {
   if (index >= params_.size()) {
     fail(FERRY_STATUS_NOT_FOUND, "{}: weight store has no parameter #{}", what, index);
   }
   const ParamInfo& p = params_[index];
   if (tag_locked(p.tag).released) {
-    fail(FERRY_STATUS_FAILED_PRECONDITION, "{} '{}': tag '{}' is released (resume it first)",
-         what, p.name, p.tag);
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "{} '{}': tag '{}' is released (resume it first)", what,
+         p.name, p.tag);
   }
   if (offset > p.bytes || p.bytes - offset < bytes) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "{} '{}': bytes [{}, +{}) lie outside its {} bytes", what,
@@ -249,13 +248,14 @@ const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std
 }
 
 void TaggedRegionStore::write(std::size_t index, std::uint64_t offset,
-                           std::span<const std::byte> bytes) {
+                              std::span<const std::byte> bytes) {
   std::lock_guard lock(mutex_);
   const ParamInfo& p = checked_access_locked(index, offset, bytes.size(), "write to");
   if (!bytes.empty()) copy_bytes(p.data + offset, bytes.data(), bytes.size());
 }
 
-void TaggedRegionStore::read(std::size_t index, std::uint64_t offset, std::span<std::byte> out) const {
+void TaggedRegionStore::read(std::size_t index, std::uint64_t offset,
+                             std::span<std::byte> out) const {
   std::lock_guard lock(mutex_);
   const ParamInfo& p = checked_access_locked(index, offset, out.size(), "read of");
   if (!out.empty()) copy_bytes(out.data(), p.data + offset, out.size());
@@ -276,8 +276,8 @@ void TaggedRegionStore::release(std::span<const std::string> tags) {
     for (auto index : t.params) {
       if (params_[index].external) {
         fail(FERRY_STATUS_FAILED_PRECONDITION,
-             "tag '{}' holds engine-owned parameter '{}'; the engine releases its own memory",
-             name, params_[index].name);
+             "tag '{}' holds engine-owned parameter '{}'; the engine releases its own memory", name,
+             params_[index].name);
       }
     }
   }

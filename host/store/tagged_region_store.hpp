@@ -104,8 +104,7 @@ class TaggedRegionStore : public WeightStore {
 
   // ---- for subclass destructors ----------------------------------------------------------
   // Calls `fn(tag, region, released)` for every region; no lock taken (destructor use only).
-  void for_each_region(
-      const std::function<void(const std::string&, Region&, bool released)>& fn);
+  void for_each_region(const std::function<void(const std::string&, Region&, bool released)>& fn);
   // Replaces the mirror (calls mirror_changing first); null drops it.
   void replace_mirror_locked(std::shared_ptr<HostMirror> mirror);
 

@@ -142,7 +142,8 @@ class WeightStore {
   // writing into it), then releases them. Backup tags are saved to the host mirror first.
   virtual void release(std::span<const std::string> tags) = 0;
   // Validates every tag first (known, released), then maps memory back at the same addresses.
-  // Backup tags get their contents back from the mirror; discard tags read as zeros.
+  // Backup tags get their contents back from the mirror; discard tags read as zeros on the CPU
+  // store and hold undefined bytes on the CUDA store (contents_valid is false either way).
   virtual void resume(std::span<const std::string> tags) = 0;
   virtual bool released(const std::string& tag) const = 0;
   virtual bool contents_valid(const std::string& tag) const = 0;

@@ -9,8 +9,8 @@ __global__ void word_sum_kernel(const unsigned int* words, unsigned long long co
                                 unsigned long long* out) {
   unsigned long long local = 0;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x +
-                              threadIdx.x;
+  for (unsigned long long i =
+           static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < count; i += stride) {
     local += words[i];
   }

@@ -41,7 +41,9 @@ DeviceMemory device_memory() {
   return {free_bytes, total_bytes};
 }
 
-std::uint64_t distance(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : b - a; }
+std::uint64_t distance(std::uint64_t a, std::uint64_t b) {
+  return a > b ? a - b : b - a;
+}
 
 // A field of /proc/self/status in kB ("VmLck", "VmPin"), 0 when absent.
 std::uint64_t status_kib(const std::string& field) {
@@ -96,8 +98,7 @@ void poison_free_memory(unsigned char value) {
   std::vector<void*> blocks;
   for (std::uint64_t size = kGiB; size >= 2 * kMiB;) {
     void* block = nullptr;
-    if (device_memory().free < size + 256 * kMiB ||
-        cudaMalloc(&block, size) != cudaSuccess) {
+    if (device_memory().free < size + 256 * kMiB || cudaMalloc(&block, size) != cudaSuccess) {
       (void)cudaGetLastError();
       size /= 2;
       continue;
@@ -266,8 +267,8 @@ TEST(CudaWeightStore, BackupPolicyRestoresExactRandomContentsAfterPoison) {
 
 TEST(CudaWeightStore, DiscardPolicyReportsContentsInvalidUntilRewritten) {
   CudaWeightStore store;
-  const auto index = store.place_all(
-      "weights", Policy::Discard, std::vector<TensorSpec>{{"w", FERRY_DTYPE_F16, {4096, 33}}});
+  const auto index = store.place_all("weights", Policy::Discard,
+                                     std::vector<TensorSpec>{{"w", FERRY_DTYPE_F16, {4096, 33}}});
   write_all(store, index, random_bytes(store.param(index).bytes, 3));
   EXPECT_TRUE(store.contents_valid("weights"));
   store.release(kWeights);
