@@ -457,16 +457,17 @@ class Suite {
     args.role = FERRY_ROLE_RECEIVER;
     args.device = -1;
     ferry_transport_t* instance = nullptr;
-    finish_lifecycle(tables_.transport.create(&args, &instance), instance != nullptr,
-                     [&] { tables_.transport.destroy(instance); });
+    // Call first: the order in which function arguments are evaluated is unspecified.
+    ferry_error_t* created = tables_.transport.create(&args, &instance);
+    finish_lifecycle(created, instance != nullptr, [&] { tables_.transport.destroy(instance); });
   }
 
   // FERRY-ABI-11 for models.
   void check_model_lifecycle() {
     const ferry_model_create_args_t args = default_model_args();
     ferry_model_t* instance = nullptr;
-    finish_lifecycle(tables_.model.create(&args, &instance), instance != nullptr,
-                     [&] { tables_.model.destroy(instance); });
+    ferry_error_t* created = tables_.model.create(&args, &instance);
+    finish_lifecycle(created, instance != nullptr, [&] { tables_.model.destroy(instance); });
   }
 
   template <typename Destroy>

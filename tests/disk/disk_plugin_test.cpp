@@ -323,6 +323,22 @@ TEST_F(DiskPluginTest, TensorLargerThanTheBucketIsRejectedByName) {
   api_->source_close(source);
 }
 
+TEST_F(DiskPluginTest, RefusedCapacityMidStreamLeavesTheStreamUsable) {
+  write_checkpoint();
+  ferry_source_t* source = open(dir_.path().string());
+  ASSERT_NE(source, nullptr);
+  std::vector<std::uint8_t> dst(2400);
+  std::vector<std::uint8_t> small(1000);
+  manifest::Manifest m;
+  ASSERT_EQ(read(source, dst, &m), nullptr);
+  EXPECT_EQ(m.bucket_index, 0u);
+  ErrorPtr error = read(source, small, &m);
+  EXPECT_EQ(error_code(error.get()), FERRY_STATUS_INVALID_ARGUMENT) << error_message(error.get());
+  ASSERT_EQ(read(source, dst, &m), nullptr);
+  EXPECT_EQ(m.bucket_index, 1u);
+  api_->source_close(source);
+}
+
 TEST_F(DiskPluginTest, LargeTensorIsSplitAcrossThreadsAndReadExactly) {
   // 20 MiB (above the 16 MiB chunk) after a small tensor, so it is read in pieces.
   const std::vector<std::uint64_t> shape = {5 << 20};
