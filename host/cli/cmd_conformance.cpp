@@ -51,9 +51,11 @@ void print_report_json(const conformance::Report& report) {
 Action add_conformance_command(CLI::App& app, const GlobalOptions& /*globals*/) {
   auto options = std::make_shared<ConformanceOptions>();
   auto* sub = app.add_subcommand(
-      "conformance", "check a plugin .so against the numbered ABI requirements (docs/plugin-abi.md)");
-  sub->add_option("plugin", options->plugin, "path of libferry_transport_<name>.so or "
-                                             "libferry_model_<name>.so");
+      "conformance",
+      "check a plugin .so against the numbered ABI requirements (docs/plugin-abi.md)");
+  sub->add_option("plugin", options->plugin,
+                  "path of libferry_transport_<name>.so or "
+                  "libferry_model_<name>.so");
   sub->add_flag("--json", options->json, "print JSON instead of text");
   sub->add_flag("--list", options->list, "print the requirements and exit");
   return [options] {

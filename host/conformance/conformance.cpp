@@ -116,8 +116,12 @@ class Suite {
       }
     }
   }
-  void pass(const std::string& id, std::string detail) { set(id, Outcome::kPass, std::move(detail)); }
-  void fail(const std::string& id, std::string detail) { set(id, Outcome::kFail, std::move(detail)); }
+  void pass(const std::string& id, std::string detail) {
+    set(id, Outcome::kPass, std::move(detail));
+  }
+  void fail(const std::string& id, std::string detail) {
+    set(id, Outcome::kFail, std::move(detail));
+  }
   // Marks every requirement still unchecked as skipped because of `because`.
   void skip_rest(const std::string& because) {
     for (auto& result : report_.results) {
@@ -157,7 +161,8 @@ class Suite {
                                       ": {} (link with -Wl,--version-script=ferry_plugin.map)",
                                       extra.size(), list));
     } else if (!entry_found) {
-      fail("FERRY-ABI-9", "the dynamic symbol table defines no function " FERRY_PLUGIN_ENTRY_SYMBOL);
+      fail("FERRY-ABI-9",
+           "the dynamic symbol table defines no function " FERRY_PLUGIN_ENTRY_SYMBOL);
     } else {
       pass("FERRY-ABI-9", "only " FERRY_PLUGIN_ENTRY_SYMBOL " is exported");
     }
@@ -168,11 +173,12 @@ class Suite {
     answer_ = registry::host_negotiation(tracking_host_api());
     if (ferry_error_t* error = entry_(&answer_)) {
       const ErrorSeen seen = take_error(error);
-      fail("FERRY-ABI-2", seen.made_by_host
-                              ? fmt::format("refused a host of ABI {}.{}: {}", FERRY_PLUGIN_ABI_MAJOR,
-                                            FERRY_PLUGIN_ABI_MINOR, seen.message)
-                              : std::string("refused the host with an error object not made "
-                                            "through the host's error_new"));
+      fail("FERRY-ABI-2",
+           seen.made_by_host
+               ? fmt::format("refused a host of ABI {}.{}: {}", FERRY_PLUGIN_ABI_MAJOR,
+                             FERRY_PLUGIN_ABI_MINOR, seen.message)
+               : std::string("refused the host with an error object not made "
+                             "through the host's error_new"));
       return false;
     }
     if (auto reason = registry::check_abi_version(answer_)) {
@@ -192,8 +198,8 @@ class Suite {
         return false;
       }
     }
-    pass("FERRY-ABI-2", fmt::format("answers ABI {}.{}", answer_.plugin_abi_major,
-                                    answer_.plugin_abi_minor));
+    pass("FERRY-ABI-2",
+         fmt::format("answers ABI {}.{}", answer_.plugin_abi_major, answer_.plugin_abi_minor));
     return true;
   }
 
@@ -254,8 +260,8 @@ class Suite {
       fail("FERRY-ABI-10", "negotiating again gave a different answer");
       return;
     }
-    pass("FERRY-ABI-10", fmt::format("refuses a {}-byte negotiation struct without writing past it",
-                                     size));
+    pass("FERRY-ABI-10",
+         fmt::format("refuses a {}-byte negotiation struct without writing past it", size));
   }
 
   // FERRY-ABI-4.
@@ -300,7 +306,8 @@ class Suite {
     ferry_error_t* error = tables_.transport.create(&args, &instance);
     if (error == nullptr && instance != nullptr) tables_.transport.destroy(instance);
     if (auto wrong = wrong_error(error, FERRY_STATUS_INVALID_ARGUMENT, kUnknownOption)) {
-      fail("FERRY-ABI-6", fmt::format("create with unknown option '{}' {}", kUnknownOption, *wrong));
+      fail("FERRY-ABI-6",
+           fmt::format("create with unknown option '{}' {}", kUnknownOption, *wrong));
       return;
     }
     pass("FERRY-ABI-6", "create rejects an unknown option with INVALID_ARGUMENT naming it");
@@ -316,7 +323,8 @@ class Suite {
     ferry_error_t* error = tables_.model.create(&args, &instance);
     if (error == nullptr && instance != nullptr) tables_.model.destroy(instance);
     if (auto wrong = wrong_error(error, FERRY_STATUS_INVALID_ARGUMENT, kUnknownOption)) {
-      fail("FERRY-ABI-6", fmt::format("create with unknown option '{}' {}", kUnknownOption, *wrong));
+      fail("FERRY-ABI-6",
+           fmt::format("create with unknown option '{}' {}", kUnknownOption, *wrong));
       return;
     }
     args = default_model_args();
@@ -360,7 +368,8 @@ class Suite {
       return;
     }
     if (!all_canary(bytes, short_size, sizeof guarded)) {
-      fail("FERRY-ABI-7", fmt::format("get_caps wrote past caps->struct_size ({} bytes)", short_size));
+      fail("FERRY-ABI-7",
+           fmt::format("get_caps wrote past caps->struct_size ({} bytes)", short_size));
       return;
     }
     ferry_transport_caps_t caps{};
@@ -377,7 +386,8 @@ class Suite {
       problems.push_back(fmt::format("unknown flag bits {:#x}", caps.flags & ~known_flags));
     }
     if ((caps.memory_kinds & ~known_kinds) != 0) {
-      problems.push_back(fmt::format("unknown memory kind bits {:#x}", caps.memory_kinds & ~known_kinds));
+      problems.push_back(
+          fmt::format("unknown memory kind bits {:#x}", caps.memory_kinds & ~known_kinds));
     }
     if ((caps.memory_kinds & known_kinds) == 0) problems.push_back("declares no memory kind");
     const std::uint32_t topology = FERRY_TRANSPORT_CAP_POINT_TO_POINT |
@@ -389,24 +399,32 @@ class Suite {
                     std::initializer_list<std::pair<const char*, bool>> functions) {
       if ((caps.flags & flag) == 0) return;
       for (const auto& [function, has] : functions) {
-        if (!has) problems.push_back(fmt::format("{} needs {}, which is NULL", flag_name, function));
+        if (!has)
+          problems.push_back(fmt::format("{} needs {}, which is NULL", flag_name, function));
       }
     };
     need(FERRY_TRANSPORT_CAP_DIRECT_WRITE, "DIRECT_WRITE",
-         {{"register_memory", present(api.register_memory)}, {"pack_key", present(api.pack_key)},
-          {"put", present(api.put)}, {"flush", present(api.flush)}});
+         {{"register_memory", present(api.register_memory)},
+          {"pack_key", present(api.pack_key)},
+          {"put", present(api.put)},
+          {"flush", present(api.flush)}});
     need(FERRY_TRANSPORT_CAP_ASYNC, "ASYNC",
-         {{"request_test", present(api.request_test)}, {"request_wait", present(api.request_wait)},
+         {{"request_test", present(api.request_test)},
+          {"request_wait", present(api.request_wait)},
           {"request_free", present(api.request_free)}});
     need(FERRY_TRANSPORT_CAP_SOURCE, "SOURCE",
-         {{"source_open", present(api.source_open)}, {"source_catalog", present(api.source_catalog)},
-          {"source_read", present(api.source_read)}, {"source_close", present(api.source_close)}});
+         {{"source_open", present(api.source_open)},
+          {"source_catalog", present(api.source_catalog)},
+          {"source_read", present(api.source_read)},
+          {"source_close", present(api.source_close)}});
     const bool moves = present(api.send_bucket) || present(api.recv_bucket);
     for (auto [flag, flag_name] : {std::pair{FERRY_TRANSPORT_CAP_POINT_TO_POINT, "POINT_TO_POINT"},
                                    std::pair{FERRY_TRANSPORT_CAP_BROADCAST, "BROADCAST"}}) {
       need(flag, flag_name,
-           {{"get_address", present(api.get_address)}, {"connect", present(api.connect)},
-            {"disconnect", present(api.disconnect)}, {"send_bucket or recv_bucket", moves}});
+           {{"get_address", present(api.get_address)},
+            {"connect", present(api.connect)},
+            {"disconnect", present(api.disconnect)},
+            {"send_bucket or recv_bucket", moves}});
     }
     if (!problems.empty()) {
       std::string text;
@@ -414,7 +432,8 @@ class Suite {
       fail("FERRY-ABI-7", text);
       return;
     }
-    pass("FERRY-ABI-7", fmt::format("flags {:#x}, memory kinds {:#x}", caps.flags, caps.memory_kinds));
+    pass("FERRY-ABI-7",
+         fmt::format("flags {:#x}, memory kinds {:#x}", caps.flags, caps.memory_kinds));
   }
 
   // FERRY-ABI-8.
@@ -429,9 +448,10 @@ class Suite {
     needs(present(api.register_memory), "register_memory", present(api.deregister_memory),
           "deregister_memory");
     needs(present(api.pack_key), "pack_key", present(api.register_memory), "register_memory");
-    for (auto [has, name] : {std::pair{present(api.send_bucket), "send_bucket"},
-                             std::pair{present(api.recv_bucket), "recv_bucket"},
-                             std::pair{present(api.put), "put"}, std::pair{present(api.flush), "flush"}}) {
+    for (auto [has, name] :
+         {std::pair{present(api.send_bucket), "send_bucket"},
+          std::pair{present(api.recv_bucket), "recv_bucket"}, std::pair{present(api.put), "put"},
+          std::pair{present(api.flush), "flush"}}) {
       needs(has, name, present(api.connect), "connect");
     }
     needs(present(api.request_test), "request_test", present(api.request_free), "request_free");
@@ -518,6 +538,8 @@ const Result& Report::result(const std::string& id) const {
   fail(FERRY_STATUS_NOT_FOUND, "no conformance requirement '{}'", id);
 }
 
-Report run(const std::filesystem::path& plugin) { return Suite(plugin).run(); }
+Report run(const std::filesystem::path& plugin) {
+  return Suite(plugin).run();
+}
 
 }  // namespace ferry::conformance

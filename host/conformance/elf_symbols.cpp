@@ -29,8 +29,9 @@ class ElfImage {
 
   void check_range(std::uint64_t offset, std::uint64_t size, const char* what) const {
     if (offset > bytes_.size() || size > bytes_.size() - offset) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {} at offset {} (+{} bytes) lies past the end ({} bytes)",
-           path_.string(), what, offset, size, bytes_.size());
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: {} at offset {} (+{} bytes) lies past the end ({} bytes)", path_.string(), what,
+           offset, size, bytes_.size());
     }
   }
 

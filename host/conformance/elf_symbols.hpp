@@ -11,9 +11,9 @@ namespace ferry::conformance {
 
 struct DynamicSymbol {
   std::string name;
-  unsigned type = 0;       // STT_*
-  unsigned binding = 0;    // STB_*
-  unsigned visibility = 0; // STV_*
+  unsigned type = 0;          // STT_*
+  unsigned binding = 0;       // STB_*
+  unsigned visibility = 0;    // STV_*
   std::uint16_t section = 0;  // SHN_UNDEF for an import, SHN_ABS for an absolute symbol
 
   // Defined in this object and visible to other objects (what `nm -D --defined-only` lists).

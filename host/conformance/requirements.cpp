@@ -55,10 +55,14 @@ const std::vector<Requirement>& requirements() {
 
 const char* outcome_name(Outcome outcome) noexcept {
   switch (outcome) {
-    case Outcome::kPass: return "PASS";
-    case Outcome::kFail: return "FAIL";
-    case Outcome::kSkipped: return "SKIP";
-    case Outcome::kNotApplicable: return "N/A";
+    case Outcome::kPass:
+      return "PASS";
+    case Outcome::kFail:
+      return "FAIL";
+    case Outcome::kSkipped:
+      return "SKIP";
+    case Outcome::kNotApplicable:
+      return "N/A";
   }
   return "?";
 }

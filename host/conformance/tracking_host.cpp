@@ -55,7 +55,9 @@ const ferry_host_api_t kTrackingHost = {
 
 }  // namespace
 
-const ferry_host_api_t* tracking_host_api() noexcept { return &kTrackingHost; }
+const ferry_host_api_t* tracking_host_api() noexcept {
+  return &kTrackingHost;
+}
 
 ErrorSeen take_error(ferry_error_t* error) {
   ErrorSeen seen;

@@ -18,11 +18,13 @@ namespace {
 // Function fields of each table in declaration order (every field after struct_size is a function
 // pointer); the first `required` of them are required.
 constexpr std::array<const char*, 21> kTransportFunctions = {
-    "get_caps",       "create",          "destroy",      "get_address",  "connect",
-    "disconnect",     "register_memory", "pack_key",     "deregister_memory",
-    "send_bucket",    "recv_bucket",     "put",          "flush",        "request_test",
-    "request_wait",   "request_free",    "abort",        "source_open",  "source_catalog",
-    "source_read",    "source_close"};
+    "get_caps",        "create",       "destroy",
+    "get_address",     "connect",      "disconnect",
+    "register_memory", "pack_key",     "deregister_memory",
+    "send_bucket",     "recv_bucket",  "put",
+    "flush",           "request_test", "request_wait",
+    "request_free",    "abort",        "source_open",
+    "source_catalog",  "source_read",  "source_close"};
 constexpr std::array<const char*, 7> kModelFunctions = {
     "create", "destroy", "target_layout", "layout_free", "plan", "plan_free", "locate"};
 
@@ -124,8 +126,8 @@ std::optional<OpenedLibrary> open_library(const std::filesystem::path& path, std
              " (not a ferry plugin, or built without FERRY_PLUGIN_EXPORT)";
       return std::nullopt;
     }
-    opened.entry =
-        &opened.library->get<ferry_error_t*(ferry_plugin_negotiation_t*)>(FERRY_PLUGIN_ENTRY_SYMBOL);
+    opened.entry = &opened.library->get<ferry_error_t*(ferry_plugin_negotiation_t*)>(
+        FERRY_PLUGIN_ENTRY_SYMBOL);
   } catch (const std::exception& e) {
     *why = std::string("cannot look up the entry symbol: ") + e.what();
     return std::nullopt;
@@ -154,9 +156,9 @@ std::optional<std::string> check_abi_version(const ferry_plugin_negotiation_t& a
         answer.plugin_abi_major, answer.plugin_abi_minor, FERRY_PLUGIN_ABI_MAJOR);
   }
   if (answer.plugin_abi_minor < min_minor) {
-    return fmt::format("implements plugin ABI {}.{}, older than the oldest this host accepts ({}.{})",
-                       answer.plugin_abi_major, answer.plugin_abi_minor, FERRY_PLUGIN_ABI_MAJOR,
-                       min_minor);
+    return fmt::format(
+        "implements plugin ABI {}.{}, older than the oldest this host accepts ({}.{})",
+        answer.plugin_abi_major, answer.plugin_abi_minor, FERRY_PLUGIN_ABI_MAJOR, min_minor);
   }
   return std::nullopt;
 }

@@ -23,10 +23,13 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string octal_mode(mode_t mode) { return fmt::format("{:04o}", mode & 07777); }
+std::string octal_mode(mode_t mode) {
+  return fmt::format("{:04o}", mode & 07777);
+}
 
 // The reason `st` (of `what`, "file" or "folder <dir>") is unsafe, if it is.
 std::optional<std::string> unsafe_owner_or_mode(const struct stat& st, const std::string& what) {
@@ -55,9 +58,10 @@ std::optional<PluginFileName> parse_plugin_file_name(const std::string& filename
     if (why != nullptr) *why = std::move(text);
   };
   if (!looks_like_plugin_file(filename)) {
-    set_why(fmt::format("file name '{}' does not follow libferry_transport_<name>.so or "
-                        "libferry_model_<name>.so",
-                        filename));
+    set_why(
+        fmt::format("file name '{}' does not follow libferry_transport_<name>.so or "
+                    "libferry_model_<name>.so",
+                    filename));
     return std::nullopt;
   }
   PluginFileName parsed;

@@ -22,8 +22,7 @@ bool looks_like_plugin_file(const std::string& filename);
 
 // Parses a file name that looks like a plugin. nullopt with `*why` set when the name part is
 // empty or has characters outside [a-z0-9_-].
-std::optional<PluginFileName> parse_plugin_file_name(const std::string& filename,
-                                                     std::string* why);
+std::optional<PluginFileName> parse_plugin_file_name(const std::string& filename, std::string* why);
 
 // Checks the file and the folder that holds it (after following symlinks, and the folder it was
 // found in): each must be a regular file / folder, not world-writable, and owned by root or by

@@ -47,25 +47,31 @@ std::string join_paths(const std::vector<fs::path>& paths) {
 
 }  // namespace
 
-std::string Refusal::describe() const { return path.string() + ": " + reason; }
+std::string Refusal::describe() const {
+  return path.string() + ": " + reason;
+}
 
 const char* kind_name(ferry_plugin_kind_t kind) noexcept {
   switch (kind) {
-    case FERRY_PLUGIN_TRANSPORT: return "transport";
-    case FERRY_PLUGIN_MODEL: return "model";
+    case FERRY_PLUGIN_TRANSPORT:
+      return "transport";
+    case FERRY_PLUGIN_MODEL:
+      return "model";
   }
   return "unknown";
 }
 
 std::vector<fs::path> search_path(const std::vector<fs::path>& config_dirs,
-                                  const std::optional<std::string>& plugin_path_env,
-                                  bool elevated, const fs::path& install_dir,
+                                  const std::optional<std::string>& plugin_path_env, bool elevated,
+                                  const fs::path& install_dir,
                                   const std::vector<fs::path>& extra_last) {
   std::vector<fs::path> dirs = config_dirs;
   if (plugin_path_env) {
     if (elevated) {
-      logger("registry")->warn(
-          "FERRY_PLUGIN_PATH is ignored: the process runs with elevated privileges (AT_SECURE)");
+      logger("registry")
+          ->warn(
+              "FERRY_PLUGIN_PATH is ignored: the process runs with elevated privileges "
+              "(AT_SECURE)");
     } else {
       for (auto& dir : split_path_list(*plugin_path_env)) dirs.push_back(std::move(dir));
     }
@@ -156,9 +162,15 @@ std::shared_ptr<LoadedPlugin> Registry::load_file(const fs::path& path) {
   return plugin;
 }
 
-const std::vector<fs::path>& Registry::search_dirs() const { return search_dirs_; }
-const std::vector<std::shared_ptr<LoadedPlugin>>& Registry::plugins() const { return plugins_; }
-const std::vector<Refusal>& Registry::refused() const { return refused_; }
+const std::vector<fs::path>& Registry::search_dirs() const {
+  return search_dirs_;
+}
+const std::vector<std::shared_ptr<LoadedPlugin>>& Registry::plugins() const {
+  return plugins_;
+}
+const std::vector<Refusal>& Registry::refused() const {
+  return refused_;
+}
 
 std::shared_ptr<LoadedPlugin> Registry::find(ferry_plugin_kind_t kind,
                                              const std::string& name) const {

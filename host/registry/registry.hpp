@@ -97,7 +97,6 @@ class Registry {
 std::vector<std::filesystem::path> search_path(
     const std::vector<std::filesystem::path>& config_dirs,
     const std::optional<std::string>& plugin_path_env, bool elevated,
-    const std::filesystem::path& install_dir,
-    const std::vector<std::filesystem::path>& extra_last);
+    const std::filesystem::path& install_dir, const std::vector<std::filesystem::path>& extra_last);
 
 }  // namespace ferry::registry

@@ -100,7 +100,7 @@ DiskSource::DiskSource(const std::string& uri, std::uint64_t chunk_bytes)
 }
 
 void DiskSource::plan(std::uint64_t capacity) {
-  //MUT planned_ = false;
+  planned_ = false;  // stays false if this throws, so the next read plans again
   bucket_ends_.clear();
   std::uint64_t used = 0;
   bool open = false;  // the current bucket holds at least one tensor

@@ -538,6 +538,9 @@ std::uint64_t Checkpoint::total_bytes() const noexcept {
 Checkpoint read_checkpoint(const std::string& path, bool keep_open) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail(FERRY_STATUS_IO, "{}: cannot stat: {}", path, ec.message());
+  }
   if (!fs::exists(status)) fail(FERRY_STATUS_NOT_FOUND, "{}: no such file or directory", path);
   Checkpoint checkpoint;
   checkpoint.path = path;

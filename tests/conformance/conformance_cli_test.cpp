@@ -13,15 +13,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct Run {
+struct CommandRun {
   int status = -1;
   std::string out;
 };
 
-Run run_ferry(const std::string& args) {
+CommandRun run_ferry(const std::string& args) {
   const auto exe = ferry::testing::env_dir("FERRY_EXE");
   const std::string command = "'" + exe.string() + "' " + args + " 2>/dev/null";
-  Run run;
+  CommandRun run;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
   char buffer[4096];
@@ -33,7 +33,8 @@ Run run_ferry(const std::string& args) {
 }
 
 TEST(ConformanceCommand, ConformingPluginExitsZeroWithPassLines) {
-  const Run run = run_ferry("conformance '" + ferry::testing::mock_transport().string() + "'");
+  const CommandRun run =
+      run_ferry("conformance '" + ferry::testing::mock_transport().string() + "'");
   EXPECT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("PASS  FERRY-ABI-1 "));
   EXPECT_THAT(run.out, HasSubstr("PASS  FERRY-ABI-11 "));
@@ -42,14 +43,15 @@ TEST(ConformanceCommand, ConformingPluginExitsZeroWithPassLines) {
 }
 
 TEST(ConformanceCommand, NonConformingPluginExitsOneAndNamesTheRequirement) {
-  const Run run = run_ferry("conformance '" + ferry::testing::broken("lenient").string() + "'");
+  const CommandRun run =
+      run_ferry("conformance '" + ferry::testing::broken("lenient").string() + "'");
   EXPECT_EQ(run.status, 1) << run.out;
   EXPECT_THAT(run.out, HasSubstr("FAIL  FERRY-ABI-6 "));
   EXPECT_THAT(run.out, HasSubstr("DOES NOT CONFORM"));
 }
 
 TEST(ConformanceCommand, ListPrintsEveryRequirement) {
-  const Run run = run_ferry("conformance --list");
+  const CommandRun run = run_ferry("conformance --list");
   EXPECT_EQ(run.status, 0);
   EXPECT_THAT(run.out, HasSubstr("FERRY-ABI-1 "));
   EXPECT_THAT(run.out, HasSubstr("FERRY-ABI-11 "));

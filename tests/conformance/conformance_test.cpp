@@ -1,8 +1,8 @@
 // tests/conformance/conformance_test.cpp: the conformance suite passes the mocks and fails each
 // broken plugin on exactly the requirement it breaks.
-#include <ferry/sdk/error.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <ferry/sdk/error.hpp>
 
 #include <fstream>
 #include <set>
@@ -28,7 +28,8 @@ TEST(Conformance, MockTransportConforms) {
   const Report report = run(ferry::testing::mock_transport());
   EXPECT_TRUE(report.passed()) << describe(report);
   ASSERT_EQ(report.results.size(), requirements().size());
-  for (const auto& r : report.results) EXPECT_EQ(r.outcome, Outcome::kPass) << r.id << ": " << r.detail;
+  for (const auto& r : report.results)
+    EXPECT_EQ(r.outcome, Outcome::kPass) << r.id << ": " << r.detail;
 }
 
 TEST(Conformance, MockModelConforms) {
@@ -46,7 +47,9 @@ struct BrokenCase {
   const char* detail;                // substring of the first failing requirement's detail
 };
 
-void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const BrokenCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ConformanceBroken : public ::testing::TestWithParam<BrokenCase> {};
 
@@ -71,7 +74,10 @@ TEST_P(ConformanceBroken, FailsTheRequirementItBreaks) {
 INSTANTIATE_TEST_SUITE_P(
     EachBrokenPlugin, ConformanceBroken,
     ::testing::Values(
-        BrokenCase{"noentry", "transport", {"FERRY-ABI-1", "FERRY-ABI-9"}, false,
+        BrokenCase{"noentry",
+                   "transport",
+                   {"FERRY-ABI-1", "FERRY-ABI-9"},
+                   false,
                    "does not export the entry symbol"},
         BrokenCase{"wrongmajor", "transport", {"FERRY-ABI-2"}, false, "implements plugin ABI 2.0"},
         BrokenCase{"silent", "transport", {"FERRY-ABI-2"}, false, "did not fill in"},
@@ -79,13 +85,16 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"anymajor", "transport", {"FERRY-ABI-3"}, true, "accepted a host of ABI 2.0"},
         BrokenCase{"alpha", "transport", {"FERRY-ABI-4"}, true, "reports name 'beta'"},
         BrokenCase{"kindswap", "model", {"FERRY-ABI-4"}, true, "reports kind transport"},
-        BrokenCase{"garbage", "transport", {"FERRY-ABI-4", "FERRY-ABI-5"}, false,
-                   "not a readable string"},
+        BrokenCase{
+            "garbage", "transport", {"FERRY-ABI-4", "FERRY-ABI-5"}, false, "not a readable string"},
         BrokenCase{"shorttable", "transport", {"FERRY-ABI-5"}, false, "(short struct)"},
         BrokenCase{"nullfn", "transport", {"FERRY-ABI-5"}, false, "'destroy' is NULL"},
         BrokenCase{"lenient", "transport", {"FERRY-ABI-6"}, true, "returned success"},
         BrokenCase{"badcaps", "transport", {"FERRY-ABI-7"}, true, "DIRECT_WRITE needs put"},
-        BrokenCase{"halfset", "transport", {"FERRY-ABI-8"}, true,
+        BrokenCase{"halfset",
+                   "transport",
+                   {"FERRY-ABI-8"},
+                   true,
                    "register_memory without deregister_memory"},
         BrokenCase{"leaky", "transport", {"FERRY-ABI-9"}, true, "ferry_leaky_debug_counter"},
         BrokenCase{"overwrite", "transport", {"FERRY-ABI-10"}, true, "wrote past struct_size"},

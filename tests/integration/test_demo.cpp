@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct DemoRun {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
 };
@@ -44,12 +44,12 @@ class DemoTest : public ::testing::Test {
   }
 
   // Runs `ferry demo` on the tiny model in the work folder with `extra` arguments.
-  Run demo(const std::vector<std::string>& extra) const {
+  DemoRun demo(const std::vector<std::string>& extra) const {
     std::string command = quote(exe_) + " demo --hidden-size 128 --layers 2 --vocab-size 512 "
                           "--work-dir " + quote(work_.string());
     for (const auto& a : extra) command += " " + quote(a);
     command += " 2>&1";
-    Run run;
+    DemoRun run;
     FILE* pipe = ::popen(command.c_str(), "r");
     if (pipe == nullptr) return run;
     char buffer[4096];
@@ -71,7 +71,7 @@ std::size_t count(const std::string& text, const std::string& what) {
 }
 
 TEST_F(DemoTest, TwoStepsAreDeliveredVerifiedAndTabulated) {
-  const Run run = demo({"--steps", "2"});
+  const DemoRun run = demo({"--steps", "2"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("receiver: initial weights verified"), std::string::npos) << run.output;
   EXPECT_TRUE(std::regex_search(run.output,
@@ -100,10 +100,10 @@ TEST_F(DemoTest, TwoStepsAreDeliveredVerifiedAndTabulated) {
 }
 
 TEST_F(DemoTest, SecondRunReusesTheCachedInitialCheckpoint) {
-  const Run first = demo({"--steps", "1"});
+  const DemoRun first = demo({"--steps", "1"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("wrote the initial checkpoint"), std::string::npos) << first.output;
-  const Run second = demo({"--steps", "1"});
+  const DemoRun second = demo({"--steps", "1"});
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("reusing the cached initial checkpoint"), std::string::npos)
       << second.output;
@@ -111,7 +111,7 @@ TEST_F(DemoTest, SecondRunReusesTheCachedInitialCheckpoint) {
 }
 
 TEST_F(DemoTest, CorruptedCacheIsRegeneratedAndTheRunStillVerifies) {
-  const Run first = demo({"--steps", "1"});
+  const DemoRun first = demo({"--steps", "1"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
   // Flip the last data byte of the last shard: the header stays valid, only the weights change.
   const fs::path shard = work_ / "initial" / "model-00002-of-00002.safetensors";
@@ -124,7 +124,7 @@ TEST_F(DemoTest, CorruptedCacheIsRegeneratedAndTheRunStillVerifies) {
     f.seekp(-1, std::ios::end);
     f.put(static_cast<char>(original ^ 0x40));
   }
-  const Run second = demo({"--steps", "1"});
+  const DemoRun second = demo({"--steps", "1"});
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("is not usable (the bytes of tensor lm_head.weight"),
             std::string::npos)
@@ -138,7 +138,7 @@ TEST_F(DemoTest, CorruptedCacheIsRegeneratedAndTheRunStillVerifies) {
 }
 
 TEST_F(DemoTest, KeepLeavesEveryStepCheckpoint) {
-  const Run run = demo({"--steps", "2", "--keep"});
+  const DemoRun run = demo({"--steps", "2", "--keep"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (const char* step : {"step-1", "step-2"}) {
     EXPECT_TRUE(fs::exists(work_ / step / "model.safetensors.index.json")) << step;
@@ -147,7 +147,7 @@ TEST_F(DemoTest, KeepLeavesEveryStepCheckpoint) {
 }
 
 TEST_F(DemoTest, CudaDeviceIsRefusedAsUnimplemented) {
-  const Run run = demo({"--steps", "1", "--device", "cuda"});
+  const DemoRun run = demo({"--steps", "1", "--device", "cuda"});
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("device 'cuda' is not supported yet"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("UNIMPLEMENTED"), std::string::npos) << run.output;
@@ -155,7 +155,7 @@ TEST_F(DemoTest, CudaDeviceIsRefusedAsUnimplemented) {
 }
 
 TEST_F(DemoTest, UnknownTransportIsRefused) {
-  const Run run = demo({"--steps", "1", "--transport", "pigeon"});
+  const DemoRun run = demo({"--steps", "1", "--transport", "pigeon"});
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("unknown transport 'pigeon'"), std::string::npos) << run.output;
 }

@@ -55,12 +55,12 @@ std::int64_t monotonic_now_ns() {
 
 // The bytes `range` names, after checking it lies inside its registration.
 std::uint8_t* range_bytes(const ferry_memory_range_t& range, const char* what) {
-  if (range.memory == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: {} has no registration", what);
+  if (range.memory == nullptr)
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: {} has no registration", what);
   const auto* memory = range.memory;
   if (range.offset > memory->size || range.size > memory->size - range.offset) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "mock: {} [{}, +{}) lies outside its {}-byte registration", what, range.offset,
-         range.size, memory->size);
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: {} [{}, +{}) lies outside its {}-byte registration",
+         what, range.offset, range.size, memory->size);
   }
   return memory->base + range.offset;
 }
@@ -85,7 +85,8 @@ ferry_error_t* get_caps(ferry_transport_caps_t* caps) {
 
 ferry_error_t* create(const ferry_transport_create_args_t* args, ferry_transport_t** out) {
   return sdk::guard([&] {
-    if (args == nullptr || out == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: create args or out is NULL");
+    if (args == nullptr || out == nullptr)
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: create args or out is NULL");
     std::string channel = "mock";
     for (std::size_t i = 0; i < args->num_options; ++i) {
       const ferry_option_t& option = args->options[i];
@@ -101,9 +102,13 @@ ferry_error_t* create(const ferry_transport_create_args_t* args, ferry_transport
   });
 }
 
-void destroy(ferry_transport_t* transport) { delete transport; }
+void destroy(ferry_transport_t* transport) {
+  delete transport;
+}
 
-void release_string(const std::uint8_t* /*data*/, void* ctx) { delete static_cast<std::string*>(ctx); }
+void release_string(const std::uint8_t* /*data*/, void* ctx) {
+  delete static_cast<std::string*>(ctx);
+}
 
 ferry_error_t* get_address(ferry_transport_t* transport, ferry_blob_t* out) {
   return sdk::guard([&] {
@@ -120,7 +125,8 @@ ferry_error_t* connect(ferry_transport_t* /*transport*/, const ferry_connect_arg
                        ferry_peer_t** out) {
   return sdk::guard([&] {
     if (args->num_remote != 1 || args->remote_addresses == nullptr) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: connect to '{}' needs exactly one remote address, got {}",
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "mock: connect to '{}' needs exactly one remote address, got {}",
            args->peer_name ? args->peer_name : "?", args->num_remote);
     }
     const ferry_blob_t& address = args->remote_addresses[0];
@@ -128,20 +134,26 @@ ferry_error_t* connect(ferry_transport_t* /*transport*/, const ferry_connect_arg
   });
 }
 
-void disconnect(ferry_transport_t* /*transport*/, ferry_peer_t* peer) { delete peer; }
+void disconnect(ferry_transport_t* /*transport*/, ferry_peer_t* peer) {
+  delete peer;
+}
 
 ferry_error_t* register_memory(ferry_transport_t* /*transport*/, const ferry_memory_desc_t* desc,
                                ferry_memory_t** out) {
   return sdk::guard([&] {
     if (desc->kind != FERRY_MEMORY_HOST && desc->kind != FERRY_MEMORY_PINNED) {
-      fail(FERRY_STATUS_UNIMPLEMENTED, "mock: memory kind {} is not host memory", static_cast<int>(desc->kind));
+      fail(FERRY_STATUS_UNIMPLEMENTED, "mock: memory kind {} is not host memory",
+           static_cast<int>(desc->kind));
     }
-    if (desc->base == nullptr && desc->size != 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: register_memory base is NULL");
+    if (desc->base == nullptr && desc->size != 0)
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: register_memory base is NULL");
     *out = new ferry_memory{static_cast<std::uint8_t*>(desc->base), desc->size};
   });
 }
 
-void deregister_memory(ferry_transport_t* /*transport*/, ferry_memory_t* memory) { delete memory; }
+void deregister_memory(ferry_transport_t* /*transport*/, ferry_memory_t* memory) {
+  delete memory;
+}
 
 ferry_error_t* send_bucket(ferry_transport_t* /*transport*/, ferry_peer_t* peer,
                            const ferry_bucket_io_t* bucket, ferry_request_t** out) {

@@ -1,8 +1,8 @@
 // tests/registry/accepted_test.cpp: accepted plugins are listed with the right info, their tables
 // work through the registry's copies, and lookups name what is missing and why.
-#include <ferry/sdk/error.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <ferry/sdk/error.hpp>
 
 #include <cstring>
 #include <vector>
@@ -15,8 +15,8 @@
 namespace ferry::registry {
 namespace {
 
-using ::testing::HasSubstr;
 using ferry::testing::TempDir;
+using ::testing::HasSubstr;
 
 TEST(RegistryAccepts, MockTransportIsListedWithItsCapabilities) {
   TempDir tmp;
@@ -33,7 +33,8 @@ TEST(RegistryAccepts, MockTransportIsListedWithItsCapabilities) {
   EXPECT_EQ(info.abi_minor, 0u);
   EXPECT_EQ(info.version, "0.1-test");
   ASSERT_TRUE(info.transport_caps.has_value());
-  EXPECT_EQ(info.transport_caps->flags, static_cast<std::uint32_t>(FERRY_TRANSPORT_CAP_POINT_TO_POINT));
+  EXPECT_EQ(info.transport_caps->flags,
+            static_cast<std::uint32_t>(FERRY_TRANSPORT_CAP_POINT_TO_POINT));
   EXPECT_EQ(info.transport_caps->memory_kinds,
             static_cast<std::uint32_t>(FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED));
   EXPECT_EQ(info.transport_caps->max_inflight_buckets, 1u);
@@ -79,8 +80,9 @@ TEST(RegistryLookup, MissingPluginErrorNamesFoldersAvailablePluginsAndRefusal) {
     FAIL() << "found a refused plugin";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), FERRY_STATUS_NOT_FOUND);
-    EXPECT_THAT(e.what(), HasSubstr("no transport plugin 'alpha' (libferry_transport_alpha.so) in " +
-                                    dir.string()));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("no transport plugin 'alpha' (libferry_transport_alpha.so) in " + dir.string()));
     EXPECT_THAT(e.what(), HasSubstr("available: mock"));
     EXPECT_THAT(e.what(), HasSubstr("reports name 'beta'"));
   }
@@ -217,10 +219,16 @@ TEST(RegistryAccepts, MockModelPlansOneCopyPerTensor) {
 }
 
 // Functions of this test program stand in for a plugin's: they lie inside a loaded object.
-ferry_error_t* fake_get_caps(ferry_transport_caps_t*) { return nullptr; }
-ferry_error_t* fake_create(const ferry_transport_create_args_t*, ferry_transport_t**) { return nullptr; }
+ferry_error_t* fake_get_caps(ferry_transport_caps_t*) {
+  return nullptr;
+}
+ferry_error_t* fake_create(const ferry_transport_create_args_t*, ferry_transport_t**) {
+  return nullptr;
+}
 void fake_destroy(ferry_transport_t*) {}
-ferry_error_t* fake_get_address(ferry_transport_t*, ferry_blob_t*) { return nullptr; }
+ferry_error_t* fake_get_address(ferry_transport_t*, ferry_blob_t*) {
+  return nullptr;
+}
 
 TEST(RegistryTables, FieldsPastTheTablesStructSizeReadAsNull) {
   ferry_transport_api_t table{};
@@ -261,7 +269,9 @@ TEST(RegistryVersion, MinorOlderThanTheHostMinimumIsRefused) {
   EXPECT_EQ(check_abi_version(answer, 2), std::nullopt);
   const auto reason = check_abi_version(answer, 3);
   ASSERT_TRUE(reason.has_value());
-  EXPECT_THAT(*reason, HasSubstr("implements plugin ABI 1.2, older than the oldest this host accepts (1.3)"));
+  EXPECT_THAT(
+      *reason,
+      HasSubstr("implements plugin ABI 1.2, older than the oldest this host accepts (1.3)"));
 }
 
 }  // namespace

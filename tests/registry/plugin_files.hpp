@@ -28,12 +28,20 @@ inline fs::path env_dir(const char* name) {
 }
 
 // The conforming mocks: libferry_transport_mock.so and libferry_model_mock.so.
-inline fs::path mock_dir() { return env_dir("FERRY_TEST_PLUGIN_DIR"); }
+inline fs::path mock_dir() {
+  return env_dir("FERRY_TEST_PLUGIN_DIR");
+}
 // libferry_<kind>_<case>.so for each broken case.
-inline fs::path broken_dir() { return env_dir("FERRY_TEST_BROKEN_PLUGIN_DIR"); }
+inline fs::path broken_dir() {
+  return env_dir("FERRY_TEST_BROKEN_PLUGIN_DIR");
+}
 
-inline fs::path mock_transport() { return mock_dir() / "libferry_transport_mock.so"; }
-inline fs::path mock_model() { return mock_dir() / "libferry_model_mock.so"; }
+inline fs::path mock_transport() {
+  return mock_dir() / "libferry_transport_mock.so";
+}
+inline fs::path mock_model() {
+  return mock_dir() / "libferry_model_mock.so";
+}
 inline fs::path broken(const std::string& kase, const std::string& kind = "transport") {
   return broken_dir() / ("libferry_" + kind + "_" + kase + ".so");
 }
@@ -49,7 +57,8 @@ class TempDir {
   ~TempDir() {
     std::error_code ec;
     // Undo chmods a test made so removal works.
-    for (auto it = fs::recursive_directory_iterator(path_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    for (auto it = fs::recursive_directory_iterator(path_, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (it->is_directory()) ::chmod(it->path().c_str(), 0700);
     }
     ::chmod(path_.c_str(), 0700);

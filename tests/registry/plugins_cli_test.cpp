@@ -13,19 +13,20 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using ferry::testing::TempDir;
+using ::testing::HasSubstr;
 
-struct Run {
+struct CommandRun {
   int status = -1;
   std::string out;
 };
 
 // Runs `ferry ARGS` with FERRY_PLUGIN_PATH unset; captures stdout (stderr carries the logs).
-Run run_ferry(const std::string& args) {
+CommandRun run_ferry(const std::string& args) {
   const auto exe = ferry::testing::env_dir("FERRY_EXE");
-  const std::string command = "env -u FERRY_PLUGIN_PATH '" + exe.string() + "' " + args + " 2>/dev/null";
-  Run run;
+  const std::string command =
+      "env -u FERRY_PLUGIN_PATH '" + exe.string() + "' " + args + " 2>/dev/null";
+  CommandRun run;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
   char buffer[4096];
@@ -52,7 +53,7 @@ class PluginsCommand : public ::testing::Test {
 };
 
 TEST_F(PluginsCommand, JsonListsMocksWithCapabilitiesAndRefusalsWithReasons) {
-  const Run run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins --json");
+  const CommandRun run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins --json");
   ASSERT_EQ(run.status, 0) << run.out;
   const auto doc = nlohmann::json::parse(run.out);
   ASSERT_FALSE(doc["search_dirs"].empty());
@@ -88,7 +89,7 @@ TEST_F(PluginsCommand, JsonListsMocksWithCapabilitiesAndRefusalsWithReasons) {
 }
 
 TEST_F(PluginsCommand, TableShowsCapabilityWordsAndRefusedLines) {
-  const Run run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins");
+  const CommandRun run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("NAME"));
   EXPECT_THAT(run.out, HasSubstr("host,pinned"));
@@ -98,7 +99,7 @@ TEST_F(PluginsCommand, TableShowsCapabilityWordsAndRefusedLines) {
 }
 
 TEST(VersionCommand, PrintsVersionAbiAndFeatures) {
-  const Run run = run_ferry("version");
+  const CommandRun run = run_ferry("version");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("ferry 0.1.0\n"));
   EXPECT_THAT(run.out, HasSubstr("plugin ABI 1.0"));

@@ -1,8 +1,8 @@
 // tests/registry/refusal_test.cpp: every way the registry refuses a plugin file, each with the
 // exact reason it reports; the process survives every one of them.
-#include <ferry/sdk/error.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <ferry/sdk/error.hpp>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 namespace ferry::registry {
 namespace {
 
-using ::testing::HasSubstr;
 using ferry::testing::TempDir;
+using ::testing::HasSubstr;
 
 // Scans a folder holding only `plugin` (copied under `as` when given) and returns its refusal.
 Refusal refusal_of(const std::filesystem::path& plugin, const std::string& as = "") {
@@ -124,9 +124,10 @@ TEST(RegistryRefusal, FileOwnedByAnotherUserIsRefused) {
 }
 
 TEST(RegistryRefusal, NameWithForbiddenCharactersIsRefused) {
-  EXPECT_THAT(refusal_of(ferry::testing::mock_transport(), "libferry_transport_Mock.so").reason,
-              HasSubstr("plugin name 'Mock' in file name 'libferry_transport_Mock.so' has characters "
-                        "outside [a-z0-9_-]"));
+  EXPECT_THAT(
+      refusal_of(ferry::testing::mock_transport(), "libferry_transport_Mock.so").reason,
+      HasSubstr("plugin name 'Mock' in file name 'libferry_transport_Mock.so' has characters "
+                "outside [a-z0-9_-]"));
 }
 
 TEST(RegistryRefusal, SecondPluginOfTheSameNameIsShadowed) {
@@ -161,7 +162,8 @@ TEST(RegistryRefusal, FilesNotNamedLikePluginsAreIgnored) {
   const auto dir = tmp.folder("plugins");
   ferry::testing::write_text_plugin(dir, "README.md");
   ferry::testing::copy_plugin(ferry::testing::mock_transport(), dir, "libother.so");
-  ferry::testing::copy_plugin(ferry::testing::mock_transport(), dir, "libferry_transport_mock.so.1");
+  ferry::testing::copy_plugin(ferry::testing::mock_transport(), dir,
+                              "libferry_transport_mock.so.1");
   Registry reg({dir});
   EXPECT_TRUE(reg.plugins().empty());
   EXPECT_TRUE(reg.refused().empty());
@@ -186,7 +188,8 @@ TEST(RegistryLoadFile, MissingFileIsNotFound) {
     FAIL() << "load_file accepted a missing file";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), FERRY_STATUS_NOT_FOUND);
-    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/libferry_transport_none.so: no such plugin file"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("/nonexistent/libferry_transport_none.so: no such plugin file"));
   }
 }
 

@@ -42,7 +42,8 @@ TEST(RegistrySearchPath, ConfigFolderWinsOverFerryPluginPath) {
   TempDir tmp;
   const auto config_dir = tmp.folder("config");
   const auto env_dir = tmp.folder("env");
-  const auto from_config = ferry::testing::copy_plugin(ferry::testing::mock_transport(), config_dir);
+  const auto from_config =
+      ferry::testing::copy_plugin(ferry::testing::mock_transport(), config_dir);
   const auto from_env = ferry::testing::copy_plugin(ferry::testing::mock_transport(), env_dir);
   ferry::testing::copy_plugin(ferry::testing::mock_model(), env_dir);
   ::setenv("FERRY_PLUGIN_PATH", env_dir.c_str(), 1);
@@ -59,7 +60,7 @@ TEST(RegistrySearchPath, FolderListedTwiceIsScannedOnce) {
   TempDir tmp;
   const auto dir = tmp.folder("plugins");
   ferry::testing::copy_plugin(ferry::testing::mock_transport(), dir);
-  Registry reg({dir, dir / "." , dir});
+  Registry reg({dir, dir / ".", dir});
   EXPECT_EQ(reg.search_dirs().size(), 1u);
   EXPECT_EQ(reg.plugins().size(), 1u);
   EXPECT_TRUE(reg.refused().empty());

@@ -1,4 +1,5 @@
-// tests/plugins/broken/badcaps.cpp: libferry_transport_badcaps.so, which declares DIRECT_WRITE without put, flush or pack_key (fails FERRY-ABI-7).
+// tests/plugins/broken/badcaps.cpp: libferry_transport_badcaps.so, which declares DIRECT_WRITE
+// without put, flush or pack_key (fails FERRY-ABI-7).
 #include <ferry/sdk/error.hpp>
 
 #include "../mock_transport.hpp"
@@ -17,6 +18,7 @@ const ferry_transport_api_t kApi = [] {
 }();
 }  // namespace
 
-extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(ferry_plugin_negotiation_t* n) {
+extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
+    ferry_plugin_negotiation_t* n) {
   return ferry::sdk::negotiate(n, FERRY_PLUGIN_TRANSPORT, "badcaps", "0", &kApi);
 }

@@ -1,4 +1,5 @@
-// tests/plugins/broken/lenient.cpp: libferry_transport_lenient.so, whose create ignores unknown options (fails FERRY-ABI-6).
+// tests/plugins/broken/lenient.cpp: libferry_transport_lenient.so, whose create ignores unknown
+// options (fails FERRY-ABI-6).
 #include <ferry/sdk/error.hpp>
 
 #include "../mock_transport.hpp"
@@ -19,6 +20,7 @@ const ferry_transport_api_t kApi = [] {
 }();
 }  // namespace
 
-extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(ferry_plugin_negotiation_t* n) {
+extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
+    ferry_plugin_negotiation_t* n) {
   return ferry::sdk::negotiate(n, FERRY_PLUGIN_TRANSPORT, "lenient", "0", &kApi);
 }

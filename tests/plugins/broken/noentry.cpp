@@ -1,4 +1,5 @@
-// tests/plugins/broken/noentry.cpp: libferry_transport_noentry.so, which exports ferry_plugin_entry instead of the entry symbol (its own version script).
+// tests/plugins/broken/noentry.cpp: libferry_transport_noentry.so, which exports ferry_plugin_entry
+// instead of the entry symbol (its own version script).
 #include <ferry/sdk/error.hpp>
 
 #include "../mock_transport.hpp"
