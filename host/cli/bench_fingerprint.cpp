@@ -100,7 +100,7 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
                  decimal_bytes(static_cast<double>(m.sample_bytes)), number(cpu_gbps, 2),
                  number(cpu_med * 1e3, 3), std::to_string(m.cpu_threads),
                  m.equal ? "yes" : "NO"});
-  std::printf("\nferry bench fingerprint on %s: median of %d runs after %d warm-ups\n",
+  std::printf("\nferry bench fingerprint on %s: median of %d runs after %d warm-up run(s)\n",
               device_name(options.device), repeat, warmup);
   table.print();
   std::printf("\ncheck: %s: %s (%s vs %s)\n", m.check.c_str(), m.equal ? "equal" : "DIFFERENT",

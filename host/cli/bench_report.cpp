@@ -200,8 +200,8 @@ Watchdog::Watchdog(int seconds) {
     // Async-signal-safety is not needed here (an ordinary thread), but nothing may block: the
     // main thread may be stuck inside a CUDA call holding locks of its own.
     std::fprintf(stderr,
-                 "ferry bench: error: gave up after %d s (--timeout) while %s; a CUDA call or the "
-                 "baseline process did not return\n",
+                 "ferry bench: error: gave up after %d s (--timeout) while %s; nothing was "
+                 "written to --json\n",
                  seconds, g_phase.load());
     std::fflush(stderr);
     const pid_t child = g_child.load();

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "cli/bench_baseline.hpp"
+#include "cli/bench_data.hpp"
 #include "ferry_build_config.h"
 
 namespace ferry::cli::bench {
@@ -305,8 +306,8 @@ int run_scatter_bench(const BenchOptions& options, Json& records) {
     records.push_back(record);
   }
 
-  std::printf("\nferry bench scatter on %s: median of %d runs after %d warm-ups; GB/s = payload "
-              "bytes / time\n",
+  std::printf("\nferry bench scatter on %s: median of %d runs after %d warm-up run(s); GB/s = "
+              "payload bytes / time\n",
               device_name(options.device), repeat, warmup);
   table.print();
   std::printf("\ntimes (median):\n");
@@ -318,8 +319,8 @@ int run_scatter_bench(const BenchOptions& options, Json& records) {
     for (const std::string& line : notes) std::printf("  %s\n", line.c_str());
   }
   std::printf("\nferry = scatter_%s of one plan (one COPY op per tensor into shuffled, separate "
-              "destination slots), including its host-side plan check%s; flat = %s of the same "
-              "bytes.\n",
+              "destination slots), including its host-side plan check%s; flat = the same bytes by "
+              "%s.\n",
               device_name(options.device),
               cuda ? " and op-table upload" : "",
               cuda ? "one cudaMemcpyAsync D2D" : "memcpy split over the same threads");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "cli/context.hpp"
 #include "cli/plugin_search.hpp"
 #include "registry/registry.hpp"
 
@@ -93,7 +94,7 @@ Action add_plugins_command(CLI::App& app, const GlobalOptions& globals) {
       "plugins", "list the plugins found in the search path, and the files refused with why");
   sub->add_flag("--json", *json, "print JSON instead of a table");
   return [&globals, json] {
-    const registry::Registry reg(plugin_search_path(globals));
+    const registry::Registry reg(plugin_search_path(globals, load_config(globals).plugin_dirs));
     if (*json) {
       print_json(reg);
     } else {

@@ -21,10 +21,16 @@ std::vector<std::string> in_tree_plugin_dirs() {
   return dirs;
 }
 
-std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globals) {
+std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globals,
+                                                      const std::vector<std::string>& config_dirs) {
   std::vector<std::filesystem::path> first(globals.plugin_dirs.begin(), globals.plugin_dirs.end());
-  const auto in_tree = in_tree_plugin_dirs();
-  std::vector<std::filesystem::path> last(in_tree.begin(), in_tree.end());
+  first.insert(first.end(), config_dirs.begin(), config_dirs.end());
+  std::vector<std::filesystem::path> last;
+  // A relocated install (scripts/bundle): plugins in ../lib/ferry/plugins beside the executable.
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) last.push_back(exe.parent_path().parent_path() / "lib" / "ferry" / "plugins");
+  for (const auto& d : in_tree_plugin_dirs()) last.emplace_back(d);
   return registry::Registry::default_search_path(first, last);
 }
 

@@ -13,9 +13,11 @@
 
 namespace ferry::cli {
 
-// --plugin-dir folders, then (TODO lead: config plugin_dirs), then FERRY_PLUGIN_PATH, the install
-// directory and the in-tree build folders (registry::Registry::default_search_path).
-std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globals);
+// --plugin-dir folders, then the config's plugin_dirs, then FERRY_PLUGIN_PATH, the install
+// directory, ../lib/ferry/plugins beside the executable (a relocated bundle) and the in-tree
+// build folders (registry::Registry::default_search_path).
+std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globals,
+                                                      const std::vector<std::string>& config_dirs);
 
 // "p2p", "broadcast", "same-node", "direct-write", "async", "source" for each set bit.
 std::vector<std::string> capability_words(std::uint32_t flags);

@@ -151,7 +151,9 @@ TEST_F(ServeMemory, DiscardResumeIsInvalidUntilADiskUpdateSucceeds) {
       serve->post("/resume_memory_occupation", json{{"tags", {"weights"}}}, serve->auth());
   ASSERT_EQ(resume.status, 200) << resume.text;
   for (const auto& t : resume.body["memory"]) {
-    if (t.value("tag", "") == "weights") EXPECT_EQ(t.value("contents_valid", true), false);
+    if (t.value("tag", "") == "weights") {
+      EXPECT_EQ(t.value("contents_valid", true), false);
+    }
   }
   const Reply invalid = serve->get("/health");
   EXPECT_EQ(invalid.status, 503) << invalid.text;
