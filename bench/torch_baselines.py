@@ -77,7 +77,10 @@ def scatter(torch, args):
 
     gen = torch.Generator(device=device)
     gen.manual_seed(1234)
-    src = torch.randint(0, 256, (count * nbytes,), dtype=torch.uint8, device=device, generator=gen)
+    # Finite bf16 values (like weights): torch._foreach_copy_ moves bf16 through float on CUDA,
+    # which does not keep NaN payloads, so random bytes would fail the byte-exact check below.
+    src = torch.empty((count * nbytes,), dtype=torch.uint8, device=device)
+    src.view(torch.bfloat16).normal_(generator=gen)
     dst = torch.empty((count * slot,), dtype=torch.uint8, device=device)
     order = torch.randperm(count, generator=torch.Generator().manual_seed(5678)).tolist()
     src_views = [src[i * nbytes:(i + 1) * nbytes].view(torch.bfloat16) for i in range(count)]

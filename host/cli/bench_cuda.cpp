@@ -3,6 +3,7 @@
 
 #include <ferry/sdk/error.hpp>
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -13,18 +14,22 @@
 namespace ferry::cli::bench {
 namespace {
 
-// The NVIDIA kernel module version ("580.159.04"), or "" where /proc does not tell.
+// The NVIDIA kernel module version ("580.159.04"): the first dotted number on the first line of
+// /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64
+// 580.159.04  Release Build ..."), or "" where /proc does not tell.
 std::string nvidia_driver_version() {
   std::ifstream in("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(in, line)) return "";
-  const std::string marker = "Kernel Module";
-  const auto at = line.find(marker);
-  if (at == std::string::npos) return "";
-  std::istringstream rest(line.substr(at + marker.size()));
-  std::string version;
-  rest >> version;
-  return version;
+  std::istringstream words(line);
+  std::string word;
+  while (words >> word) {
+    const bool dotted = word.find('.') != std::string::npos &&
+                        word.find_first_not_of("0123456789.") == std::string::npos &&
+                        std::isdigit(static_cast<unsigned char>(word.front())) != 0;
+    if (dotted) return word;
+  }
+  return "";
 }
 
 std::string cuda_version_text(int v) {

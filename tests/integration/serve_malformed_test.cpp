@@ -45,6 +45,9 @@ struct Malformed {
   std::function<void(const fs::path& dir)> make;  // writes the case under dir
 };
 
+// gtest prints the case by name rather than as bytes.
+void PrintTo(const Malformed& m, std::ostream* os) { *os << m.name; }
+
 std::vector<Malformed> corpus() {
   auto file = [](std::string header, std::size_t data) {
     return [header = std::move(header), data](const fs::path& dir) {
@@ -113,16 +116,27 @@ std::vector<Malformed> corpus() {
                                  R"("a": "model-00001-of-00002.safetensors", )"
                                  R"("b": "model-00002-of-00002.safetensors"}})");
                    }});
+  // Two shards whose tensors the index swaps.
+  auto swapped_index = [](const fs::path& dir, const std::string& a_in, const std::string& b_in) {
+    write_bytes(dir / "model-00001-of-00002.safetensors", raw_file("{" + kTensorA + "}", 8));
+    write_bytes(dir / "model-00002-of-00002.safetensors",
+                raw_file(R"({"b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8));
+    write_bytes(dir / "model.safetensors.index.json",
+                R"({"metadata": {"total_size": 16}, "weight_map": {"a": ")" + a_in +
+                    R"(", "b": ")" + b_in + R"("}})");
+  };
   cases.push_back({"index_names_wrong_shard",
-                   "tensor 'a' is in this shard but the index", 400, ".", [](const fs::path& dir) {
-                     write_bytes(dir / "model-00001-of-00002.safetensors",
-                                 raw_file("{" + kTensorA + "}", 8));
-                     write_bytes(dir / "model-00002-of-00002.safetensors",
-                                 raw_file(R"({"b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8));
-                     write_bytes(dir / "model.safetensors.index.json",
-                                 R"({"metadata": {"total_size": 16}, "weight_map": {)"
-                                 R"("a": "model-00002-of-00002.safetensors", )"
-                                 R"("b": "model-00002-of-00002.safetensors"}})");
+                   "tensor 'a' is in this shard but the index", 400, ".",
+                   [swapped_index](const fs::path& dir) {
+                     swapped_index(dir, "model-00002-of-00002.safetensors",
+                                   "model-00001-of-00002.safetensors");
+                   }});
+  cases.push_back({"index_shard_lacks_tensor",
+                   "tensor 'a' is listed in shard 'model-00002-of-00002.safetensors' but that "
+                   "shard does not contain it",
+                   400, ".", [swapped_index](const fs::path& dir) {
+                     swapped_index(dir, "model-00002-of-00002.safetensors",
+                                   "model-00002-of-00002.safetensors");
                    }});
   cases.push_back({"missing_path", "no such file or directory", 404, "does-not-exist",
                    [](const fs::path& dir) { fs::create_directories(dir); }});

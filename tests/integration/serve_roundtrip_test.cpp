@@ -124,12 +124,14 @@ TEST_P(ServeRoundTrip, EveryValueOfEveryRankEqualsTheCheckpointShard) {
       }
       EXPECT_EQ(mismatches, 0u);
 
-      // truncate_size: exactly the first values.
+      // truncate_size: exactly the first values (all of them when the shard is shorter).
       const Reply head = serve.weights(t.name, 3);
       ASSERT_EQ(head.status, 200) << head.text;
       const auto first = head.body["values"].get<std::vector<double>>();
-      ASSERT_EQ(first.size(), 3u);
-      for (std::uint64_t i = 0; i < 3; ++i) EXPECT_EQ(first[i], decode_element(t.dtype, shard.data(), i));
+      ASSERT_EQ(first.size(), std::min<std::uint64_t>(3, count));
+      for (std::uint64_t i = 0; i < first.size(); ++i) {
+        EXPECT_EQ(first[i], decode_element(t.dtype, shard.data(), i));
+      }
     }
 
     // Whole parameters, byte for byte: the fingerprint of the expected bytes of each parameter
