@@ -131,6 +131,9 @@ struct Receiver::State {
   std::unique_ptr<update::ModelBinding> binding;
   std::unique_ptr<store::CpuWeightStore> store;
   std::unique_ptr<update::UpdateEngine> engine;
+  // Set (release) once binding/store/engine exist; they never change afterwards. Lock-free
+  // readers (health, version, metrics, memory state) check it (acquire) before touching them.
+  std::atomic<bool> has_layout{false};
   std::map<std::string, ferry_tensor_desc_t> catalog;  // checkpoint tensors by name
   std::vector<std::string> catalog_names;                // owns the names `catalog` points at
   std::vector<std::vector<std::uint64_t>> catalog_shapes;
@@ -192,6 +195,7 @@ struct Receiver::State {
     store = std::move(new_store);
     engine = std::move(new_engine);
     catalog = std::move(new_catalog);
+    has_layout.store(true, std::memory_order_release);
     logger("receiver")->info("model family '{}' ({} layout, tp {}/{}): {} parameters", family,
                              args.layout, args.tp_rank, args.tp_size, layout.size());
   }
@@ -450,8 +454,8 @@ void Receiver::set_version_label(const std::string& label) {
 }
 
 VersionInfo Receiver::version() const {
+  if (!state_->has_layout.load(std::memory_order_acquire)) return {};
   const auto* engine = state_->engine.get();
-  if (engine == nullptr) return {};
   auto v = engine->version();
   return VersionInfo{v.number, v.label};
 }
@@ -463,16 +467,22 @@ Health Receiver::health() const {
     return Health{false, what, std::string(what) == "loading" ? "loading the first weights"
                                                                : "an update is being applied"};
   }
-  if (!s.engine) return Health{false, "empty", "no weights loaded yet"};
-  auto h = s.engine->health();
-  if (!h.ready) return Health{false, "fenced", h.reason};
+  if (!s.has_layout.load(std::memory_order_acquire)) {
+    return Health{false, "empty", "no weights loaded yet"};
+  }
+  const auto h = s.engine->health();
+  if (h.ready) return Health{true, "ready", ""};
+  // The engine is also not ready while a tag is released or invalid: name the state by its
+  // cause, the fence first (resuming does not clear it).
+  if (s.engine->metrics().fenced) return Health{false, "fenced", h.reason};
   if (s.store->released(kWeightsTag)) {
     return Health{false, "released", "weights are released (resume_memory_occupation)"};
   }
   if (!s.store->contents_valid(kWeightsTag)) {
     return Health{false, "invalid", s.store->invalid_reason(kWeightsTag)};
   }
-  return Health{true, "ready", ""};
+  if (!s.engine->version().committed) return Health{false, "empty", h.reason};
+  return Health{false, "updating", h.reason};
 }
 
 void Receiver::release(const std::vector<std::string>& tags) {
@@ -501,7 +511,7 @@ void Receiver::resume(const std::vector<std::string>& tags) {
 
 std::vector<TagState> Receiver::memory_state() const {
   std::vector<TagState> out;
-  if (!state_->store) return out;
+  if (!state_->has_layout.load(std::memory_order_acquire)) return out;
   for (const auto& t : state_->store->memory_state()) {
     out.push_back(TagState{t.tag, t.bytes + t.external_bytes, t.released,
                            store::policy_name(t.policy), t.contents_valid});
@@ -526,7 +536,7 @@ std::map<std::string, std::uint64_t> Receiver::fingerprints() const {
 
 std::vector<ferry_tensor_desc_t> Receiver::layout() const {
   std::vector<ferry_tensor_desc_t> out;
-  if (!state_->binding) return out;
+  if (!state_->has_layout.load(std::memory_order_acquire)) return out;
   for (const auto& p : state_->binding->layout()) {
     ferry_tensor_desc_t d{};
     d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
@@ -552,7 +562,7 @@ std::string Receiver::metrics_text() const {
   metric("ferry_ready", "gauge", "1 when the receiver serves committed weights", h.ready ? 1 : 0);
   metric("ferry_weight_version", "gauge", "commit counter of the published weights",
          static_cast<double>(v.number), "label=\"" + escape_label(v.label) + "\"");
-  if (s.engine) {
+  if (s.has_layout.load(std::memory_order_acquire)) {
     const auto m = s.engine->metrics();
     metric("ferry_updates_committed_total", "counter", "updates committed", m.updates_committed);
     metric("ferry_updates_aborted_total", "counter", "updates aborted", m.updates_aborted);

@@ -33,7 +33,9 @@ struct VersionInfo {
 
 struct Health {
   bool ready = false;
-  std::string state;   // "ready", "loading", "updating", "released", "fenced", "empty"
+  // "ready", "loading", "updating", "released", "invalid" (resumed after a discard release,
+  // until the next full update), "fenced", "empty"
+  std::string state;
   std::string reason;  // why not ready ("" when ready)
 };
 
