@@ -219,6 +219,7 @@ std::string verify(demo::ReceiverProcess& receiver, const demo::SyntheticModel& 
 }
 
 void print_table(const std::vector<StepRow>& rows) {
+  if (rows.empty()) return;
   fmt::print("\n{:>5}  {:<10}  {:>10}  {:>8}  {:>6}  {}\n", "step", "version", "bytes", "seconds",
              "GB/s", "verified");
   for (const StepRow& r : rows) {
@@ -238,7 +239,10 @@ std::vector<std::string> forwarded_globals(const GlobalOptions& globals) {
   return out;
 }
 
-struct Loop {
+// The trainer's loop against one receiver process: start it, verify the initial weights, then
+// for every step change the weights, deliver them, lend memory, and verify. Throws ferry::Error
+// at the first failure; `rows` holds every step attempted so far (the failed one included).
+struct SyncLoop {
   const GlobalOptions& globals;
   const config::Config& config;
   demo::SyntheticModel& model;
@@ -366,16 +370,16 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
     fmt::print(
         "ferry demo: Qwen3-shaped model (hidden {}, {} layers, vocab {}, {} heads / {} kv heads, "
         "intermediate {}): {} tensors, {} per update\n"
-        "ferry demo: {} steps over transport '{}' on {}, work folder {}\n",
+        "ferry demo: {} step{} over transport '{}' on {}, work folder {}\n",
         shape.hidden, shape.layers, shape.vocab, shape.heads, shape.kv_heads, shape.intermediate,
-        model.tensors().size(), mib(model.bytes()), dc.steps, transport, dc.device,
+        model.tensors().size(), mib(model.bytes()), dc.steps, dc.steps == 1 ? "" : "s", transport, dc.device,
         work_dir.string());
     const fs::path initial =
         prepare_initial_checkpoint(model, work_dir, fmt::format("ferry-demo-v1 {} seed {}",
                                                                 shape.key(), kDemoSeed));
     std::fflush(stdout);
 
-    Loop loop{globals, config, model, work_dir, dc.steps, opts->keep, {}, {}};
+    SyncLoop loop{globals, config, model, work_dir, dc.steps, opts->keep, {}, {}};
     const auto start = std::chrono::steady_clock::now();
     std::string failure;
     try {
@@ -396,7 +400,9 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
       }
       return 1;
     }
-    fmt::print("\nferry demo: all {} steps verified in {:.2f} s\n", dc.steps, seconds_since(start));
+    fmt::print("\nferry demo: {} verified in {:.2f} s\n",
+               dc.steps == 1 ? std::string("the step") : fmt::format("all {} steps", dc.steps),
+               seconds_since(start));
     return 0;
   };
 }

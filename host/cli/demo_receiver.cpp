@@ -151,10 +151,11 @@ void ReceiverProcess::wait_ready() {
     port_ = read_port(ready);
     if (port_ > 0) return;
     if (Clock::now() > deadline) {
+      const std::string ended = stop();
       fail(FERRY_STATUS_TIMEOUT,
-           "the receiver (ferry serve, pid {}) did not write its ready file {} within {:.0f} s; "
-           "the end of its log:\n{}",
-           pid_, ready.string(), options_.ready_deadline_s, log_tail());
+           "the receiver (ferry serve, pid {}) did not write its ready file {} within {:.0f} s "
+           "and was stopped (it {}); the end of its log:\n{}",
+           pid_, ready.string(), options_.ready_deadline_s, ended, log_tail());
     }
     std::this_thread::sleep_for(kPoll);
   }
@@ -170,6 +171,8 @@ bool ReceiverProcess::reap(bool block) {
   } while (r < 0 && errno == EINTR);
   if (r == 0) return false;
   reaped_ = true;
+  std::error_code ignored;  // a stale ready file would name a dead port
+  fs::remove(options_.run_dir / "serve.ready", ignored);
   end_ = r == pid_ ? describe_status(status) : fmt::format("could not be waited for ({})",
                                                             std::strerror(errno));
   return true;
@@ -179,13 +182,15 @@ std::string ReceiverProcess::stop(double deadline_s) {
   client_.reset();
   if (pid_ <= 0) return "was not started";
   if (reap(false)) return end_;
+  // `ferry serve` takes SIGTERM through sigwait() once it serves; before that (or when it
+  // hangs) only SIGKILL ends it, hence the deadline.
   ::kill(pid_, SIGTERM);
   const auto deadline = after(deadline_s);
   while (!reap(false)) {
     if (Clock::now() > deadline) {
       ::kill(pid_, SIGKILL);
       reap(true);
-      end_ += fmt::format(" (SIGKILL: it did not stop within {:.0f} s of SIGTERM)", deadline_s);
+      end_ += fmt::format(", as it had not stopped {:.0f} s after SIGTERM", deadline_s);
       break;
     }
     std::this_thread::sleep_for(kPoll);

@@ -1,6 +1,7 @@
 // tests/integration/test_demo.cpp: `ferry demo` as a user runs it: the real executable, which
 // starts a real `ferry serve` child, on a tiny model in a temporary work folder; checks the exit
-// code, the per-step lines, the final table, the checkpoint cache and the refusal of cuda.
+// code, the per-step lines, the final table, the checkpoint cache, and the failures: a receiver
+// that cannot start, a receiver holding other bytes, and options the demo refuses.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -44,9 +45,13 @@ class DemoTest : public ::testing::Test {
   }
 
   // Runs `ferry demo` on the tiny model in the work folder with `extra` arguments.
-  DemoRun demo(const std::vector<std::string>& extra) const {
-    std::string command = quote(exe_) + " demo --hidden-size 128 --layers 2 --vocab-size 512 "
-                          "--work-dir " + quote(work_.string());
+  // `globals` go before the subcommand (--set, --config).
+  DemoRun demo(const std::vector<std::string>& extra,
+               const std::vector<std::string>& globals = {}) const {
+    std::string command = quote(exe_);
+    for (const auto& a : globals) command += " " + quote(a);
+    command += " demo --hidden-size 128 --layers 2 --vocab-size 512 --work-dir " +
+               quote(work_.string());
     for (const auto& a : extra) command += " " + quote(a);
     command += " 2>&1";
     DemoRun run;
@@ -152,6 +157,34 @@ TEST_F(DemoTest, CudaDeviceIsRefusedAsUnimplemented) {
   EXPECT_NE(run.output.find("device 'cuda' is not supported yet"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("UNIMPLEMENTED"), std::string::npos) << run.output;
   EXPECT_FALSE(fs::exists(work_ / "initial"));
+}
+
+// A receiver that cannot start (here its host mirror file lies in a missing folder, a real
+// misconfiguration forwarded through --set) fails the demo with the receiver's exit status and
+// its own error, instead of a hang.
+TEST_F(DemoTest, ReceiverThatCannotStartIsReportedWithItsError) {
+  const std::string mirror = (work_ / "missing-folder" / "mirror").string();
+  const DemoRun run = demo({"--steps", "1"}, {"--set", "memory.mirror_path=" + mirror});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("FAILED: the receiver (ferry serve, pid "), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("exited with status 1 before it was ready"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("| ferry: error: initial load of"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("missing-folder"), std::string::npos) << run.output;
+}
+
+// A receiver told to cast its parameters to F32 (a real dense-model option) holds other bytes
+// than the BF16 the trainer sent: the demo must report the mismatch, never "verified".
+TEST_F(DemoTest, ReceiverHoldingOtherBytesFailsVerification) {
+  const DemoRun run = demo({"--steps", "1"}, {"--set", "model.dense.dtype=F32"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("FAILED: the receiver's initial weights are not the trainer's: "
+                            "fingerprint mismatch: 19 of 19 parameters differ: lm_head.weight"),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("verified in"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("step 1/1"), std::string::npos) << run.output;
 }
 
 TEST_F(DemoTest, UnknownTransportIsRefused) {
