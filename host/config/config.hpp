@@ -58,9 +58,9 @@ struct MemoryConfig {
 
 struct DemoConfig {
   std::uint32_t steps = 5;
-  std::uint64_t hidden_size = 256;
-  std::uint32_t layers = 4;
-  std::uint64_t vocab_size = 4096;
+  std::uint64_t hidden_size = 512;
+  std::uint32_t layers = 8;
+  std::uint64_t vocab_size = 8192;
   std::string transport = "auto";
   std::string device = "cpu";
 };

@@ -6,6 +6,8 @@
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "common/log.hpp"
@@ -130,6 +132,7 @@ struct ControlServer::Impl {
   httplib::Server server;
   std::thread thread;
   int bound_port = -1;
+  std::atomic<bool> listen_returned{false};
 
   Impl(receiver::Receiver& r, ServerOptions o) : receiver(r), options(std::move(o)) {}
 
@@ -288,7 +291,15 @@ void ControlServer::start() {
     fail(FERRY_STATUS_IO, "cannot listen on {}:{} (address in use or not local)",
          impl_->options.host, impl_->options.port);
   }
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->thread = std::thread([this] {
+    impl_->server.listen_after_bind();
+    impl_->listen_returned = true;
+  });
+  // httplib's stop() is a no-op until the listen loop runs: wait for it, so that a stop() right
+  // after start() (a failed initial load) cannot leave the thread listening forever.
+  while (!impl_->server.is_running() && !impl_->listen_returned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   logger("control")->info("listening on http://{}:{}{}", impl_->options.host, impl_->bound_port,
                           impl_->options.token.empty() ? "" : " (token required for changes)");
 }

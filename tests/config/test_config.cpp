@@ -86,9 +86,9 @@ TEST(ConfigDefaults, MatchTheDocumentedValues) {
   EXPECT_EQ(c.memory.staging_policy, fc::ReleasePolicy::discard);
   EXPECT_EQ(c.memory.mirror_path, "");
   EXPECT_EQ(c.demo.steps, 5u);
-  EXPECT_EQ(c.demo.hidden_size, 256u);
-  EXPECT_EQ(c.demo.layers, 4u);
-  EXPECT_EQ(c.demo.vocab_size, 4096u);
+  EXPECT_EQ(c.demo.hidden_size, 512u);
+  EXPECT_EQ(c.demo.layers, 8u);
+  EXPECT_EQ(c.demo.vocab_size, 8192u);
   EXPECT_EQ(c.demo.transport, "auto");
   EXPECT_EQ(c.demo.device, "cpu");
   EXPECT_TRUE(c.transports.empty());
