@@ -88,6 +88,21 @@ class Receiver {
                             const std::optional<std::string>& label,
                             const std::map<std::string, std::uint64_t>& expected = {});
 
+  // Embedded receiver: defines the layout from parameters the engine allocated itself. They are
+  // engine-owned (written in place, never reallocated or freed; their tag cannot be released by
+  // ferry). The model plugin named by receiver.model_family maps checkpoint names onto them
+  // ("identity" when the sender's names are the parameter names). FAILED_PRECONDITION when a
+  // layout exists already; INVALID_ARGUMENT naming a bad or duplicate parameter.
+  struct EngineParam {
+    std::string name;
+    ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+    std::vector<std::uint64_t> shape;
+    void* data = nullptr;
+    ferry_memory_kind_t memory_kind = FERRY_MEMORY_HOST;
+    int device = 0;
+  };
+  void register_params(const std::vector<EngineParam>& params);
+
   // get_weights_by_name: `name` is a checkpoint name, mapped through the layout.
   WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;
 

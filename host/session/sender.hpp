@@ -1,0 +1,101 @@
+// session/sender.hpp: the trainer side of ferry: pushes one versioned update (named tensors) to
+// one or many receivers through the session protocol and a data transport, and reports the
+// outcome per receiver. The C API (ferry_sender_*), the Python package and `ferry push` are thin
+// layers over this class.
+//
+// Contract:
+//  - Receivers are named by the address a user already knows: the HOST:PORT of the receiver's
+//    control API (`ferry serve --port`, or an embedded receiver's serve port). The session and
+//    data channels are negotiated from there.
+//  - push() is one transaction per receiver: each receiver either commits `version` or keeps its
+//    previous version (restored or fenced as the receiver's update engine defines). A receiver
+//    that fails or dies is reported by its address while the others commit.
+//  - Tensors are read in place (no copy before packing); they must stay valid and unchanged until
+//    push() returns.
+//
+// Threading: push() and abort() may be called from different threads; abort() makes a running
+// push() fail every receiver that has not committed yet. One push() at a time per Sender.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ferry::config {
+struct Config;
+}
+namespace ferry::registry {
+class Registry;
+}
+
+namespace ferry::session {
+
+// One tensor to push, viewed in place. Contiguous row-major bytes.
+struct TensorView {
+  std::string name;  // checkpoint name (e.g. a state_dict key)
+  ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+  std::vector<std::uint64_t> shape;
+  const void* data = nullptr;
+  ferry_memory_kind_t memory_kind = FERRY_MEMORY_HOST;
+  int device = 0;  // CUDA device ordinal when memory_kind is a device kind
+};
+
+struct SenderOptions {
+  std::vector<std::string> receivers;  // "HOST:PORT" of each receiver's control API
+  std::string transport = "auto";      // data transport plugin name; "auto" picks the best one
+  std::uint64_t bucket_bytes = 256ull << 20;
+  std::string token;                   // bearer token of the receivers' control APIs, if any
+  std::chrono::milliseconds connect_timeout{10000};
+  std::chrono::milliseconds bucket_timeout{60000};  // per bucket: data + apply + ack
+  std::chrono::milliseconds commit_timeout{60000};
+};
+
+struct ReceiverResult {
+  std::string address;  // as given in SenderOptions::receivers
+  bool committed = false;
+  std::string error;    // why not committed ("" when committed); names the phase
+  std::uint64_t bytes = 0;
+  std::uint64_t buckets = 0;
+  double seconds = 0;
+};
+
+struct PushReport {
+  std::uint64_t version = 0;
+  std::vector<ReceiverResult> receivers;  // in SenderOptions::receivers order
+  std::uint64_t bytes = 0;                // payload bytes per receiver
+  double seconds = 0;                     // from push() called to the last commit acknowledged
+  bool all_committed() const;
+};
+
+class Sender {
+ public:
+  // `registry` must outlive the sender. Nothing connects before the first push().
+  Sender(const config::Config& config, const registry::Registry& registry, SenderOptions options);
+  ~Sender();
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+
+  // Pushes `tensors` as update `version` (label: the weight_version string; default the number)
+  // to every receiver. Throws ferry::Error only for bad arguments (empty or duplicate names,
+  // bad dtype/shape, no receivers); per-receiver failures are in the report.
+  PushReport push(std::span<const TensorView> tensors, std::uint64_t version,
+                  const std::optional<std::string>& label = std::nullopt);
+
+  // Aborts a running push (any thread). No-op when none runs.
+  void abort(const std::string& reason);
+
+  // Per-receiver state of the last (or running) push.
+  std::vector<ReceiverResult> status() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::session
