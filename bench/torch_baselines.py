@@ -19,6 +19,12 @@ runs (CUDA: torch.cuda.Event timing around the whole call, then synchronize; CPU
 
 The destination is poisoned (0xA5) before each method; after it, a sample of tensors is compared
 with the source and the gaps after them with the poison.
+
+Case `disk`: every *.safetensors file of the folder PATH loaded with
+safetensors.torch.load_file(file, device=DEVICE), all files one after another, then
+torch.cuda.synchronize(); wall clock, median of REPEAT runs after WARMUP runs. The tensors of a
+run are dropped before the next one (torch's caching allocator keeps the memory, as ferry's
+weight store keeps its own). Checked: the tensor count and byte total equal the files' headers.
 """
 
 import argparse
@@ -155,18 +161,159 @@ def scatter(torch, args):
     return result
 
 
+def disk(torch, args):
+    import glob
+    import os
+    try:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+    except Exception as e:
+        unavailable("safetensors is not importable by %s: %s" % (sys.executable, e))
+    cuda = args.device == "cuda"
+    files = sorted(glob.glob(os.path.join(args.path, "*.safetensors")))
+    if not files:
+        raise ValueError("no *.safetensors files in %s" % args.path)
+    expected_tensors = 0
+    for f in files:
+        with safe_open(f, framework="pt") as h:
+            expected_tensors += len(list(h.keys()))
+
+    state = {}
+
+    def load():
+        state.clear()
+        loaded = {}
+        for f in files:
+            loaded.update(load_file(f, device=args.device))
+        if cuda:
+            torch.cuda.synchronize()
+        state["tensors"] = loaded
+
+    runs = []
+    for i in range(args.warmup + args.repeat):
+        state.clear()
+        t0 = time.perf_counter()
+        load()
+        elapsed = time.perf_counter() - t0
+        if i >= args.warmup:
+            runs.append(elapsed)
+    loaded = state["tensors"]
+    nbytes = sum(t.numel() * t.element_size() for t in loaded.values())
+    on_device = all(t.device.type == args.device for t in loaded.values())
+    verified = len(loaded) == expected_tensors and on_device
+    return {
+        "ok": True,
+        "case": "disk",
+        "device": args.device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "files": len(files),
+        "tensors": len(loaded),
+        "bytes": nbytes,
+        "median_s": statistics.median(runs),
+        "runs_s": runs,
+        "verified": verified,
+        "verification": "%d tensors (%d bytes) loaded onto %s" % (len(loaded), nbytes, args.device),
+    }
+
+
+def fp8(torch, args):
+    """Case fp8: COUNT bf16 matrices [ROWS, COLS] quantized to e4m3 with 128x128 block scales by
+    the obvious code (view into blocks, amax, divide, cast), one matrix after another."""
+    cuda = args.device == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
+    rows, cols, count = args.rows, args.cols, args.count
+    if rows % 128 or cols % 128:
+        raise ValueError("the torch fp8 baseline needs ROWS and COLS divisible by 128")
+    if not hasattr(torch, "float8_e4m3fn"):
+        unavailable("torch %s has no float8_e4m3fn" % torch.__version__)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(42)
+    weights = [torch.empty((rows, cols), dtype=torch.bfloat16, device=device).normal_(
+        0.0, 0.02, generator=gen) for _ in range(count)]
+
+    def quantize(w):
+        blocks = w.view(rows // 128, 128, cols // 128, 128).float()
+        amax = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-4)
+        scale = amax / 448.0
+        q = (blocks / scale).to(torch.float8_e4m3fn)
+        return q.view(rows, cols), scale.view(rows // 128, cols // 128)
+
+    def run():
+        for w in weights:
+            quantize(w)
+
+    result = {"ok": True, "case": "fp8", "device": args.device, "count": count, "rows": rows,
+              "cols": cols, "torch": torch.__version__, "python": platform.python_version()}
+    result["fp8"] = timed(torch, run, args.repeat, args.warmup, cuda)
+    return result
+
+
+def moe(torch, args):
+    """Case moe: LAYERS layers of EXPERTS experts (gate/up [INTER, HIDDEN], down [HIDDEN, INTER])
+    from one bucket into stacked w13 [E, 2*INTER, HIDDEN] and w2 [E, HIDDEN, INTER] per layer:
+    a per-tensor copy_ loop, and one torch._foreach_copy_ over every tensor."""
+    cuda = args.device == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
+    layers, experts, hidden, inter = args.layers, args.experts, args.hidden, args.inter
+    n = hidden * inter
+    bucket = torch.empty((experts * 3 * n,), dtype=torch.bfloat16, device=device).normal_()
+    src = [bucket[i * n:(i + 1) * n] for i in range(experts * 3)]
+    w13 = [torch.empty((experts, 2 * inter, hidden), dtype=torch.bfloat16, device=device)
+           for _ in range(layers)]
+    w2 = [torch.empty((experts, hidden, inter), dtype=torch.bfloat16, device=device)
+          for _ in range(layers)]
+    dst_views, src_views = [], []
+    for layer in range(layers):
+        for e in range(experts):
+            dst_views += [w13[layer][e, :inter].view(-1), w13[layer][e, inter:].view(-1),
+                          w2[layer][e].view(-1)]
+            src_views += src[3 * e:3 * e + 3]
+
+    def loop():
+        for d, s in zip(dst_views, src_views):
+            d.copy_(s)
+
+    result = {"ok": True, "case": "moe", "device": args.device, "layers": layers,
+              "experts": experts, "hidden": hidden, "inter": inter, "tensors": len(dst_views),
+              "torch": torch.__version__, "python": platform.python_version()}
+    result["loop"] = timed(torch, loop, args.repeat, args.warmup, cuda)
+    foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if foreach_copy is None:
+        result["foreach"] = {"unavailable": "torch %s has no torch._foreach_copy_" % torch.__version__}
+    else:
+        result["foreach"] = timed(torch, lambda: foreach_copy(dst_views, src_views), args.repeat,
+                                  args.warmup, cuda)
+    if cuda:
+        torch.cuda.synchronize()
+    result["verified"] = bool(torch.equal(w13[-1][experts - 1, inter:].reshape(-1),
+                                          src[3 * experts - 2]))
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description="PyTorch baselines for ferry bench")
-    parser.add_argument("--case", choices=["scatter"], required=True)
+    parser.add_argument("--case", choices=["scatter", "disk", "fp8", "moe"], required=True)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--count", type=int, required=True, help="tensors")
-    parser.add_argument("--bytes", type=int, required=True, help="bytes per tensor")
+    parser.add_argument("--count", type=int, help="tensors (scatter)")
+    parser.add_argument("--bytes", type=int, help="bytes per tensor (scatter)")
+    parser.add_argument("--path", help="folder of *.safetensors files (disk)")
     parser.add_argument("--gap", type=int, default=512, help="bytes between destination slots")
+    parser.add_argument("--rows", type=int, default=4096, help="matrix rows (fp8)")
+    parser.add_argument("--cols", type=int, default=7168, help="matrix columns (fp8)")
+    parser.add_argument("--layers", type=int, default=48, help="layers (moe)")
+    parser.add_argument("--experts", type=int, default=128, help="experts per layer (moe)")
+    parser.add_argument("--hidden", type=int, default=2048, help="hidden size (moe)")
+    parser.add_argument("--inter", type=int, default=768, help="moe_intermediate_size (moe)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     if args.repeat <= 0 or args.warmup < 0:
         parser.error("--repeat must be positive and --warmup not negative")
+    if args.case == "scatter" and (args.count is None or args.bytes is None):
+        parser.error("--case scatter needs --count and --bytes")
+    if args.case == "disk" and not args.path:
+        parser.error("--case disk needs --path")
 
     try:
         import torch
@@ -177,7 +324,7 @@ def main():
                     % torch.__version__)
 
     try:
-        result = scatter(torch, args)
+        result = {"scatter": scatter, "disk": disk, "fp8": fp8, "moe": moe}[args.case](torch, args)
     except Exception as e:
         sys.stderr.write("torch_baselines: error: %s: %s\n" % (type(e).__name__, e))
         emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)

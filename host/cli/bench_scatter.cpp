@@ -319,10 +319,11 @@ int run_scatter_bench(const BenchOptions& options, Json& records) {
     for (const std::string& line : notes) std::printf("  %s\n", line.c_str());
   }
   std::printf("\nferry = scatter_%s of one plan (one COPY op per tensor into shuffled, separate "
-              "destination slots), including its host-side plan check%s; flat = the same bytes by "
-              "%s.\n",
+              "destination slots)%s; flat = the same bytes by %s.\n",
               device_name(options.device),
-              cuda ? " and op-table upload" : "",
+              cuda ? ", prepared once (plan check and op-table upload, in the notes) as the update "
+                     "engine caches it with the plan, then one launch per run"
+                   : ", including its host-side plan check",
               cuda ? "one cudaMemcpyAsync D2D" : "memcpy split over the same threads");
   std::fflush(stdout);
   return exit_code;

@@ -1,13 +1,18 @@
-// cli/cmd_bench.cpp: `ferry bench [scatter|fingerprint]`: parses the bench options, guards the
+// cli/cmd_bench.cpp: `ferry bench [scatter|fingerprint|disk]`: parses the bench options, guards the
 // run with a watchdog, prints the chosen case's table and writes its JSON records
 // (bench/README.md). With no case it lists the cases.
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "cli/bench_disk.hpp"
 #include "cli/bench_fingerprint.hpp"
+#include "cli/bench_fp8.hpp"
+#include "cli/bench_moe.hpp"
+#include "cli/bench_nccl.hpp"
 #include "cli/bench_report.hpp"
 #include "cli/bench_scatter.hpp"
+#include "cli/bench_ucx.hpp"
 #include "cli/command.hpp"
 #include "ferry_build_config.h"
 #if FERRY_HAVE_CUDA
@@ -25,6 +30,16 @@ void list_cases() {
       "               moe-3mib (9216 x 3 MiB bf16) and tiny-8kib (20,000 x 8 KiB)\n"
       "  fingerprint  xxh64-chunked-v1 rate on the GPU (8 GiB) vs the CPU twin (1 GiB sample),\n"
       "               checking both give the same value\n"
+      "  disk         load a multi-GiB safetensors checkpoint into GPU memory through the\n"
+      "               receiver vs safetensors.torch.load_file(device=\"cuda\")\n"
+      "  ucx          buckets of 1 MiB to 1 GiB through the UCX plugin between two processes\n"
+      "               (tcp, shared memory) vs ucx_perftest ucp_put_bw / tag_bw (CPU only)\n"
+      "  nccl         buckets of 64 MiB to 4 GiB broadcast through the nccl plugin vs a plain\n"
+      "               ncclBroadcast of the same buffers; one process per GPU, needs 2+ GPUs\n"
+      "  fp8          FP8 e4m3 128x128 block quantization of 4 GiB of bf16 matrices vs the\n"
+      "               memory roofline (a flat D2D copy) and the obvious torch code\n"
+      "  moe          a Qwen3-30B-A3B MoE update (48 layers x 128 experts) planned by the moe\n"
+      "               plugin, one scatter per layer bucket, vs a copy_ loop and _foreach_copy_\n"
       "common options: --device cuda|cpu (default %s), --json FILE, --repeat N, --warmup N,\n"
       "                --timeout S\n",
       FERRY_HAVE_CUDA ? "cuda" : "cpu");
@@ -46,7 +61,7 @@ void add_common_options(CLI::App* sub, bench::BenchOptions* o, std::string* devi
 
 }  // namespace
 
-Action add_bench_command(CLI::App& app, const GlobalOptions& /*globals*/) {
+Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "measure the data-movement kernels against their ceilings and torch baselines");
   auto options = std::make_shared<bench::BenchOptions>();
@@ -72,8 +87,44 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& /*globals*/) {
   fingerprint->add_option("--gib", options->gib, "GiB to fingerprint (cuda 8, cpu 1)")
       ->check(CLI::PositiveNumber);
 
-  return [options, device, scatter, fingerprint]() -> int {
-    if (!scatter->parsed() && !fingerprint->parsed()) {
+  auto disk_options = std::make_shared<bench::DiskOptions>();
+  CLI::App* disk = bench_cmd->add_subcommand(
+      "disk", "load a multi-GiB safetensors checkpoint to the GPU vs safetensors.torch.load_file");
+  add_common_options(disk, options.get(), device.get());
+  disk->add_option("--gib", disk_options->gib, "checkpoint GiB (cuda 8, cpu 1)")
+      ->check(CLI::PositiveNumber);
+  disk->add_option("--work-dir", disk_options->work_dir,
+                   "folder for the checkpoint (default: a new folder under /tmp)");
+  disk->add_flag("--keep", disk_options->keep, "keep the checkpoint afterwards");
+  disk->add_option("--python", options->python, "interpreter for bench/torch_baselines.py");
+  disk->add_option("--torch-script", options->torch_script, "path of torch_baselines.py");
+  disk->add_flag("--no-torch", options->no_torch, "skip the torch baseline");
+
+  CLI::App* fp8 = bench_cmd->add_subcommand(
+      "fp8", "FP8 block quantization of bf16 matrices vs the memory roofline and torch");
+  add_common_options(fp8, options.get(), device.get());
+  fp8->add_option("--gib", options->gib, "GiB of bf16 to quantize (cuda 4, cpu 0.125)")
+      ->check(CLI::PositiveNumber);
+  CLI::App* moe = bench_cmd->add_subcommand(
+      "moe", "a Qwen3-30B-A3B-shaped MoE update into stacked experts vs torch copies");
+  add_common_options(moe, options.get(), device.get());
+  moe->add_option("--count", options->count, "layers (default 48 on cuda, 2 on cpu)")
+      ->check(CLI::PositiveNumber);
+  for (CLI::App* sub : {fp8, moe}) {
+    sub->add_option("--python", options->python, "interpreter for bench/torch_baselines.py");
+    sub->add_option("--torch-script", options->torch_script, "path of torch_baselines.py");
+    sub->add_flag("--no-torch", options->no_torch, "skip the torch baseline");
+  }
+
+  const bench::UcxBenchCommand ucx = bench::add_ucx_bench_command(bench_cmd, globals);
+  const bench::NcclBenchCommand nccl = bench::add_nccl_bench_command(bench_cmd, globals);
+
+  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, fp8, moe,
+          &globals]() -> int {
+    if (ucx.app->parsed()) return ucx.action();  // its own options, watchdog and JSON
+    if (nccl.app->parsed()) return nccl.action();  // likewise
+    if (!scatter->parsed() && !fingerprint->parsed() && !disk->parsed() && !fp8->parsed() &&
+        !moe->parsed()) {
       list_cases();
       return 0;
     }
@@ -85,8 +136,16 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& /*globals*/) {
     bench::Json records = bench::Json::array();
     int code = 0;
     try {
-      code = scatter->parsed() ? bench::run_scatter_bench(*options, records)
-                               : bench::run_fingerprint_bench(*options, records);
+      if (disk->parsed()) {
+        code = bench::run_disk_bench(*options, *disk_options, globals, records);
+      } else if (fp8->parsed()) {
+        code = bench::run_fp8_bench(*options, records);
+      } else if (moe->parsed()) {
+        code = bench::run_moe_bench(*options, globals, records);
+      } else {
+        code = scatter->parsed() ? bench::run_scatter_bench(*options, records)
+                                 : bench::run_fingerprint_bench(*options, records);
+      }
     } catch (...) {
       // Keep what was measured before the failure.
       if (!options->json_path.empty() && !records.empty()) {

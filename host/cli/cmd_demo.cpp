@@ -22,6 +22,9 @@
 #include "cli/demo_model.hpp"
 #include "cli/demo_receiver.hpp"
 #include "common/log.hpp"
+#include "registry/registry.hpp"
+#include "session/sender.hpp"
+#include "store/store_device.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -61,28 +64,45 @@ double gb_per_s(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0;
 }
 
-// "auto" picks the best transport this build can drive from the demo; today that is disk.
-std::string choose_transport(const std::string& requested) {
-  if (requested == "auto" || requested == "disk") return "disk";
-  for (const char* later : {"nccl", "cuda_ipc", "ucx", "ckpt_engine"}) {
+// "auto" picks the best transport this build can drive from the demo: UCX (a push through the
+// session protocol) when its plugin loads, else disk (checkpoints the receiver reads). "inline"
+// pushes with the bytes on the session socket itself.
+std::string choose_transport(const std::string& requested, const registry::Registry& registry) {
+  if (requested == "disk" || requested == "inline") return requested;
+  if (requested == "auto" || requested == "ucx") {
+    std::string why;
+    try {
+      (void)registry.transport("ucx");
+      return "ucx";
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (requested == "ucx") {
+      fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport 'ucx' is not available: {}", why);
+    }
+    logger("demo")->info("UCX transport not available ({}); using disk", why);
+    return "disk";
+  }
+  for (const char* later : {"nccl", "cuda_ipc", "ckpt_engine"}) {
     if (requested == later) {
       fail(FERRY_STATUS_UNIMPLEMENTED,
-           "ferry demo cannot drive transport '{}' yet (available: disk; 'auto' picks the best)",
+           "ferry demo cannot drive transport '{}' yet (available: ucx, inline, disk; 'auto' "
+           "picks the best)",
            requested);
     }
   }
-  fail(FERRY_STATUS_INVALID_ARGUMENT, "unknown transport '{}' (use auto or disk)", requested);
+  fail(FERRY_STATUS_INVALID_ARGUMENT, "unknown transport '{}' (use auto, ucx, inline or disk)",
+       requested);
 }
 
+// The receiver's device: cpu, cuda or cuda:N; refused here (before any checkpoint is written)
+// when this build or machine cannot use it.
 void check_device(const std::string& device) {
-  if (device == "cpu") return;
-  if (device.starts_with("cuda")) {
-    fail(FERRY_STATUS_UNIMPLEMENTED,
-         "ferry demo: device '{}' is not supported yet: the receiver's GPU weight store has not "
-         "landed (use --device cpu)",
-         device);
+  try {
+    store::check_store_device(store::parse_store_device(device));
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("ferry demo: {}", e.what()));
   }
-  fail(FERRY_STATUS_INVALID_ARGUMENT, "ferry demo: unknown device '{}' (use cpu)", device);
 }
 
 // $XDG_CACHE_HOME/ferry/demo-<key>, else ~/.cache/ferry/demo-<key>.
@@ -242,9 +262,35 @@ std::vector<std::string> forwarded_globals(const GlobalOptions& globals) {
 // The trainer's loop against one receiver process: start it, verify the initial weights, then
 // for every step change the weights, deliver them, lend memory, and verify. Throws ferry::Error
 // at the first failure; `rows` holds every step attempted so far (the failed one included).
+// One step pushed from the trainer's published (BF16) weights, read in place; returns the bytes.
+std::uint64_t push_step(session::Sender& sender, demo::SyntheticModel& model, std::uint32_t step,
+                        const std::string& version) {
+  std::vector<session::TensorView> views;
+  views.reserve(model.tensors().size());
+  for (std::size_t i = 0; i < model.tensors().size(); ++i) {
+    const auto& spec = model.tensors()[i];
+    session::TensorView v;
+    v.name = spec.name;
+    v.dtype = FERRY_DTYPE_BF16;
+    v.shape = spec.shape;
+    v.data = model.published(i).data();
+    views.push_back(std::move(v));
+  }
+  const session::PushReport report = sender.push(views, step, version);
+  for (const auto& r : report.receivers) {
+    if (!r.committed) {
+      fail(FERRY_STATUS_PEER_FAILED, "push of {} over {} to {} failed: {}", version,
+           r.transport.empty() ? std::string("?") : r.transport, r.address, r.error);
+    }
+  }
+  return report.bytes;
+}
+
 struct SyncLoop {
   const GlobalOptions& globals;
   const config::Config& config;
+  const registry::Registry& registry;
+  std::string transport;  // "disk", or a push: "ucx" / "inline"
   demo::SyntheticModel& model;
   fs::path work_dir;
   std::uint32_t steps = 0;
@@ -257,7 +303,7 @@ struct SyncLoop {
     ro.exe = fs::read_symlink("/proc/self/exe");
     ro.global_args = forwarded_globals(globals);
     ro.serve_args = {"--model-path", initial.string(), "--model-family", "dense", "--layout",
-                     "engine",       "--device",       "cpu",   "--tp-rank",      "0",
+                     "engine",       "--device",       config.demo.device, "--tp-rank", "0",
                      "--tp-size",    "1"};
     ro.run_dir = work_dir;
     // Generous for slow disks: a minute plus 50 MB/s for the initial load and every update.
@@ -281,15 +327,26 @@ struct SyncLoop {
     // check after resume also proves the restore. With discard, resume gives zeroed memory
     // until the next update, so a colocated trainer borrows the memory before the update.
     const bool backup = config.memory.weights_policy == config::ReleasePolicy::backup;
+    std::unique_ptr<session::Sender> sender;
+    if (transport != "disk") {
+      session::SenderOptions so;
+      so.receivers = {fmt::format("127.0.0.1:{}", receiver.port())};
+      so.transport = transport;
+      so.bucket_bytes = config.update.bucket_bytes;
+      so.token = config.receiver.token;
+      sender = std::make_unique<session::Sender>(config, registry, so);
+    }
     fs::path previous_dir;
     for (std::uint32_t s = 1; s <= steps; ++s) {
       StepRow row;
       row.step = s;
       row.version = fmt::format("step-{}", s);
       model.apply_step(s);
-      current_step_dir = work_dir / row.version;
-      fs::remove_all(current_step_dir);
-      model.write_checkpoint(current_step_dir, "ferry-demo-v1 " + row.version);
+      if (!sender) {
+        current_step_dir = work_dir / row.version;
+        fs::remove_all(current_step_dir);
+        model.write_checkpoint(current_step_dir, "ferry-demo-v1 " + row.version);
+      }
 
       auto release_resume = [&] {
         const auto t = std::chrono::steady_clock::now();
@@ -301,14 +358,18 @@ struct SyncLoop {
       };
       if (!backup) release_resume();
       const auto t = std::chrono::steady_clock::now();
-      const json report = expect_ok(
-          receiver,
-          receiver.post("/update_weights_from_disk",
-                        json{{"model_path", current_step_dir.string()},
-                             {"weight_version", row.version}}),
-          "POST /update_weights_from_disk (" + row.version + ")");
+      if (sender) {
+        row.bytes = push_step(*sender, model, s, row.version);
+      } else {
+        const json report = expect_ok(
+            receiver,
+            receiver.post("/update_weights_from_disk",
+                          json{{"model_path", current_step_dir.string()},
+                               {"weight_version", row.version}}),
+            "POST /update_weights_from_disk (" + row.version + ")");
+        row.bytes = report.value("bytes", std::uint64_t{0});
+      }
       row.seconds = seconds_since(t);
-      row.bytes = report.value("bytes", std::uint64_t{0});
       if (backup) release_resume();
 
       const std::string why = verify(receiver, model, row.version);
@@ -325,6 +386,7 @@ struct SyncLoop {
     }
     if (!keep && !previous_dir.empty()) fs::remove_all(previous_dir);
     current_step_dir.clear();
+    sender.reset();
     const std::string ended = receiver.stop();
     if (ended != "exited with status 0") {
       logger("demo")->warn("the receiver {} after SIGTERM", ended);
@@ -342,8 +404,8 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--hidden-size", opts->hidden_size, "model hidden size (default: [demo] hidden_size)");
   cmd->add_option("--layers", opts->layers, "transformer layers (default: [demo] layers)");
   cmd->add_option("--vocab-size", opts->vocab_size, "vocabulary size (default: [demo] vocab_size)");
-  cmd->add_option("--transport", opts->transport, "auto or disk (default: [demo] transport)");
-  cmd->add_option("--device", opts->device, "cpu (cuda arrives with the GPU store)");
+  cmd->add_option("--transport", opts->transport, "auto, ucx, inline or disk (default: [demo] transport; auto: ucx when available)");
+  cmd->add_option("--device", opts->device, "receiver weights on cpu, cuda or cuda:N");
   cmd->add_option("--work-dir", opts->work_dir,
                   "cache and scratch folder (default: $XDG_CACHE_HOME or ~/.cache, /ferry/demo-<shape>)");
   cmd->add_flag("--keep", opts->keep, "keep every step's checkpoint in the work folder");
@@ -360,8 +422,13 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
     if (opts->device) set("demo.device", *opts->device);
     const config::Config config = load_config(g);
     const config::DemoConfig& dc = config.demo;
-    const std::string transport = choose_transport(dc.transport);
     check_device(dc.device);
+    // The demo prints its own progress; the sender's and plugins' per-session info lines (which
+    // transport and primitive, printed on every push) only with --log-level debug or trace.
+    const bool verbose = globals.log_level == "debug" || globals.log_level == "trace";
+    if (!verbose) set_log_level("warn");
+    auto registry = make_registry(g, config);
+    const std::string transport = choose_transport(dc.transport, *registry);
     const auto shape = demo::ModelShape::from_sizes(dc.hidden_size, dc.layers, dc.vocab_size);
     const fs::path work_dir = opts->work_dir ? fs::absolute(*opts->work_dir) : default_work_dir(shape);
     fs::create_directories(work_dir);
@@ -379,7 +446,7 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
                                                                 shape.key(), kDemoSeed));
     std::fflush(stdout);
 
-    SyncLoop loop{globals, config, model, work_dir, dc.steps, opts->keep, {}, {}};
+    SyncLoop loop{globals, config, *registry, transport, model, work_dir, dc.steps, opts->keep, {}, {}};
     const auto start = std::chrono::steady_clock::now();
     std::string failure;
     try {

@@ -12,7 +12,7 @@
 #include "cli/command.hpp"
 #include "cli/context.hpp"
 #include "common/log.hpp"
-#include "control/http_server.hpp"
+#include "session/receiver_endpoint.hpp"
 #include "receiver/receiver.hpp"
 
 namespace ferry::cli {
@@ -42,7 +42,7 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--model-path", opts->model_path, "safetensors file or folder to load first");
   cmd->add_option("--host", opts->host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--port", opts->port, "port (default 30000; 0 picks a free one)");
-  cmd->add_option("--device", opts->device, "cpu (cuda:N arrives with the GPU store)");
+  cmd->add_option("--device", opts->device, "cpu, cuda or cuda:N (default cpu)");
   cmd->add_option("--token", opts->token, "bearer token required by mutating routes");
   cmd->add_option("--model-family", opts->model_family, "model plugin (default: from config.json)");
   cmd->add_option("--layout", opts->layout, "engine (fused) or hf (checkpoint names)");
@@ -65,15 +65,11 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
     if (opts->tp_rank) set("receiver.tp_rank", std::to_string(*opts->tp_rank));
     if (opts->tp_size) set("receiver.tp_size", std::to_string(*opts->tp_size));
     const config::Config config = load_config(g);
-    if (config.receiver.device != "cpu") {
-      fail(FERRY_STATUS_UNIMPLEMENTED, "device '{}' is not supported by this build yet (use cpu)",
-           config.receiver.device);
-    }
     const sigset_t stop_signals = block_stop_signals();
     auto registry = make_registry(g, config);
     receiver::Receiver receiver(config, *registry);
-    control::ControlServer server(receiver,
-                                  {config.receiver.host, config.receiver.port, config.receiver.token});
+    // The control API and the session listener senders find through it (GET /ferry/session).
+    session::ReceiverEndpoint server(receiver, config, *registry);
     server.start();
     if (!config.receiver.model_path.empty()) {
       try {

@@ -12,6 +12,7 @@
 
 #include "common/log.hpp"
 #include "receiver/receiver.hpp"
+#include "receiver/receiver_nccl.hpp"
 
 namespace ferry::control {
 namespace {
@@ -20,6 +21,9 @@ using nlohmann::json;
 
 const std::vector<Route> kRoutes = {
     {"POST", "/update_weights_from_disk", true, "reload weights from a safetensors path"},
+    {"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)"},
+    {"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast"},
+    {"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group"},
     {"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor"},
     {"POST", "/update_weight_version", true, "set the weight_version label"},
     {"GET", "/get_weight_version", false, "the published weight version"},
@@ -29,6 +33,7 @@ const std::vector<Route> kRoutes = {
     {"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)"},
     {"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise"},
     {"GET", "/metrics", false, "Prometheus text metrics"},
+    {"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)"},
 };
 
 int http_status(ferry_status_code_t code) {
@@ -133,6 +138,7 @@ struct ControlServer::Impl {
   std::thread thread;
   int bound_port = -1;
   std::atomic<bool> listen_returned{false};
+  receiver::WeightUpdateGroups groups{receiver};  // NCCL groups (receiver/receiver_nccl.hpp)
 
   Impl(receiver::Receiver& r, ServerOptions o) : receiver(r), options(std::move(o)) {}
 
@@ -245,10 +251,45 @@ struct ControlServer::Impl {
               json{{"ready", h.ready}, {"state", h.state}, {"reason", h.reason}});
       };
     }
+    if (path == "/init_weights_update_group") {
+      return [this](const httplib::Request& req, httplib::Response& res) {
+        auto init = receiver::parse_group_init(parse_body(req));
+        groups.init(init);
+        reply(res, 200, json{{"success", true},
+                             {"message", fmt::format("joined weight-update group '{}'",
+                                                     init.group_name)}});
+      };
+    }
+    if (path == "/update_weights_from_distributed") {
+      return [this](const httplib::Request& req, httplib::Response& res) {
+        auto report = groups.update(receiver::parse_distributed_update(parse_body(req)));
+        json out = report_json(report);
+        out["success"] = true;
+        out["message"] = "updated by broadcast";
+        reply(res, 200, out);
+      };
+    }
+    if (path == "/destroy_weights_update_group") {
+      return [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string name = receiver::parse_group_name(parse_body(req));
+        groups.destroy(name);
+        reply(res, 200, json{{"success", true},
+                             {"message", fmt::format("destroyed weight-update group '{}'", name)}});
+      };
+    }
     if (path == "/metrics") {
       return [this](const httplib::Request&, httplib::Response& res) {
         res.status = 200;
         res.set_content(receiver.metrics_text(), "text/plain; version=0.0.4");
+      };
+    }
+    if (path == "/ferry/session") {
+      return [this](const httplib::Request&, httplib::Response& res) {
+        if (!options.session_info) {
+          fail(FERRY_STATUS_NOT_FOUND, "this receiver runs no session listener");
+        }
+        res.status = 200;
+        res.set_content(options.session_info(), "application/json");
       };
     }
     fail(FERRY_STATUS_INTERNAL, "route {} has no handler", path);

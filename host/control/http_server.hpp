@@ -3,6 +3,7 @@
 // otherwise; with a token, every mutating route requires `Authorization: Bearer <token>`.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 30000;   // 0: pick a free port (see ControlServer::port())
   std::string token;  // empty: no authentication
+  // GET /ferry/session answers this JSON object text ({"protocol", "port", "unix_path"}: where the
+  // session listener of session/receiver_endpoint.hpp accepts senders). Unset: the route answers
+  // 404 (this process runs no session listener). Called from server threads.
+  std::function<std::string()> session_info;
 };
 
 class ControlServer {

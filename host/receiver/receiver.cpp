@@ -26,7 +26,9 @@
 #include "registry/registry.hpp"
 #include "store/cpu_weight_store.hpp"
 #include "store/host_mirror.hpp"
+#include "store/store_device.hpp"
 #include "update/model_binding.hpp"
+#include "update/param_fingerprint.hpp"
 #include "update/update_engine.hpp"
 
 namespace ferry::receiver {
@@ -90,17 +92,6 @@ std::string detect_family(const std::string& config_json, const fs::path& checkp
        checkpoint.string());
 }
 
-struct AlignedBuffer {
-  std::unique_ptr<std::byte[]> storage;
-  std::span<std::byte> bytes;
-  explicit AlignedBuffer(std::uint64_t size)
-      : storage(new std::byte[size + kStagingAlign]) {
-    auto addr = reinterpret_cast<std::uintptr_t>(storage.get());
-    auto aligned = (addr + kStagingAlign - 1) & ~(kStagingAlign - 1);
-    bytes = {storage.get() + (aligned - addr), size};
-  }
-};
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -129,7 +120,7 @@ struct Receiver::State {
 
   std::shared_ptr<const registry::LoadedPlugin> model_plugin;
   std::unique_ptr<update::ModelBinding> binding;
-  std::unique_ptr<store::CpuWeightStore> store;
+  std::unique_ptr<store::WeightStore> store;  // CPU or CUDA, from receiver.device
   std::unique_ptr<update::UpdateEngine> engine;
   // Set (release) once binding/store/engine exist; they never change afterwards. Lock-free
   // readers (health, version, metrics, memory state) check it (acquire) before touching them.
@@ -144,7 +135,18 @@ struct Receiver::State {
 
   // Creates the model binding, store and engine from the first checkpoint's catalog.
   void create_layout(const manifest::Manifest& cat, const fs::path& checkpoint) {
-    const std::string config_json = read_config_json(checkpoint);
+    create_layout(cat, read_config_json(checkpoint), checkpoint);
+  }
+
+  // The layout from a catalog and the checkpoint's config.json text (may be empty); `checkpoint`
+  // names the source (a path, or the sender of a session) in messages. With engine-owned
+  // parameters registered (register_params) the layout must match them instead.
+  void create_layout(const manifest::Manifest& cat, const std::string& config_json,
+                     const fs::path& checkpoint) {
+    if (store) {
+      create_layout_over_registered(cat, config_json);
+      return;
+    }
     std::string family = config.receiver.model_family;
     if (family.empty()) family = detect_family(config_json, checkpoint);
     model_plugin = registry.model(family);
@@ -164,8 +166,8 @@ struct Receiver::State {
     auto descs = manifest::tensor_descs(cat);
     const auto& layout = new_binding->target_layout(descs);
 
-    auto new_store = std::make_unique<store::CpuWeightStore>(
-        store::CpuWeightStoreOptions{config.update.apply_threads});
+    auto new_store = store::make_weight_store(store::parse_store_device(config.receiver.device),
+                                              config.update.apply_threads);
     std::vector<store::TensorSpec> specs;
     specs.reserve(layout.size());
     for (const auto& p : layout) specs.push_back({p.name, p.dtype, p.shape});
@@ -198,6 +200,87 @@ struct Receiver::State {
     has_layout.store(true, std::memory_order_release);
     logger("receiver")->info("model family '{}' ({} layout, tp {}/{}): {} parameters", family,
                              args.layout, args.tp_rank, args.tp_size, layout.size());
+  }
+
+  // The model binding of `family` for this rank (session and engine-owned paths).
+  std::unique_ptr<update::ModelBinding> make_binding(const std::string& family,
+                                                     const std::string& config_json) {
+    model_plugin = registry.model(family);
+    const auto& opts = config.models[family];
+    std::vector<ferry_option_t> options = config::option_array(opts);
+    ferry_model_create_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_model_create_args_t, num_options);
+    args.layout = config::layout_name(config.receiver.layout);
+    args.tp_rank = config.receiver.tp_rank;
+    args.tp_size = config.receiver.tp_size;
+    args.ep_rank = config.receiver.ep_rank;
+    args.ep_size = config.receiver.ep_size;
+    args.config_json = config_json.empty() ? nullptr : config_json.c_str();
+    args.options = options.data();
+    args.num_options = options.size();
+    return update::ModelBinding::create(model_plugin->model(), family, args, model_plugin);
+  }
+
+  void keep_catalog(const manifest::Manifest& cat) {
+    auto descs = manifest::tensor_descs(cat);
+    std::map<std::string, ferry_tensor_desc_t> new_catalog;
+    catalog_names.clear();
+    catalog_names.reserve(cat.tensors.size());
+    for (const auto& e : cat.tensors) catalog_names.push_back(e.name);
+    for (std::size_t i = 0; i < cat.tensors.size(); ++i) {
+      ferry_tensor_desc_t d = descs[i];
+      d.name = catalog_names[i].c_str();
+      new_catalog[catalog_names[i]] = d;
+    }
+    catalog = std::move(new_catalog);
+  }
+
+  // Engine-owned parameters exist (register_params): the model plugin's layout for `cat` must be
+  // exactly the registered parameters (INCOMPATIBLE naming the first difference).
+  void create_layout_over_registered(const manifest::Manifest& cat, const std::string& config_json) {
+    std::string family = config.receiver.model_family.empty() ? std::string("identity")
+                                                              : config.receiver.model_family;
+    auto new_binding = make_binding(family, config_json);
+    auto descs = manifest::tensor_descs(cat);
+    const auto& layout = new_binding->target_layout(descs);
+    for (const auto& p : layout) {
+      auto index = store->find(p.name);
+      if (!index) {
+        fail(FERRY_STATUS_INCOMPATIBLE,
+             "layout parameter '{}' (from the model plugin '{}') is not a registered parameter",
+             p.name, family);
+      }
+      const auto info = store->param(*index);
+      if (info.dtype != p.dtype || info.shape != p.shape) {
+        fail(FERRY_STATUS_INCOMPATIBLE,
+             "layout parameter '{}' is {} {} but the registered parameter is {} {}", p.name,
+             dtype_name(p.dtype), shape_string(p.shape), dtype_name(info.dtype),
+             shape_string(info.shape));
+      }
+    }
+    if (layout.size() != store->param_count()) {
+      std::set<std::string> wanted;
+      for (const auto& p : layout) wanted.insert(p.name);
+      for (std::size_t i = 0; i < store->param_count(); ++i) {
+        const auto info = store->param(i);
+        if (!wanted.count(info.name)) {
+          fail(FERRY_STATUS_INCOMPATIBLE,
+               "registered parameter '{}' is not written by any checkpoint tensor (model plugin "
+               "'{}')",
+               info.name, family);
+        }
+      }
+    }
+    update::UpdateOptions uopts;
+    uopts.verify_fingerprints = config.update.verify_fingerprints;
+    uopts.threads = config.update.apply_threads;
+    auto new_engine = std::make_unique<update::UpdateEngine>(*store, *new_binding, uopts);
+    binding = std::move(new_binding);
+    engine = std::move(new_engine);
+    keep_catalog(cat);
+    has_layout.store(true, std::memory_order_release);
+    logger("receiver")->info("model family '{}' over {} engine-owned parameters", family,
+                             layout.size());
   }
 
   // A later checkpoint must describe the same tensors as the first one.
@@ -253,7 +336,10 @@ struct BusyGuard {
 }  // namespace
 
 Receiver::Receiver(const config::Config& config, const registry::Registry& registry)
-    : state_(std::make_unique<State>(config, registry)) {}
+    : state_(std::make_unique<State>(config, registry)) {
+  // A device this build or machine cannot use is refused now, not at the first load.
+  store::check_store_device(store::parse_store_device(config.receiver.device));
+}
 
 Receiver::~Receiver() = default;
 
@@ -292,8 +378,10 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
       std::min<std::uint64_t>(s.config.update.bucket_bytes, total + kStagingAlign),
       largest + kStagingAlign);
   capacity = (capacity + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
-  // Two staging buckets: bucket k+1 is read while bucket k is applied.
-  AlignedBuffer staging[2] = {AlignedBuffer(capacity), AlignedBuffer(capacity)};
+  // Two staging buckets: bucket k+1 is read while bucket k is applied. The engine keeps them
+  // across updates, page-locked on a CUDA receiver (reads feed the device's H2D copies directly).
+  const std::span<std::byte> staging[2] = {s.engine->host_staging(0, capacity),
+                                           s.engine->host_staging(1, capacity)};
 
   const auto previous = s.engine->version();
   const std::uint64_t number = previous.number + 1;
@@ -310,7 +398,7 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
     };
     auto read_into = [&](int slot) {
       Read r;
-      r.more = reader.read(staging[slot].bytes, read_threads, r.manifest, r.bytes);
+      r.more = reader.read(staging[slot], read_threads, r.manifest, r.bytes);
       return r;
     };
     int slot = 0;
@@ -319,7 +407,7 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
       auto next = std::async(std::launch::async, read_into, 1 - slot);
       try {
         const auto decoded = manifest::decode(current.manifest);
-        s.engine->apply_bucket(staging[slot].bytes.first(decoded.bucket_bytes), current.manifest);
+        s.engine->apply_bucket(staging[slot].first(decoded.bucket_bytes), current.manifest);
         report.bytes += current.bytes;
         report.tensors += decoded.tensors.size();
         report.buckets += 1;
@@ -417,12 +505,17 @@ WeightValues Receiver::weights_by_name(const std::string& name, std::size_t trun
   for (const auto& op : ops) {
     if (remaining == 0) break;
     const auto& lp = layout.at(op.dst_param);
-    const auto info = s.store->param(std::string_view(lp.name));
+    const auto index = s.store->find(lp.name);
+    if (!index) fail(FERRY_STATUS_NOT_FOUND, "layout parameter '{}' is not in the store", lp.name);
+    const auto info = s.store->param(*index);
     const std::size_t esize = dtype_size(info.dtype);
+    std::vector<std::byte> bytes;  // the row's bytes, copied to the host (device weights too)
     for (std::uint64_t r = 0; r < op.rows && remaining > 0; ++r) {
       const std::uint64_t n = std::min<std::uint64_t>(op.cols, remaining);
       std::vector<double> row(n);
-      const std::byte* src = info.data + (op.dst_offset + r * op.dst_row_stride) * esize;
+      bytes.resize(n * esize);
+      s.store->read(*index, (op.dst_offset + r * op.dst_row_stride) * esize, bytes);
+      const std::byte* src = bytes.data();
       if (info.dtype == FERRY_DTYPE_F64 || kernels::cast_supported(info.dtype, FERRY_DTYPE_F64)) {
         kernels::convert_elements(src, info.dtype, row.data(), FERRY_DTYPE_F64, n);
       } else {
@@ -529,10 +622,13 @@ std::map<std::string, std::uint64_t> Receiver::fingerprints() const {
   // verifies that release/resume and updates left exactly the expected weights.
   for (std::size_t i = 0; i < s.store->param_count(); ++i) {
     auto p = s.store->param(i);
-    out[p.name] = kernels::fingerprint_cpu(p.data, p.bytes, s.threads());
+    out[p.name] = update::fingerprint_param(p, s.threads());
   }
   return out;
 }
+
+const config::Config& Receiver::receiver_config() const { return state_->config; }
+const registry::Registry& Receiver::plugin_registry() const { return state_->registry; }
 
 std::vector<ferry_tensor_desc_t> Receiver::layout() const {
   std::vector<ferry_tensor_desc_t> out;
@@ -582,6 +678,193 @@ std::string Receiver::metrics_text() const {
            labels);
   }
   return out;
+}
+
+// ---- session updates ----------------------------------------------------------------------
+
+struct Receiver::StreamingUpdate::Impl {
+  State& s;
+  std::unique_lock<std::mutex> lock;
+  std::optional<BusyGuard> busy;
+  bool begun = false;
+  bool finished = false;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  UpdateReport report;
+
+  Impl(State& state, std::unique_lock<std::mutex> held) : s(state), lock(std::move(held)) {}
+};
+
+Receiver::StreamingUpdate::StreamingUpdate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Receiver::StreamingUpdate::~StreamingUpdate() {
+  if (impl_ && impl_->begun && !impl_->finished) {
+    try {
+      impl_->s.engine->abort("the session ended before commit");
+    } catch (...) {
+      // abort() does not throw; nothing more can be done in a destructor.
+    }
+  }
+}
+
+std::uint64_t Receiver::StreamingUpdate::layout_signature() const {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  };
+  const auto& layout = impl_->s.binding->layout();
+  mix(layout.size());
+  for (const auto& p : layout) {
+    mix(p.name.size());
+    for (unsigned char c : p.name) {
+      h ^= c;
+      h *= 0x100000001b3ull;
+    }
+    mix(static_cast<std::uint64_t>(p.dtype));
+    mix(p.shape.size());
+    for (auto d : p.shape) mix(d);
+  }
+  return h;
+}
+
+std::size_t Receiver::StreamingUpdate::num_params() const {
+  return impl_->s.binding->layout().size();
+}
+
+void Receiver::StreamingUpdate::begin(std::uint64_t version,
+                                      const std::optional<std::string>& label) {
+  auto& i = *impl_;
+  if (i.begun) fail(FERRY_STATUS_FAILED_PRECONDITION, "the session's update has begun already");
+  i.s.require_weights_resident();
+  i.busy.emplace(i.s.busy, i.s.activity, "updating");
+  i.start = std::chrono::steady_clock::now();
+  i.s.engine->begin(version, label.value_or(std::to_string(version)));
+  i.begun = true;
+}
+
+void Receiver::StreamingUpdate::apply_bucket(std::span<const std::byte> bucket,
+                                             std::span<const std::uint8_t> manifest_bytes) {
+  auto& i = *impl_;
+  if (!i.begun || i.finished) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
+  }
+  try {
+    i.s.engine->apply_bucket(bucket, manifest_bytes);
+  } catch (...) {
+    i.finished = true;  // the engine ended the update (rolled back or fenced)
+    i.busy.reset();
+    throw;
+  }
+  i.report.bytes += bucket.size();
+  i.report.buckets += 1;
+}
+
+UpdateReport Receiver::StreamingUpdate::commit() {
+  auto& i = *impl_;
+  if (!i.begun || i.finished) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
+  }
+  i.finished = true;
+  try {
+    i.s.engine->commit();
+  } catch (...) {
+    i.busy.reset();
+    throw;
+  }
+  i.busy.reset();
+  const auto v = i.s.engine->version();
+  i.report.version = VersionInfo{v.number, v.label};
+  i.report.tensors = i.s.catalog.size();
+  i.report.seconds = seconds_since(i.start);
+  logger("receiver")->info("update {} ('{}') from a session: {} buckets, {:.1f} MiB in {:.3f} s",
+                           v.number, v.label, i.report.buckets, i.report.bytes / 1048576.0,
+                           i.report.seconds);
+  return i.report;
+}
+
+void Receiver::StreamingUpdate::abort(const std::string& reason) {
+  auto& i = *impl_;
+  if (i.begun && !i.finished) i.s.engine->abort(reason);
+  i.finished = true;
+  i.busy.reset();
+}
+
+std::unique_ptr<Receiver::StreamingUpdate> Receiver::open_session(
+    std::span<const ferry_tensor_desc_t> catalog, const std::string& config_json) {
+  auto& s = *state_;
+  std::unique_lock lock(s.update_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  if (catalog.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "the sender's catalog is empty");
+  manifest::Manifest cat;
+  cat.tensors.reserve(catalog.size());
+  for (const auto& d : catalog) {
+    manifest::Entry e;
+    e.name = d.name != nullptr ? d.name : "";
+    e.dtype = d.dtype;
+    if (d.ndim > FERRY_MAX_DIMS) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "catalog tensor '{}' has {} dims (at most {})", e.name,
+           d.ndim, FERRY_MAX_DIMS);
+    }
+    e.shape.assign(d.shape, d.shape + d.ndim);
+    e.size = byte_size(d.dtype, e.shape).value_or(0);
+    cat.tensors.push_back(std::move(e));
+  }
+  manifest::validate(cat);
+  if (!s.engine) {
+    BusyGuard busy(s.busy, s.activity, "loading");
+    s.create_layout(cat, config_json, fs::path("the session's catalog"));
+  } else {
+    s.check_catalog(cat);
+  }
+  s.require_weights_resident();
+  return std::unique_ptr<StreamingUpdate>(
+      new StreamingUpdate(std::make_unique<StreamingUpdate::Impl>(s, std::move(lock))));
+}
+
+void Receiver::register_params(const std::vector<EngineParam>& params) {
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  if (s.store || s.has_layout.load(std::memory_order_acquire)) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "the receiver has a layout already; register_params must come before any update");
+  }
+  if (params.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "register_params: no parameters");
+  // The store of the configured device; engine-owned device tensors need the CUDA store of
+  // their device.
+  store::StoreDevice device = store::parse_store_device(s.config.receiver.device);
+  for (const auto& p : params) {
+    if (p.memory_kind == FERRY_MEMORY_CUDA) device = store::StoreDevice{true, p.device};
+  }
+  auto new_store = store::make_weight_store(device, s.config.update.apply_threads);
+  new_store->set_policy(kWeightsTag, to_store_policy(s.config.memory.weights_policy));
+  for (const auto& p : params) {
+    if (p.data == nullptr) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "register_params: parameter '{}' has no data pointer",
+           p.name);
+    }
+    new_store->register_external(kWeightsTag, p.name, p.dtype, p.shape, p.data, p.memory_kind);
+  }
+  s.store = std::move(new_store);
+  // When the model plugin maps the parameters onto themselves (identity), the layout exists now;
+  // otherwise it is created by the first session, whose catalog the plugin needs.
+  manifest::Manifest cat;
+  for (const auto& p : params) {
+    manifest::Entry e;
+    e.name = p.name;
+    e.dtype = p.dtype;
+    e.shape = p.shape;
+    e.size = byte_size(p.dtype, p.shape).value_or(0);
+    cat.tensors.push_back(std::move(e));
+  }
+  try {
+    s.create_layout_over_registered(cat, "");
+  } catch (const Error& e) {
+    logger("receiver")->info(
+        "{} engine-owned parameters registered; the layout waits for the first session ({})",
+        params.size(), e.what());
+  }
 }
 
 }  // namespace ferry::receiver

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,42 @@ class Receiver {
   };
   void register_params(const std::vector<EngineParam>& params);
 
+  // ---- session updates (session/, docs/session-protocol.md) ------------------------------
+  // One update streamed bucket by bucket by a sender's session. It holds the receiver's update
+  // lock from open_session() until it is destroyed; destroying it before commit() aborts the
+  // update (the published version stays; the update engine restores or fences, see health()).
+  // Threading: used by one session; apply_bucket may run on another thread than begin/commit,
+  // but calls never overlap.
+  class StreamingUpdate {
+   public:
+    ~StreamingUpdate();
+    StreamingUpdate(const StreamingUpdate&) = delete;
+    StreamingUpdate& operator=(const StreamingUpdate&) = delete;
+
+    // FNV-1a 64 over this rank's layout (count, then per parameter name, dtype, dims) and its
+    // parameter count: what the handshake reports.
+    std::uint64_t layout_signature() const;
+    std::size_t num_params() const;
+    // Starts update `version` (the published number on commit); label default: the number.
+    void begin(std::uint64_t version, const std::optional<std::string>& label);
+    // Applies one bucket (validated manifest; entry fingerprints verified before writing).
+    void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest);
+    UpdateReport commit();
+    void abort(const std::string& reason);
+
+   private:
+    friend class Receiver;
+    struct Impl;
+    explicit StreamingUpdate(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+  };
+  // The handshake of a session: takes the update lock (FAILED_PRECONDITION when another update
+  // runs) and checks `catalog` (the sender's checkpoint tensors: name, dtype, shape) against this
+  // receiver's layout, creating the layout from it when there is none yet (`config_json`: the
+  // checkpoint's config.json text, or empty). INCOMPATIBLE naming the first differing tensor.
+  std::unique_ptr<StreamingUpdate> open_session(std::span<const ferry_tensor_desc_t> catalog,
+                                                const std::string& config_json);
+
   // get_weights_by_name: `name` is a checkpoint name, mapped through the layout.
   WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;
 
@@ -123,6 +160,11 @@ class Receiver {
 
   // The target layout (parameter names, dtypes, shapes), empty before the first load.
   std::vector<ferry_tensor_desc_t> layout() const;
+
+  // The config and plugin registry this receiver was made with (for components beside it, such
+  // as the NCCL weight-update groups in receiver_nccl.hpp). Valid as long as the receiver.
+  const config::Config& receiver_config() const;
+  const registry::Registry& plugin_registry() const;
 
  private:
   struct State;

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -54,12 +55,23 @@ struct SenderOptions {
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds bucket_timeout{60000};  // per bucket: data + apply + ack
   std::chrono::milliseconds commit_timeout{60000};
+  // The checkpoint's config.json text, sent in the handshake: a receiver without a layout (a
+  // fresh `ferry serve`) creates its layout from the first session and may need it. Optional.
+  std::string config_json;
+  // Test hook, called on a receiver's session thread right after bucket `bucket` was handed to
+  // that receiver (data delivered, BucketReady sent). Used by the fault tests (`ferry push` sets
+  // it from FERRY_PUSH_TEST_*). Must be thread-safe.
+  std::function<void(const std::string& receiver, std::uint32_t bucket)> after_bucket;
+  // Threads for fingerprints and packing; 0: the hardware count.
+  unsigned threads = 0;
 };
 
 struct ReceiverResult {
   std::string address;  // as given in SenderOptions::receivers
   bool committed = false;
   std::string error;    // why not committed ("" when committed); names the phase
+  std::string transport;  // the data path used ("inline", "ucx"), once negotiated
+  ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;
   std::uint64_t buckets = 0;
   double seconds = 0;

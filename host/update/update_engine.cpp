@@ -1,9 +1,11 @@
-// The update engine: buckets -> validated manifests -> cached plans -> CPU scatter -> commit,
-// with rollback from the host mirror or fencing on failure (see update/update_engine.hpp).
+// The update engine: buckets -> validated manifests -> cached plans -> scatter (CPU or CUDA, per
+// parameter memory kind) -> commit, with rollback from the host mirror or fencing on failure
+// (see update/update_engine.hpp).
 #include "update/update_engine.hpp"
 
 #include "common/log.hpp"
 #include "store/host_mirror.hpp"
+#include "update/cuda_apply.hpp"
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
@@ -17,6 +19,33 @@ namespace {
 constexpr std::uint64_t kScaleBlock = 128;  // FP8 block quantization: 128 x 128 blocks
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+constexpr std::uint64_t kStagingAlign = 256;
+
+// A cached plan split by where its destinations live, with the device op table (PlanAttachment,
+// kept in the plan cache). Built for one set of entry offsets and parameter addresses.
+struct ExecutionPlan final : PlanAttachment {
+  std::vector<ferry_plan_op_t> host_ops;    // copy / cast into host parameters
+  std::vector<ferry_plan_op_t> device_ops;  // copy / cast into device parameters
+  // FP8_BLOCK_QUANT ops (kernels::fp8_block_quant_cpu / fp8_block_quant_cuda), by memory kind.
+  std::vector<ferry_plan_op_t> host_fp8_ops;
+  std::vector<ferry_plan_op_t> device_fp8_ops;
+  std::shared_ptr<const void> prepared;  // device_ops prepared by CudaApplier (null if none)
+};
+
+// Aligned host memory for a staging bucket; page-locked when `pinned` (and CUDA is built in).
+std::shared_ptr<std::byte> new_staging(std::uint64_t bytes, bool pinned) {
+#if FERRY_UPDATE_HAVE_CUDA
+  if (pinned) return CudaApplier::pinned_host(bytes);
+#else
+  (void)pinned;
+#endif
+  void* p = ::operator new(static_cast<std::size_t>(std::max<std::uint64_t>(bytes, 1)),
+                           std::align_val_t{kStagingAlign});
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) {
+    ::operator delete(q, std::align_val_t{kStagingAlign});
+  });
+}
 
 }  // namespace
 
@@ -57,6 +86,14 @@ void UpdateEngine::bind_layout_locked() {
     target.view = {info.data, info.dtype, info.elements};
     target.bytes = info.bytes;
     target.tag = info.tag;
+    target.device = info.memory_kind == FERRY_MEMORY_CUDA;
+#if !FERRY_UPDATE_HAVE_CUDA
+    if (target.device) {
+      fail(FERRY_STATUS_UNIMPLEMENTED,
+           "parameter '{}' is in CUDA memory but this build has no CUDA support (-Dcuda)",
+           param.name);
+    }
+#endif
     bool known = false;
     for (const auto& t : tags) known = known || t == info.tag;
     if (!known) tags.push_back(info.tag);
@@ -72,6 +109,14 @@ void UpdateEngine::bind_layout_locked() {
          missing.size() > options_.missing_names_listed
              ? fmt::format(" (and {} more)", missing.size() - options_.missing_names_listed)
              : std::string());
+  }
+  // Device op tables hold parameter addresses: drop them when an address changed.
+  std::vector<const std::byte*> addresses;
+  addresses.reserve(targets.size());
+  for (const auto& t : targets) addresses.push_back(t.view.data);
+  if (addresses != bound_addresses_) {
+    cache_.clear_attachments();
+    bound_addresses_ = std::move(addresses);
   }
   targets_ = std::move(targets);
   layout_tags_ = std::move(tags);
@@ -121,8 +166,64 @@ void UpdateEngine::record_written(const ferry_plan_op_t& op) {
                                      block_cols);
 }
 
+bool UpdateEngine::has_device_targets_locked() const {
+  for (const auto& t : targets_) {
+    if (t.device) return true;
+  }
+  return false;
+}
+
+CudaApplier& UpdateEngine::cuda_locked() {
+#if FERRY_UPDATE_HAVE_CUDA
+  if (!cuda_) {
+    int device = 0;
+    for (const auto& t : targets_) {
+      if (t.device) {
+        device = CudaApplier::device_of(t.view.data);
+        break;
+      }
+    }
+    cuda_ = std::make_shared<CudaApplier>(device);
+  }
+  return *cuda_;
+#else
+  fail(FERRY_STATUS_UNIMPLEMENTED, "this build has no CUDA support (-Dcuda)");
+#endif
+}
+
+void UpdateEngine::synchronize_device_locked() {
+  if (cuda_) cuda_->synchronize();
+}
+
+std::span<std::byte> UpdateEngine::host_staging(int slot, std::uint64_t bytes) {
+  std::lock_guard lock(op_mutex_);
+  if (slot != 0 && slot != 1) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "host_staging: slot {} is not 0 or 1", slot);
+  }
+  bytes = std::max<std::uint64_t>(ceil_div(bytes, kStagingAlign) * kStagingAlign, kStagingAlign);
+  // Page-locked when a layout parameter lives on a device (the layout is not re-bound here: an
+  // update may be active).
+  bool pinned = false;
+  for (const auto& param : plans_.layout()) {
+    const auto index = store_.find(param.name);
+    pinned = pinned || (index && store_.param(*index).memory_kind == FERRY_MEMORY_CUDA);
+  }
+  auto& buffer = staging_[static_cast<std::size_t>(slot)];
+  auto& size = staging_bytes_[static_cast<std::size_t>(slot)];
+  auto& is_pinned = staging_pinned_[static_cast<std::size_t>(slot)];
+  if (!buffer || size < bytes || is_pinned != pinned) {
+    buffer.reset();
+    size = 0;
+    buffer = new_staging(bytes, pinned);
+    size = bytes;
+    is_pinned = pinned;
+  }
+  return {buffer.get(), static_cast<std::size_t>(size)};
+}
+
 void UpdateEngine::apply_bucket(std::span<const std::byte> bucket,
-                                std::span<const std::uint8_t> manifest_bytes) {
+                                std::span<const std::uint8_t> manifest_bytes,
+                                ferry_memory_kind_t bucket_kind) {
   std::lock_guard lock(op_mutex_);
   std::uint64_t version = 0;
   {
@@ -158,20 +259,39 @@ void UpdateEngine::apply_bucket(std::span<const std::byte> bucket,
       }
       entries.push_back({bucket.data() + e.offset, e.dtype, *count});
     }
+    const bool device_bucket = bucket_kind == FERRY_MEMORY_CUDA;
     if (options_.verify_fingerprints) {
+      std::vector<std::size_t> checked;
+      std::vector<std::uint64_t> actual;
       for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-        const auto& e = m.tensors[i];
-        if (!e.fingerprint) continue;
-        const std::uint64_t actual = kernels::fingerprint_cpu(entries[i].data, e.size, options_.threads);
-        if (actual != *e.fingerprint) {
+        if (m.tensors[i].fingerprint) checked.push_back(i);
+      }
+      if (device_bucket && !checked.empty()) {
+        std::vector<const std::byte*> data;
+        std::vector<std::uint64_t> sizes;
+        for (std::size_t i : checked) {
+          data.push_back(entries[i].data);
+          sizes.push_back(m.tensors[i].size);
+        }
+        actual = cuda_locked().fingerprints(data, sizes);
+      } else {
+        for (std::size_t i : checked) {
+          actual.push_back(
+              kernels::fingerprint_cpu(entries[i].data, m.tensors[i].size, options_.threads));
+        }
+      }
+      for (std::size_t k = 0; k < checked.size(); ++k) {
+        const auto& e = m.tensors[checked[k]];
+        if (actual[k] != *e.fingerprint) {
           fail(FERRY_STATUS_CORRUPT_DATA,
                "tensor '{}': fingerprint of the received bytes {:016x} differs from the sender's "
                "{:016x}",
-               e.name, actual, *e.fingerprint);
+               e.name, actual[k], *e.fingerprint);
         }
       }
     }
-    const PlanOps ops = cache_.get(m, plans_);
+    const auto cached = cache_.get_entry(m, plans_);
+    const PlanOps ops = cached->ops;
     for (std::size_t i = 0; i < ops->size(); ++i) {
       const auto& op = (*ops)[i];
       const bool fp8 = op.transform == FERRY_TRANSFORM_FP8_BLOCK_QUANT;
@@ -186,11 +306,65 @@ void UpdateEngine::apply_bucket(std::span<const std::byte> bucket,
     std::vector<kernels::ParamView> views;
     views.reserve(targets_.size());
     for (const auto& t : targets_) views.push_back(t.view);
+    const bool any_device = has_device_targets_locked();
+    if (!any_device && device_bucket) {
+      fail(FERRY_STATUS_UNIMPLEMENTED,
+           "a bucket in device memory cannot be applied to parameters in host memory");
+    }
+    // The split by memory kind (and the device op table) is cached with the plan, for these
+    // entry offsets.
+    std::vector<std::uint64_t> offsets;
+    offsets.reserve(m.tensors.size());
+    for (const auto& e : m.tensors) offsets.push_back(e.offset);
+    auto* exec = dynamic_cast<ExecutionPlan*>(cached->attachment.get());
+    if (exec == nullptr || cached->attachment_key != offsets) {
+      auto built = std::make_shared<ExecutionPlan>();
+      for (const auto& op : *ops) {
+        const bool fp8 = op.transform == FERRY_TRANSFORM_FP8_BLOCK_QUANT;
+        const bool device = targets_[op.dst_param].device;
+        if (fp8 && targets_[op.scale_param].device != device) {
+          fail(FERRY_STATUS_UNIMPLEMENTED,
+               "an FP8 op writes parameter '{}' and its scales '{}' in different memory kinds",
+               plans_.layout()[op.dst_param].name, plans_.layout()[op.scale_param].name);
+        }
+        auto& list = fp8 ? (device ? built->device_fp8_ops : built->host_fp8_ops)
+                         : (device ? built->device_ops : built->host_ops);
+        list.push_back(op);
+      }
+      if (!built->device_ops.empty()) {
+        built->prepared = cuda_locked().prepare(built->device_ops, entries, offsets, views);
+      }
+      cached->attachment = built;
+      cached->attachment_key = std::move(offsets);
+      exec = built.get();
+    }
     if (!ops->empty()) {
       std::lock_guard state(state_mutex_);
       dirty_ = true;
     }
-    kernels::scatter_cpu(*ops, entries, views, options_.threads);
+    // Host parameters: the CPU kernels read host bytes.
+    if (!exec->host_ops.empty() || !exec->host_fp8_ops.empty()) {
+      if (device_bucket) {
+        fail(FERRY_STATUS_UNIMPLEMENTED,
+             "a bucket in device memory cannot be applied to parameters in host memory");
+      }
+      if (!exec->host_ops.empty()) {
+        kernels::scatter_cpu(exec->host_ops, entries, views, options_.threads);
+      }
+      // FP8 block quantization (FERRY_TRANSFORM_FP8_BLOCK_QUANT) of host parameters.
+      if (!exec->host_fp8_ops.empty()) {
+        kernels::fp8_block_quant_cpu(exec->host_fp8_ops, entries, views, options_.threads);
+      }
+    }
+    // Device parameters: staged (host bucket) or in place (device bucket), on the CUDA streams;
+    // FP8 block quantization runs there too (kernels::fp8_block_quant_cuda), after the scatter.
+    if (!exec->device_ops.empty() || !exec->device_fp8_ops.empty()) {
+      CudaApplier::Fp8Ops fp8;
+      if (!exec->device_fp8_ops.empty()) {
+        fp8 = {exec->device_fp8_ops, entries, cached->attachment_key, views};
+      }
+      cuda_locked().apply(exec->prepared, bucket, device_bucket, fp8);
+    }
     for (const auto& op : *ops) record_written(op);
     ++buckets_this_update_;
     const double seconds =
@@ -226,11 +400,25 @@ void UpdateEngine::set_expected_fingerprints(std::map<std::string, std::uint64_t
 }
 
 std::vector<std::uint64_t> UpdateEngine::fingerprint_params_locked(
-    const std::vector<Target>& targets) const {
-  std::vector<std::uint64_t> out;
-  out.reserve(targets.size());
-  for (const auto& t : targets) {
-    out.push_back(kernels::fingerprint_cpu(t.view.data, t.bytes, options_.threads));
+    const std::vector<Target>& targets) {
+  std::vector<std::uint64_t> out(targets.size(), 0);
+  std::vector<std::size_t> on_device;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].device) {
+      on_device.push_back(i);
+    } else {
+      out[i] = kernels::fingerprint_cpu(targets[i].view.data, targets[i].bytes, options_.threads);
+    }
+  }
+  if (!on_device.empty()) {
+    std::vector<const std::byte*> data;
+    std::vector<std::uint64_t> bytes;
+    for (std::size_t i : on_device) {
+      data.push_back(targets[i].view.data);
+      bytes.push_back(targets[i].bytes);
+    }
+    const auto values = cuda_locked().fingerprints(data, bytes);
+    for (std::size_t k = 0; k < on_device.size(); ++k) out[on_device[k]] = values[k];
   }
   return out;
 }
@@ -245,6 +433,7 @@ void UpdateEngine::commit() {
   }
   std::vector<std::uint64_t> fps;
   try {
+    synchronize_device_locked();  // every scatter of the update has finished (or failed)
     const auto& layout = plans_.layout();
     std::vector<std::string> missing;
     for (std::size_t i = 0; i < targets_.size(); ++i) {
@@ -387,6 +576,12 @@ void UpdateEngine::fence_locked(const std::string& reason) noexcept {
 }
 
 void UpdateEngine::fail_locked(const std::string& where, const std::string& why) noexcept {
+  // No scatter may still write while the weights are rolled back or fenced.
+  if (cuda_) {
+    if (const std::string error = cuda_->drain(); !error.empty()) {
+      logger("update")->error("device work of the failed update also failed: {}", error);
+    }
+  }
   bool dirty = false;
   std::uint64_t version = 0;
   {

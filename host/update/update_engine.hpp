@@ -1,7 +1,17 @@
 // update/update_engine.hpp: applies one versioned update (a sequence of buckets) to the weight
 // store as a transaction: bucket -> manifest (validated) -> fingerprints checked -> cached plan
-// -> CPU scatter; commit proves every parameter was fully written, checks fingerprints and only
+// -> scatter; commit proves every parameter was fully written, checks fingerprints and only
 // then publishes the version.
+//
+// Memory kinds. Each parameter is written where it lives: host parameters by the CPU kernels,
+// CUDA parameters (ParamInfo.memory_kind FERRY_MEMORY_CUDA: the CUDA weight store or engine-owned
+// device tensors) by the CUDA kernels on the engine's own streams (update/cuda_apply.hpp). A
+// bucket may be in host memory (disk, sockets) or device memory (device transports): a host
+// bucket bound for device parameters is copied to a device staging bucket, double-buffered so
+// the copy of bucket k+1 overlaps the scatter of bucket k. The plan cache keeps, beside each
+// plan, its split by memory kind and the device op table, so a repeated update uploads nothing
+// per bucket. Device work is asynchronous; commit waits for it before checking coverage and
+// fingerprints, and a failure drains it before rolling back.
 //
 // Transactions (DESIGN.md, "Transactions"). The published version never advances on failure.
 // The first bucket that writes into live weights makes the store dirty. When an update fails
@@ -25,6 +35,7 @@
 
 #include <ferry/kernels/cpu.hpp>
 
+#include <array>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -33,6 +44,8 @@
 #include <string>
 
 namespace ferry::update {
+
+class CudaApplier;
 
 struct UpdateOptions {
   bool verify_fingerprints = true;  // check entry fingerprints before writing a bucket
@@ -83,7 +96,20 @@ class UpdateEngine {
   // fingerprint (CORRUPT_DATA naming the tensor) before any byte is written, gets the plan
   // (cached by signature) and scatters. Any error aborts the update (see Transactions) and is
   // rethrown. FAILED_PRECONDITION without an active update.
-  void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest_bytes);
+  // `bucket_kind` says where the bucket is: FERRY_MEMORY_HOST / FERRY_MEMORY_PINNED (host memory;
+  // page-locked memory is copied to the device without a bounce) or FERRY_MEMORY_CUDA (device
+  // memory of the parameters' device). Returns once the bucket's memory may be reused: a host
+  // bucket after its bytes were copied off (device scatters may still run, until commit), a
+  // device bucket after its scatter finished.
+  void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest_bytes,
+                    ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
+
+  // Host staging memory for buckets this engine applies: `slot` 0 or 1 (double buffering), at
+  // least `bytes` bytes, 256-byte aligned, page-locked when the layout has device parameters (so
+  // reads into it feed the device at PCIe speed). Kept across updates; valid until the next call
+  // for the same slot with more bytes, or the engine's destruction. Not for use while an
+  // update applies from that slot.
+  std::span<std::byte> host_staging(int slot, std::uint64_t bytes);
 
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
@@ -124,10 +150,11 @@ class UpdateEngine {
     kernels::ParamView view;
     std::uint64_t bytes = 0;
     std::string tag;
+    bool device = false;  // CUDA memory: written and fingerprinted by the CUDA kernels
   };
 
   void bind_layout_locked();
-  std::vector<std::uint64_t> fingerprint_params_locked(const std::vector<Target>& targets) const;
+  std::vector<std::uint64_t> fingerprint_params_locked(const std::vector<Target>& targets);
   // Publishes a version and fingerprints; marks layout tags valid; refreshes the mirror when
   // `refresh_mirror` and every layout tag has policy Backup.
   void publish_locked(const WeightVersion& version, std::vector<std::uint64_t> fingerprints,
@@ -141,6 +168,11 @@ class UpdateEngine {
   bool mirror_holds_published_locked() const;
   void finish_locked() noexcept;
   void record_written(const ferry_plan_op_t& op);
+  // The CUDA path, created with the first layout that has device parameters.
+  CudaApplier& cuda_locked();
+  bool has_device_targets_locked() const;
+  // Waits for device work of the update (no-op without device parameters); throws on its errors.
+  void synchronize_device_locked();
 
   store::WeightStore& store_;
   PlanProvider& plans_;
@@ -155,6 +187,11 @@ class UpdateEngine {
   std::map<std::string, std::uint64_t> expected_;
   std::uint64_t buckets_this_update_ = 0;
   std::optional<std::uint32_t> current_bucket_;
+  std::shared_ptr<CudaApplier> cuda_;  // null until needed (and always without the cuda feature)
+  std::vector<const std::byte*> bound_addresses_;  // of targets_, to invalidate device op tables
+  std::array<std::shared_ptr<std::byte>, 2> staging_;
+  std::array<std::uint64_t, 2> staging_bytes_{};
+  std::array<bool, 2> staging_pinned_{};
 
   // Guarded by state_mutex_ (read from any thread).
   mutable std::mutex state_mutex_;

@@ -153,7 +153,22 @@ void check_plan(std::span<const ferry_plan_op_t> ops, std::span<const EntryView>
         }
         break;
       case FERRY_TRANSFORM_FP8_BLOCK_QUANT:
-        refuse(i, op, "FP8_BLOCK_QUANT is not supported yet by the CPU scatter");
+        // Tile and scale rules: check_fp8_plan (fp8.cpp); the kernels are fp8_block_quant_*.
+        if (op.src_dtype != FERRY_DTYPE_BF16 && op.src_dtype != FERRY_DTYPE_F16 &&
+            op.src_dtype != FERRY_DTYPE_F32) {
+          refuse(i, op, fmt::format("FP8_BLOCK_QUANT reads BF16, F16 or F32, not {}",
+                                    dtype_name(op.src_dtype)));
+        }
+        if (op.dst_dtype != FERRY_DTYPE_F8_E4M3) {
+          refuse(i, op, fmt::format("FP8_BLOCK_QUANT writes F8_E4M3, not {}",
+                                    dtype_name(op.dst_dtype)));
+        }
+        if (op.scale_param >= params.size() ||
+            params[op.scale_param].dtype != FERRY_DTYPE_F32) {
+          refuse(i, op, fmt::format("scale_param {} is not a F32 parameter of the layout",
+                                    op.scale_param));
+        }
+        break;
       default:
         refuse(i, op, fmt::format("unknown transform {}", static_cast<int>(op.transform)));
     }
@@ -196,6 +211,11 @@ void check_plan(std::span<const ferry_plan_op_t> ops, std::span<const EntryView>
 void scatter_cpu(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
                  std::span<const ParamView> params, unsigned threads) {
   check_plan(ops, entries, params);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].transform == FERRY_TRANSFORM_FP8_BLOCK_QUANT) {
+      refuse(i, ops[i], "FP8_BLOCK_QUANT ops are executed by fp8_block_quant_cpu, not scatter");
+    }
+  }
 
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   std::uint64_t total = 0;

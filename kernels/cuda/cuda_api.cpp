@@ -29,15 +29,24 @@ void check_cuda(cudaError_t err, const char* what) {
 
 }  // namespace
 
-void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
-                  std::span<const ParamView> params, cudaStream_t stream) {
-  check_plan(ops, entries, params);
+namespace {
+
+struct Table {
+  std::vector<cuda_detail::DeviceOp> ops;
+  std::uint64_t units = 0;
+  std::uint64_t src_end = 0;  // one past the last source byte, relative to src_origin
+};
+
+// The device op table of a checked plan. Source addresses are made relative to `src_origin`
+// (0: absolute addresses).
+Table build_table(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
+                  std::span<const ParamView> params, std::uintptr_t src_origin) {
   if (ops.size() > std::numeric_limits<std::uint32_t>::max()) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "scatter_cuda: {} ops exceed the 2^32 - 1 per launch",
          ops.size());
   }
-  std::vector<cuda_detail::DeviceOp> table;
-  table.reserve(ops.size());
+  Table table;
+  table.ops.reserve(ops.size());
   std::uint64_t units = 0;
   for (const ferry_plan_op_t& op : ops) {
     if (op.rows == 0 || op.cols == 0) continue;
@@ -46,12 +55,17 @@ void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryVie
     const std::uint64_t ss = dtype_size(op.src_dtype);
     const std::uint64_t ds = dtype_size(op.dst_dtype);
     cuda_detail::DeviceOp d{};
-    d.src = reinterpret_cast<const unsigned char*>(entry.data) + op.src_offset * ss;
+    const auto src_address = reinterpret_cast<std::uintptr_t>(entry.data) + op.src_offset * ss;
+    d.src = reinterpret_cast<const unsigned char*>(src_address - src_origin);
     d.dst = reinterpret_cast<unsigned char*>(param.data) + op.dst_offset * ds;
     d.rows = op.rows;
     d.cols = op.cols;
     d.src_stride = op.src_row_stride * ss;
     d.dst_stride = op.dst_row_stride * ds;
+    // check_plan proved the last source element lies inside its entry.
+    const std::uint64_t last =
+        src_address - src_origin + (op.rows - 1) * d.src_stride + op.cols * ss;
+    table.src_end = std::max(table.src_end, last);
     d.is_copy = op.src_dtype == op.dst_dtype ? 1 : 0;
     if (d.is_copy) {
       // Bytes; contiguous blocks become one long row.
@@ -68,9 +82,10 @@ void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryVie
       d.src_size = static_cast<std::uint32_t>(ss);
       d.dst_size = static_cast<std::uint32_t>(ds);
       d.unit_elems = kCastUnitElems;
-      const auto s = reinterpret_cast<std::uintptr_t>(d.src);
       const auto t = reinterpret_cast<std::uintptr_t>(d.dst);
-      d.aligned = (s % ss == 0 && t % ds == 0) ? 1 : 0;
+      // src_origin is 16-byte aligned (0 or a checked bucket base), so the offset's alignment is
+      // the address's.
+      d.aligned = (src_address % ss == 0 && t % ds == 0) ? 1 : 0;
     }
     d.units_per_row = (d.cols + d.unit_elems - 1) / d.unit_elems;
     d.first_unit = units;
@@ -78,11 +93,70 @@ void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryVie
     const auto next = op_units ? checked_add(units, *op_units) : std::nullopt;
     if (!next) fail(FERRY_STATUS_INVALID_ARGUMENT, "scatter_cuda: work units overflow uint64");
     units = *next;
-    table.push_back(d);
+    table.ops.push_back(d);
   }
-  if (table.empty()) return;
-  check_cuda(cuda_detail::launch_scatter(table.data(), table.size(), units, stream),
+  table.units = units;
+  return table;
+}
+
+void check_base(const std::byte* bucket_base, const char* what) {
+  const auto base = reinterpret_cast<std::uintptr_t>(bucket_base);
+  if (base == 0 || base % 16 != 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: the bucket base {:#x} must be a non-null 16-byte aligned address", what, base);
+  }
+}
+
+}  // namespace
+
+void scatter_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
+                  std::span<const ParamView> params, cudaStream_t stream) {
+  check_plan(ops, entries, params);
+  const Table table = build_table(ops, entries, params, 0);
+  if (table.ops.empty()) return;
+  check_cuda(cuda_detail::launch_scatter(table.ops.data(), table.ops.size(), table.units, stream),
              "scatter_cuda: launching the scatter kernel");
+}
+
+PreparedScatter::~PreparedScatter() {
+  if (table_ != nullptr) (void)cudaFree(table_);
+}
+
+std::shared_ptr<const PreparedScatter> prepare_scatter_cuda(std::span<const ferry_plan_op_t> ops,
+                                                            std::span<const EntryView> entries,
+                                                            const std::byte* bucket_base,
+                                                            std::span<const ParamView> params) {
+  check_base(bucket_base, "prepare_scatter_cuda");
+  check_plan(ops, entries, params);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].data < bucket_base) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "prepare_scatter_cuda: entry {} starts before the bucket base", i);
+    }
+  }
+  const Table table =
+      build_table(ops, entries, params, reinterpret_cast<std::uintptr_t>(bucket_base));
+  std::shared_ptr<PreparedScatter> plan(new PreparedScatter());
+  check_cuda(cudaGetDevice(&plan->device_), "prepare_scatter_cuda: querying the device");
+  plan->num_ops_ = table.ops.size();
+  plan->total_units_ = table.units;
+  plan->bucket_bytes_ = table.src_end;
+  if (table.ops.empty()) return plan;
+  const std::size_t bytes = table.ops.size() * sizeof(cuda_detail::DeviceOp);
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&plan->table_), bytes),
+             "prepare_scatter_cuda: allocating the device op table");
+  check_cuda(cudaMemcpy(plan->table_, table.ops.data(), bytes, cudaMemcpyHostToDevice),
+             "prepare_scatter_cuda: uploading the device op table");
+  return plan;
+}
+
+void scatter_cuda(const PreparedScatter& plan, const std::byte* bucket_base, cudaStream_t stream) {
+  check_base(bucket_base, "scatter_cuda");
+  if (plan.num_ops_ == 0) return;
+  check_cuda(cuda_detail::launch_scatter_table(plan.table_, plan.num_ops_, plan.total_units_,
+                                               reinterpret_cast<std::uintptr_t>(bucket_base),
+                                               stream),
+             "scatter_cuda: launching the prepared scatter kernel");
 }
 
 void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t* device_result,

@@ -15,6 +15,8 @@ namespace ferry::kernels::cuda_detail {
 // row u / units_per_row, elements [k * unit_elems, min((k + 1) * unit_elems, cols)) with
 // k = u % units_per_row.
 struct DeviceOp {
+  // The first source byte; in a prepared table, its offset from the bucket base the launch gives
+  // (the kernel adds `src_base`, which is 0 for a one-shot table of absolute addresses).
   const unsigned char* src;
   unsigned char* dst;
   std::uint64_t src_stride;  // bytes between row starts
@@ -35,6 +37,12 @@ struct DeviceOp {
 // Copies the table to the device and launches the scatter kernel on `stream`.
 cudaError_t launch_scatter(const DeviceOp* host_ops, std::size_t num_ops,
                            std::uint64_t total_units, cudaStream_t stream);
+
+// Launches the scatter kernel over a table already in device memory; every op's source address
+// is `src_base` + its `src` field.
+cudaError_t launch_scatter_table(const DeviceOp* device_ops, std::size_t num_ops,
+                                 std::uint64_t total_units, std::uintptr_t src_base,
+                                 cudaStream_t stream);
 
 // Launches the per-chunk hash kernel and the combine kernel; writes the result to
 // `device_result`.

@@ -140,14 +140,17 @@ __device__ void cast_range(const DeviceOp& op, const unsigned char* src, unsigne
 }
 
 __global__ void __launch_bounds__(kThreads)
-    scatter_kernel(const DeviceOp* ops, std::uint32_t num_ops, std::uint64_t total_units) {
+    scatter_kernel(const DeviceOp* ops, std::uint32_t num_ops, std::uint64_t total_units,
+                   std::uintptr_t src_base) {
   for (std::uint64_t unit = blockIdx.x; unit < total_units; unit += gridDim.x) {
     const DeviceOp& op = ops[find_op(ops, num_ops, unit)];
     const std::uint64_t local = unit - op.first_unit;
     const std::uint64_t row = local / op.units_per_row;
     const std::uint64_t begin = (local % op.units_per_row) * op.unit_elems;
     const std::uint64_t end = begin + op.unit_elems < op.cols ? begin + op.unit_elems : op.cols;
-    const unsigned char* src = op.src + row * op.src_stride + begin * op.src_size;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(
+                                   src_base + reinterpret_cast<std::uintptr_t>(op.src)) +
+                               row * op.src_stride + begin * op.src_size;
     unsigned char* dst = op.dst + row * op.dst_stride + begin * op.dst_size;
     if (op.is_copy) {
       copy_bytes(src, dst, end - begin);
@@ -168,14 +171,19 @@ cudaError_t launch_scatter(const DeviceOp* host_ops, std::size_t num_ops,
   if (err != cudaSuccess) return err;
   // From pageable memory this returns once the bytes are staged, so the caller may free them.
   err = cudaMemcpyAsync(table, host_ops, table_bytes, cudaMemcpyHostToDevice, stream);
-  if (err == cudaSuccess) {
-    const std::uint64_t blocks = total_units < kMaxBlocks ? total_units : kMaxBlocks;
-    scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        table, static_cast<std::uint32_t>(num_ops), total_units);
-    err = cudaGetLastError();
-  }
+  if (err == cudaSuccess) err = launch_scatter_table(table, num_ops, total_units, 0, stream);
   const cudaError_t free_err = cudaFreeAsync(table, stream);
   return err != cudaSuccess ? err : free_err;
+}
+
+cudaError_t launch_scatter_table(const DeviceOp* device_ops, std::size_t num_ops,
+                                 std::uint64_t total_units, std::uintptr_t src_base,
+                                 cudaStream_t stream) {
+  if (num_ops == 0 || total_units == 0) return cudaSuccess;
+  const std::uint64_t blocks = total_units < kMaxBlocks ? total_units : kMaxBlocks;
+  scatter_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      device_ops, static_cast<std::uint32_t>(num_ops), total_units, src_base);
+  return cudaGetLastError();
 }
 
 }  // namespace ferry::kernels::cuda_detail

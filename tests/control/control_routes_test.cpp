@@ -85,7 +85,15 @@ TEST_F(ControlApi, MutatingRoutesNeedTheTokenAndReadOnlyRoutesNever) {
       }
       const Reply allowed = call(route, good);
       EXPECT_NE(allowed.status, 401) << allowed.text;
-      EXPECT_EQ(allowed.status, 200) << allowed.text;
+      const std::string path = route.path;
+      if (path == "/init_weights_update_group" || path == "/update_weights_from_distributed" ||
+          path == "/destroy_weights_update_group") {
+        // An empty body lacks the group's required fields (400) or names no group (404);
+        // tests/nccl covers these routes with real requests.
+        EXPECT_TRUE(allowed.status == 400 || allowed.status == 404) << allowed.text;
+      } else {
+        EXPECT_EQ(allowed.status, 200) << allowed.text;
+      }
     } else {
       for (const auto& headers : {httplib::Headers{}, wrong}) {
         const Reply open = call(route, headers);

@@ -143,7 +143,7 @@ TEST_F(DemoTest, CorruptedCacheIsRegeneratedAndTheRunStillVerifies) {
 }
 
 TEST_F(DemoTest, KeepLeavesEveryStepCheckpoint) {
-  const DemoRun run = demo({"--steps", "2", "--keep"});
+  const DemoRun run = demo({"--steps", "2", "--keep", "--transport", "disk"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   for (const char* step : {"step-1", "step-2"}) {
     EXPECT_TRUE(fs::exists(work_ / step / "model.safetensors.index.json")) << step;
@@ -151,11 +151,42 @@ TEST_F(DemoTest, KeepLeavesEveryStepCheckpoint) {
   }
 }
 
-TEST_F(DemoTest, CudaDeviceIsRefusedAsUnimplemented) {
+// The default transport is UCX (a push through the session protocol) when its plugin is built,
+// else disk; every transport the demo drives delivers and verifies a step.
+TEST_F(DemoTest, AutoPicksUcxWhenBuiltAndEveryTransportVerifies) {
+  const char* have_ucx = std::getenv("FERRY_TEST_HAVE_UCX");
+  const bool ucx = have_ucx != nullptr && std::string(have_ucx) == "1";
+  const DemoRun automatic = demo({"--steps", "1"});
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
+  EXPECT_NE(automatic.output.find(ucx ? "over transport 'ucx'" : "over transport 'disk'"),
+            std::string::npos)
+      << automatic.output;
+  for (const char* transport : {"disk", "inline"}) {
+    const DemoRun run = demo({"--steps", "1", "--transport", transport});
+    ASSERT_EQ(run.exit_code, 0) << transport << "\n" << run.output;
+    EXPECT_NE(run.output.find(std::string("over transport '") + transport + "'"),
+              std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find("the step verified"), std::string::npos) << run.output;
+  }
+}
+
+// --device cuda: on a machine with a GPU the loop runs on it and verifies the step; without a
+// usable GPU (or in a build without CUDA) it is refused before any checkpoint is written, with
+// the device and the reason named.
+TEST_F(DemoTest, CudaDeviceRunsOnAGpuAndIsRefusedClearlyWithoutOne) {
   const DemoRun run = demo({"--steps", "1", "--device", "cuda"});
+  const auto has = [&](const char* text) { return run.output.find(text) != std::string::npos; };
+  if (run.exit_code == 0) {
+    EXPECT_TRUE(has("' on cuda")) << run.output;
+    EXPECT_TRUE(has("ferry demo: the step verified")) << run.output;
+    return;
+  }
   EXPECT_EQ(run.exit_code, 1) << run.output;
-  EXPECT_NE(run.output.find("device 'cuda' is not supported yet"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("UNIMPLEMENTED"), std::string::npos) << run.output;
+  EXPECT_TRUE(has("ferry demo: device 'cuda:0'")) << run.output;
+  const bool no_gpu = has("no CUDA device is usable here") && has("(NOT_FOUND)");
+  const bool no_cuda_build = has("built without CUDA support") && has("(UNIMPLEMENTED)");
+  EXPECT_TRUE(no_gpu || no_cuda_build) << run.output;
   EXPECT_FALSE(fs::exists(work_ / "initial"));
 }
 

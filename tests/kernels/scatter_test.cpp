@@ -351,7 +351,7 @@ TEST(Scatter, BadOpsAreRefusedBeforeAnythingIsWritten) {
        "CAST BF16 -> I32 is not supported"},
       {"fp8 quant", make_op(0, FERRY_DTYPE_BF16, 0, 8, 0, FERRY_DTYPE_F8_E4M3, 0, 8, 1, 8,
                             FERRY_TRANSFORM_FP8_BLOCK_QUANT),
-       "FP8_BLOCK_QUANT is not supported yet"},
+       "scale_param 0 is not a F32 parameter"},
       {"unknown transform", make_op(0, FERRY_DTYPE_BF16, 0, 8, 0, FERRY_DTYPE_BF16, 0, 8, 1, 8,
                                     static_cast<ferry_transform_t>(9)),
        "unknown transform 9"},

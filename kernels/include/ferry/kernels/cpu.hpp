@@ -72,6 +72,29 @@ inline constexpr std::uint64_t kFingerprintChunkBytes = 1ull << 20;
 // xxh64-chunked-v1 of `bytes` bytes at `data`. `threads` = 0 uses the hardware count.
 std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads = 0);
 
+// FP8 block quantization (FERRY_TRANSFORM_FP8_BLOCK_QUANT; arithmetic in fp8_block.hpp).
+// Scale addressing, the convention every FP8 op follows (the ABI has only scale_param):
+//  - the destination parameter (dtype F8_E4M3) is viewed as a row-major matrix of K =
+//    op.dst_row_stride columns and M = param.elements / K rows (K must divide the element count);
+//    a stacked [E, N, K] parameter is the matrix [E*N, K] (so its N must be a multiple of 128);
+//  - the op's block starts at row dst_offset / K, column dst_offset % K and covers whole 128x128
+//    tiles of that matrix: both start at multiples of 128, and rows (cols) is a multiple of 128
+//    or reaches the last row M (column K): only the matrix's own edges make partial tiles;
+//  - scale_param names a F32 parameter holding at least ceil(M/128) * ceil(K/128) elements; the
+//    scale of tile (i, j) is element i * ceil(K/128) + j (shape [ceil(N/128), ceil(K/128)], or
+//    [E, ceil(N/128), ceil(K/128)] stacked).
+// So the tiles of different ops never overlap and an op writes each of its tiles' scales.
+// check_fp8_plan throws INVALID_ARGUMENT naming the op and the rule broken (after check_plan).
+void check_fp8_plan(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
+                    std::span<const ParamView> params);
+
+// Executes FP8 ops only (any other transform is refused): per tile the source is read once from
+// memory (the amax pass and the quantize pass share the cached tile) and written once as e4m3,
+// plus one float32 scale. Validates everything first (check_fp8_plan); nothing is written on a
+// bad plan. `threads` = 0 uses the hardware count. Any thread; calls share nothing.
+void fp8_block_quant_cpu(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
+                         std::span<const ParamView> params, unsigned threads = 0);
+
 // Scalar conversions shared by scatter and tests (round-to-nearest-even, NaN preserved; the exact
 // rules are in ferry/kernels/float_bits.hpp).
 float bf16_to_f32(std::uint16_t v) noexcept;

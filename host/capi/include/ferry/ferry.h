@@ -1,0 +1,285 @@
+/*
+ * ferry/ferry.h: the stable C API of libferry.so: a *sender* that pushes versioned weight updates
+ * from a trainer to one or many receivers, and an *embedded receiver* that an inference engine runs
+ * inside its own process to have updates written straight into its own parameter tensors.
+ *
+ * Pure C99, no C++ types. The conventions are those of the plugin ABI (ferry/plugin.h), whose
+ * error type, status codes, dtypes and memory kinds this header reuses:
+ *
+ *  - struct_size. Every struct passed in starts with `size_t struct_size`, set by the caller to
+ *    FERRY_STRUCT_SIZE(type, last_field) as compiled into its copy of this header. The library
+ *    treats fields past struct_size as absent (zero / NULL), so a program built against an older
+ *    minor version keeps working. Fields are only ever appended. Structs filled by the library
+ *    (`// out`) are filled up to the smaller of the caller's struct_size and the library's size.
+ *  - Errors. A function that can fail returns `ferry_error_t*`: NULL on success, otherwise an
+ *    error object that the *caller* owns and frees with ferry_error_free. Its code is a
+ *    ferry_status_code_t; its message is one line naming the thing (argument, tensor, receiver,
+ *    key) and the rule that was broken.
+ *  - Handles (ferry_sender_t, ferry_receiver_t, ferry_push_report_t, ferry_fingerprints_t) are
+ *    opaque, created by a *_create (or a function with an `out` handle) and freed by the matching
+ *    *_destroy / *_free. Freeing NULL is a no-op.
+ *  - Pointers passed in are borrowed for the duration of the call unless the comment says the
+ *    library keeps them. Strings are NUL-terminated UTF-8.
+ *  - Threading is stated per function. "any thread" means concurrently with other calls on the
+ *    same handle.
+ *
+ * Versioning: FERRY_API_MAJOR changes when anything is deleted, retyped or reordered;
+ * FERRY_API_MINOR when a function, field or enum value is appended. ferry_api_version() reports
+ * the library's numbers; a program checks at start that the major equals the one it was built with
+ * and the minor is at least the one it needs. docs/c-api.md is the reference.
+ */
+#ifndef FERRY_FERRY_H_
+#define FERRY_FERRY_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ferry/dlpack.h>
+#include <ferry/plugin.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_API_MAJOR 1
+#define FERRY_API_MINOR 0
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Library, versions, errors                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The C API version of the loaded library (out pointers may be NULL). Any thread. */
+FERRY_API void ferry_api_version(uint32_t* major, uint32_t* minor);
+
+/* The ferry release ("0.1.0"). Static string. Any thread. */
+FERRY_API const char* ferry_version_string(void);
+
+/* The code of an error (FERRY_STATUS_OK for NULL). Any thread. */
+FERRY_API ferry_status_code_t ferry_error_code(const ferry_error_t* error);
+
+/* The message of an error ("" for NULL). Owned by the error; valid until ferry_error_free. */
+FERRY_API const char* ferry_error_message(const ferry_error_t* error);
+
+/* Frees an error returned by any ferry_* function. NULL is a no-op. Any thread. */
+FERRY_API void ferry_error_free(ferry_error_t* error);
+
+/* "INVALID_ARGUMENT", "TIMEOUT", ... ("UNKNOWN" for a value outside the enum). Static string. */
+FERRY_API const char* ferry_status_name(ferry_status_code_t code);
+
+/* Frees a string the library returned as an owned `char*` out parameter. NULL is a no-op. */
+FERRY_API void ferry_string_free(char* string);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Configuration                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Where a sender's or receiver's configuration (docs/config.md) comes from: the defaults, then a
+ * TOML file *or* TOML text (not both), then each override in order ("update.bucket_bytes=1048576",
+ * "receiver.model_family=identity", "plugin_dirs=['/opt/ferry/plugins']"), then the cross-key
+ * checks. Every string is borrowed for the call. */
+typedef struct ferry_config_source {
+  size_t struct_size;
+  const char* path;              /* TOML file, or NULL */
+  const char* toml_text;         /* TOML text, or NULL */
+  const char* const* overrides;  /* `num_overrides` "key.path=value" strings */
+  size_t num_overrides;
+} ferry_config_source_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One named tensor, given either as a DLPack DLTensor (`dlpack` non-NULL: dtype, ndim, shape,
+ * strides, data and device are read from it and the fields below `dlpack` are ignored) or as a
+ * plain view (`dlpack` NULL).
+ *
+ * Rules (each broken rule is INVALID_ARGUMENT naming the tensor): a non-empty name, unique within
+ * one call; a dtype ferry knows (DLPack: int 8-64, uint 8, float 16-64, bfloat 16, bool, float8
+ * e4m3fn / e5m2; lanes 1); ndim <= FERRY_MAX_DIMS; no negative extent; compact row-major memory
+ * (strides NULL or equal to the row-major strides, in elements; a dimension of extent 1 may have
+ * any stride); a non-NULL data pointer unless the tensor has no elements; a device ferry can read
+ * (DLPack kDLCPU, kDLCUDAHost, kDLCUDA, kDLCUDAManaged).
+ *
+ * Ownership: the tensor memory is borrowed. A sender reads it during ferry_sender_push only. A
+ * receiver keeps the pointer of a registered parameter and writes into it until the receiver is
+ * destroyed (see ferry_receiver_register_param). */
+typedef struct ferry_tensor {
+  size_t struct_size;
+  const char* name;        /* sender: the checkpoint name; receiver: the parameter name */
+  const DLTensor* dlpack;  /* or NULL for a plain view */
+  /* plain view (when dlpack is NULL) */
+  ferry_dtype_t dtype;
+  uint32_t ndim;
+  const int64_t* shape;    /* ndim extents (may be NULL when ndim is 0) */
+  const int64_t* strides;  /* ndim strides in elements, or NULL for compact row-major */
+  void* data;              /* first element; a sender only reads it */
+  ferry_memory_kind_t memory_kind; /* FERRY_MEMORY_HOST, _PINNED or _CUDA */
+  int32_t device;          /* CUDA device ordinal for FERRY_MEMORY_CUDA, else ignored */
+} ferry_tensor_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sender                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct ferry_sender ferry_sender_t;
+typedef struct ferry_push_report ferry_push_report_t;
+
+typedef struct ferry_sender_create_args {
+  size_t struct_size;
+  const ferry_config_source_t* config; /* NULL: the defaults only */
+  /* Each receiver's address as a user knows it: the HOST:PORT of its control API (`ferry serve
+   * --port`, or what ferry_receiver_serve returned). At least one. */
+  const char* const* receivers;
+  size_t num_receivers;
+  const char* transport;       /* data transport plugin ("ucx", ...); NULL or "auto": the best */
+  uint64_t bucket_bytes;       /* 0: the config's update.bucket_bytes */
+  const char* token;           /* receivers' bearer token; NULL: the config's receiver.token */
+  int64_t connect_timeout_ms;  /* 0: 10000 */
+  int64_t bucket_timeout_ms;   /* 0: the config's update.bucket_timeout_ms */
+  int64_t commit_timeout_ms;   /* 0: the config's update.commit_timeout_ms */
+} ferry_sender_create_args_t;
+
+/* Creates a sender. Nothing connects before the first push. Plugins are searched in the config's
+ * plugin_dirs, then FERRY_PLUGIN_PATH, the install directory, the folder beside libferry.so
+ * (ferry/plugins) and the build tree. *out freed with ferry_sender_destroy. Any thread.
+ * Errors: INVALID_ARGUMENT (config, no receivers, a NULL/empty address), NOT_FOUND (config
+ * file). */
+FERRY_API ferry_error_t* ferry_sender_create(const ferry_sender_create_args_t* args,
+                                             ferry_sender_t** out);
+
+typedef struct ferry_push_args {
+  size_t struct_size;
+  /* num_tensors pointers to named tensors (an array of pointers, so that each struct_size may
+   * differ from the caller's sizeof); the tensors are read in place, not copied */
+  const ferry_tensor_t* const* tensors;
+  size_t num_tensors;
+  uint64_t version;              /* the update's version number */
+  const char* label;             /* weight_version string; NULL: the decimal version */
+} ferry_push_args_t;
+
+/* Pushes one versioned update to every receiver and waits until each one committed or failed.
+ * Each receiver either commits `version` or keeps its previous version; the report says which,
+ * per receiver, with the reason. Returns an error (and no report) only when the arguments are bad
+ * (see ferry_tensor_t) or the sender cannot start; a receiver that fails is *not* an error of the
+ * call: check ferry_push_report_all_committed. *report (may be NULL if not wanted) is freed with
+ * ferry_push_report_free. The tensors must stay valid and unchanged until the call returns.
+ * Threading: one push at a time per sender; ferry_sender_abort and ferry_sender_status may be
+ * called from other threads meanwhile. */
+FERRY_API ferry_error_t* ferry_sender_push(ferry_sender_t* sender, const ferry_push_args_t* args,
+                                           ferry_push_report_t** report);
+
+/* The per-receiver state of the last (or the running) push, as a report whose version and totals
+ * are zero. *report freed with ferry_push_report_free. Any thread. */
+FERRY_API ferry_error_t* ferry_sender_status(ferry_sender_t* sender, ferry_push_report_t** report);
+
+/* Aborts a running push: every receiver that has not committed fails with ABORTED and keeps its
+ * previous version. `reason` (may be NULL) is copied into the messages. No-op when no push runs.
+ * Any thread. */
+FERRY_API ferry_error_t* ferry_sender_abort(ferry_sender_t* sender, const char* reason);
+
+/* Destroys a sender. No push may be in flight (abort it and let ferry_sender_push return first).
+ * NULL is a no-op. */
+FERRY_API void ferry_sender_destroy(ferry_sender_t* sender);
+
+/* One receiver's outcome in a report. Strings are owned by the report. */
+typedef struct ferry_receiver_result {
+  size_t struct_size;
+  const char* address;  /* out: as given in ferry_sender_create_args_t.receivers */
+  int committed;        /* out: 1 when the receiver committed the version */
+  const char* error;    /* out: why not ("" when committed); names the phase */
+  uint64_t bytes;       /* out: payload bytes delivered */
+  uint64_t buckets;     /* out */
+  double seconds;       /* out */
+  const char* transport; /* out: the data path used ("inline", "ucx", ...), "" if none yet */
+} ferry_receiver_result_t;
+
+/* Report accessors. Any thread; the report is immutable. */
+FERRY_API uint64_t ferry_push_report_version(const ferry_push_report_t* report);
+FERRY_API uint64_t ferry_push_report_bytes(const ferry_push_report_t* report); /* per receiver */
+FERRY_API double ferry_push_report_seconds(const ferry_push_report_t* report);
+FERRY_API int ferry_push_report_all_committed(const ferry_push_report_t* report);
+FERRY_API size_t ferry_push_report_num_receivers(const ferry_push_report_t* report);
+/* Fills *out (caller sets out->struct_size). INVALID_ARGUMENT for an index out of range. */
+FERRY_API ferry_error_t* ferry_push_report_receiver(const ferry_push_report_t* report,
+                                                    size_t index, ferry_receiver_result_t* out);
+FERRY_API void ferry_push_report_free(ferry_push_report_t* report);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Embedded receiver                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct ferry_receiver ferry_receiver_t;
+typedef struct ferry_fingerprints ferry_fingerprints_t;
+
+/* Creates a receiver from a config (receiver.*, update.*, memory.* keys). When the config names no
+ * receiver.model_family, "identity" is used: checkpoint names are the parameter names. *out freed
+ * with ferry_receiver_destroy. Any thread. Errors: INVALID_ARGUMENT / NOT_FOUND for the config,
+ * NOT_FOUND for a model plugin that cannot be found. */
+FERRY_API ferry_error_t* ferry_receiver_create(const ferry_config_source_t* config,
+                                               ferry_receiver_t** out);
+
+/* Registers one engine-owned parameter: updates are written into its memory in place; ferry never
+ * reallocates or frees it, and it must stay valid until ferry_receiver_destroy. Parameters are
+ * collected until the first ferry_receiver_serve, which fixes the layout; registering afterwards
+ * is FAILED_PRECONDITION. INVALID_ARGUMENT for a tensor that breaks a ferry_tensor_t rule or a
+ * name registered twice. Serialized with the other calls on the receiver. */
+FERRY_API ferry_error_t* ferry_receiver_register_param(ferry_receiver_t* receiver,
+                                                       const ferry_tensor_t* param);
+
+/* Starts serving in the background: the control API and the session protocol that senders use, on
+ * host:port (host NULL: the config's receiver.host; port 0: a free port; port < 0: the config's
+ * receiver.port). *bound_port (may be NULL) gets the port senders should be given. Updates arrive
+ * on background threads and are applied in place. FAILED_PRECONDITION when already serving; IO
+ * naming the address when it cannot bind. Serialized. */
+FERRY_API ferry_error_t* ferry_receiver_serve(ferry_receiver_t* receiver, const char* host,
+                                              int32_t port, int32_t* bound_port);
+
+/* Stops serving: a running update is aborted (the previous version stays). No-op when not
+ * serving. Serialized. */
+FERRY_API ferry_error_t* ferry_receiver_stop(ferry_receiver_t* receiver);
+
+/* release_memory_occupation / resume_memory_occupation by tag ("weights", "staging", ...);
+ * num_tags 0 means every tag. Engine-owned parameters are not released by ferry. Errors name the
+ * unknown tag or the double release/resume (FAILED_PRECONDITION). Any thread. */
+FERRY_API ferry_error_t* ferry_receiver_release(ferry_receiver_t* receiver,
+                                                const char* const* tags, size_t num_tags);
+FERRY_API ferry_error_t* ferry_receiver_resume(ferry_receiver_t* receiver,
+                                               const char* const* tags, size_t num_tags);
+
+/* The published version: its number (0 before the first commit) and, when label is not NULL, its
+ * weight_version string in *label (freed with ferry_string_free). Any thread; never blocks
+ * behind a running update. */
+FERRY_API ferry_error_t* ferry_receiver_version(ferry_receiver_t* receiver, uint64_t* number,
+                                                char** label);
+
+/* Health: *ready 1 when serving committed weights; *state (freed with ferry_string_free, may be
+ * NULL if not wanted) is "ready", "updating", "released", "fenced", "empty", ... Any thread. */
+FERRY_API ferry_error_t* ferry_receiver_health(ferry_receiver_t* receiver, int* ready,
+                                               char** state);
+
+/* Fingerprints (docs/fingerprint.md) of every parameter, by parameter name, sorted by name.
+ * *out freed with ferry_fingerprints_free. Any thread. */
+FERRY_API ferry_error_t* ferry_receiver_fingerprints(ferry_receiver_t* receiver,
+                                                     ferry_fingerprints_t** out);
+FERRY_API size_t ferry_fingerprints_count(const ferry_fingerprints_t* fingerprints);
+/* *name is owned by `fingerprints`. INVALID_ARGUMENT for an index out of range. */
+FERRY_API ferry_error_t* ferry_fingerprints_entry(const ferry_fingerprints_t* fingerprints,
+                                                  size_t index, const char** name,
+                                                  uint64_t* value);
+FERRY_API void ferry_fingerprints_free(ferry_fingerprints_t* fingerprints);
+
+/* Stops serving and frees the receiver. Registered parameter memory is left as it is (the engine
+ * owns it). NULL is a no-op. */
+FERRY_API void ferry_receiver_destroy(ferry_receiver_t* receiver);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FERRY_FERRY_H_ */

@@ -1,0 +1,141 @@
+// capi/sender.cpp: ferry_sender_* over session::Sender: the trainer side of the C API.
+#include <ferry/ferry.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capi/capi_boundary.hpp"
+#include "capi/config_source.hpp"
+#include "capi/push_report.hpp"
+#include "capi/tensor_input.hpp"
+#include "session/sender.hpp"
+
+// Owns everything session::Sender borrows (config, registry), declared in that order so the
+// sender is destroyed first.
+struct ferry_sender {
+  ferry::config::Config config;
+  std::unique_ptr<ferry::registry::Registry> registry;
+  std::unique_ptr<ferry::session::Sender> sender;
+};
+
+namespace {
+
+ferry_push_report_t* new_report(const std::vector<ferry::session::ReceiverResult>& results) {
+  auto report = std::make_unique<ferry_push_report_t>();
+  for (const auto& r : results) {
+    report->receivers.push_back(
+        {r.address, r.committed, r.error, r.bytes, r.buckets, r.seconds, r.transport});
+  }
+  return report.release();
+}
+
+std::chrono::milliseconds timeout_or(std::int64_t ms, std::chrono::milliseconds fallback,
+                                     const char* function, const char* what) {
+  if (ms < 0) {
+    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {} is {} ms; it must be >= 0 (0: default)",
+                function, what, ms);
+  }
+  return ms == 0 ? fallback : std::chrono::milliseconds(ms);
+}
+
+}  // namespace
+
+extern "C" {
+
+FERRY_API ferry_error_t* ferry_sender_create(const ferry_sender_create_args_t* args,
+                                             ferry_sender_t** out) {
+  static constexpr const char* kFn = "ferry_sender_create";
+  return ferry::capi::guard(kFn, [&] {
+    ferry::capi::require(out, kFn, "out");
+    *out = nullptr;
+    const auto a = ferry::capi::read_struct(
+        args, FERRY_STRUCT_SIZE(ferry_sender_create_args_t, commit_timeout_ms), kFn, "args");
+    if (a.num_receivers == 0) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no receivers (num_receivers is 0)", kFn);
+    }
+    ferry::capi::require(a.receivers, kFn, "args->receivers");
+    auto handle = std::make_unique<ferry_sender_t>();
+    handle->config = ferry::capi::load_config(a.config, kFn);
+    ferry::session::SenderOptions options;
+    for (std::size_t i = 0; i < a.num_receivers; ++i) {
+      if (a.receivers[i] == nullptr || a.receivers[i][0] == '\0') {
+        ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: receiver {} has no address (HOST:PORT)",
+                    kFn, i);
+      }
+      options.receivers.emplace_back(a.receivers[i]);
+    }
+    if (a.transport != nullptr && a.transport[0] != '\0') options.transport = a.transport;
+    options.bucket_bytes =
+        a.bucket_bytes != 0 ? a.bucket_bytes : handle->config.update.bucket_bytes;
+    options.token = a.token != nullptr ? a.token : handle->config.receiver.token;
+    options.connect_timeout = timeout_or(a.connect_timeout_ms, options.connect_timeout, kFn,
+                                         "connect_timeout_ms");
+    options.bucket_timeout = timeout_or(
+        a.bucket_timeout_ms,
+        std::chrono::milliseconds(handle->config.update.bucket_timeout_ms), kFn,
+        "bucket_timeout_ms");
+    options.commit_timeout = timeout_or(
+        a.commit_timeout_ms,
+        std::chrono::milliseconds(handle->config.update.commit_timeout_ms), kFn,
+        "commit_timeout_ms");
+    handle->registry = ferry::capi::make_registry(handle->config);
+    handle->sender = std::make_unique<ferry::session::Sender>(handle->config, *handle->registry,
+                                                              std::move(options));
+    *out = handle.release();
+  });
+}
+
+FERRY_API ferry_error_t* ferry_sender_push(ferry_sender_t* sender, const ferry_push_args_t* args,
+                                           ferry_push_report_t** report) {
+  static constexpr const char* kFn = "ferry_sender_push";
+  return ferry::capi::guard(kFn, [&] {
+    if (report != nullptr) *report = nullptr;
+    ferry::capi::require(sender, kFn, "sender");
+    const auto a = ferry::capi::read_struct(
+        args, FERRY_STRUCT_SIZE(ferry_push_args_t, label), kFn, "args");
+    if (a.num_tensors == 0) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no tensors (num_tensors is 0)", kFn);
+    }
+    const auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
+    std::vector<ferry::session::TensorView> views;
+    views.reserve(inputs.size());
+    for (const auto& in : inputs) {
+      views.push_back({in.name, in.dtype, in.shape, in.data, in.memory_kind, in.device});
+    }
+    std::optional<std::string> label;
+    if (a.label != nullptr) label = a.label;
+    const ferry::session::PushReport pushed = sender->sender->push(views, a.version, label);
+    if (report != nullptr) {
+      ferry_push_report_t* r = new_report(pushed.receivers);
+      r->version = pushed.version;
+      r->bytes = pushed.bytes;
+      r->seconds = pushed.seconds;
+      *report = r;
+    }
+  });
+}
+
+FERRY_API ferry_error_t* ferry_sender_status(ferry_sender_t* sender,
+                                             ferry_push_report_t** report) {
+  static constexpr const char* kFn = "ferry_sender_status";
+  return ferry::capi::guard(kFn, [&] {
+    ferry::capi::require(report, kFn, "report");
+    *report = nullptr;
+    ferry::capi::require(sender, kFn, "sender");
+    *report = new_report(sender->sender->status());
+  });
+}
+
+FERRY_API ferry_error_t* ferry_sender_abort(ferry_sender_t* sender, const char* reason) {
+  static constexpr const char* kFn = "ferry_sender_abort";
+  return ferry::capi::guard(kFn, [&] {
+    ferry::capi::require(sender, kFn, "sender");
+    sender->sender->abort(reason != nullptr ? reason : "aborted through ferry_sender_abort");
+  });
+}
+
+FERRY_API void ferry_sender_destroy(ferry_sender_t* sender) { delete sender; }
+
+}  // extern "C"

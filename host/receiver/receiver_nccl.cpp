@@ -1,0 +1,383 @@
+// receiver/receiver_nccl.cpp: the receiver's NCCL weight-update groups: request fields, joining
+// through the nccl transport, and one update received by broadcast and applied as a transaction
+// (see receiver_nccl.hpp).
+#include "receiver/receiver_nccl.hpp"
+
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+
+#include <mutex>
+
+#include "common/host_api.hpp"
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "ferry_build_config.h"
+#include "nccl/group_table.hpp"
+#include "registry/registry.hpp"
+#include "store/store_device.hpp"
+
+#if FERRY_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
+
+namespace ferry::receiver {
+namespace {
+
+using nlohmann::json;
+
+const json& required(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is required", key);
+  }
+  return *it;
+}
+
+std::string string_field(const json& body, const char* key) {
+  const json& v = required(body, key);
+  if (!v.is_string() || v.get<std::string>().empty()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a non-empty string", key);
+  }
+  return v.get<std::string>();
+}
+
+std::uint64_t unsigned_field(const json& body, const char* key, std::uint64_t max) {
+  const json& v = required(body, key);
+  if (!v.is_number_integer() || v.get<long long>() < 0 ||
+      v.get<unsigned long long>() > max) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer from 0 to {}", key, max);
+  }
+  return v.get<std::uint64_t>();
+}
+
+std::optional<double> optional_seconds(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 86400) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a number of seconds in (0, 86400]",
+         key);
+  }
+  return it->get<double>();
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+// SGLang's default group name when a request leaves it out.
+constexpr const char* kDefaultGroupName = "weight_update_group";
+
+std::string group_name_field(const json& body) {
+  auto it = body.find("group_name");
+  if (it == body.end() || it->is_null()) return kDefaultGroupName;
+  return string_field(body, "group_name");
+}
+
+std::vector<std::string> string_list(const json& body, const char* key) {
+  const json& v = required(body, key);
+  if (!v.is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a list", key);
+  std::vector<std::string> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}[{}] must be a string", key, i);
+    }
+    out.push_back(v[i].get<std::string>());
+  }
+  return out;
+}
+
+std::vector<std::vector<std::uint64_t>> shape_list(const json& body) {
+  const json& v = required(body, "shapes");
+  if (!v.is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'shapes' must be a list of lists");
+  std::vector<std::vector<std::uint64_t>> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_array()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}] must be a list of dims", i);
+    }
+    std::vector<std::uint64_t> shape;
+    for (std::size_t d = 0; d < v[i].size(); ++d) {
+      const json& dim = v[i][d];
+      if (!dim.is_number_integer() || dim.get<long long>() < 0) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}][{}] must be a non-negative integer", i,
+             d);
+      }
+      shape.push_back(dim.get<std::uint64_t>());
+    }
+    out.push_back(std::move(shape));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string parse_group_name(const json& body) { return group_name_field(body); }
+
+nccl::GroupInit parse_group_init(const json& body) {
+  nccl::GroupInit init;
+  init.master_address = string_field(body, "master_address");
+  init.master_port = static_cast<std::uint16_t>(unsigned_field(body, "master_port", 65535));
+  if (init.master_port == 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'master_port' must be from 1 to 65535");
+  }
+  init.rank_offset = static_cast<std::uint32_t>(unsigned_field(body, "rank_offset", 1u << 20));
+  init.world_size = static_cast<std::uint32_t>(unsigned_field(body, "world_size", 1u << 20));
+  init.group_name = group_name_field(body);
+  if (auto it = body.find("backend"); it != body.end() && !it->is_null()) {
+    init.backend = string_field(body, "backend");
+  }
+  if (auto t = optional_seconds(body, "timeout_s")) init.init_timeout = to_ms(*t);
+  init.rank = init.rank_offset;
+  if (init.rank_offset == 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "field 'rank_offset' must be >= 1: rank 0 of a weight-update group is the trainer");
+  }
+  nccl::check_group_init(init);
+  return init;
+}
+
+DistributedUpdate parse_distributed_update(const json& body) {
+  DistributedUpdate update;
+  // In field order, so a request missing several fields is told about the first one.
+  const auto names = string_list(body, "names");
+  const auto dtypes = string_list(body, "dtypes");
+  const auto shapes = shape_list(body);
+  update.tensors = nccl::make_tensor_specs(names, dtypes, shapes);
+  update.group_name = group_name_field(body);
+  if (auto it = body.find("weight_version"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      update.weight_version = it->get<std::string>();
+    } else if (it->is_number_integer()) {
+      update.weight_version = std::to_string(it->get<long long>());
+    } else {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
+    }
+  }
+  for (const char* flag : {"flush_cache", "abort_all_requests"}) {
+    if (auto it = body.find(flag); it != body.end() && !it->is_null() && !it->is_boolean()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
+    }
+  }
+  if (auto it = body.find("bucket_bytes"); it != body.end() && !it->is_null()) {
+    update.bucket_bytes = unsigned_field(body, "bucket_bytes", nccl::kMaxBucketBytes);
+    nccl::check_bucket_bytes(update.bucket_bytes);
+  }
+  if (auto t = optional_seconds(body, "timeout_s")) update.bucket_timeout = to_ms(*t);
+  return update;
+}
+
+#if FERRY_HAVE_NCCL
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    fail(e == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_INTERNAL,
+         "{}: {}", what, cudaGetErrorString(e));
+  }
+}
+
+// Two device buckets (double buffering) registered with the group, and a pinned host copy the
+// update engine applies from. Grows when an update needs larger buckets.
+struct Staging {
+  int device = 0;
+  std::uint64_t bytes = 0;
+  void* device_buffers[2] = {nullptr, nullptr};
+  ferry_memory_t* registrations[2] = {nullptr, nullptr};
+  void* host = nullptr;
+  cudaStream_t copy_stream = nullptr;
+
+  ~Staging() { release(); }
+  void release() noexcept {
+    cudaSetDevice(device);
+    for (auto& b : device_buffers) {
+      if (b != nullptr) cudaFree(b);
+      b = nullptr;
+    }
+    if (host != nullptr) cudaFreeHost(host);
+    host = nullptr;
+    bytes = 0;
+  }
+};
+
+}  // namespace
+
+// One joined group of this receiver. Members are destroyed bottom-up: the group (which
+// deregisters and frees its communicator) before the staging memory it used.
+struct ReceiverGroup {
+  std::shared_ptr<const registry::LoadedPlugin> plugin;  // keeps the .so loaded
+  Staging staging;
+  std::unique_ptr<nccl::BroadcastGroup> group;
+
+  ~ReceiverGroup() {
+    group.reset();
+    if (staging.copy_stream != nullptr) cudaStreamDestroy(staging.copy_stream);
+  }
+  void abort(const std::string& reason) noexcept {
+    if (group) group->abort(reason);
+  }
+
+  void ensure_staging(std::uint64_t bytes) {
+    if (staging.bytes >= bytes) return;
+    // Old registrations stay with the group until it is destroyed; they are never used again.
+    staging.release();
+    staging.device = group->init().device;
+    check_cuda(cudaSetDevice(staging.device), "cudaSetDevice");
+    if (staging.copy_stream == nullptr) {
+      check_cuda(cudaStreamCreateWithFlags(&staging.copy_stream, cudaStreamNonBlocking),
+                 "cudaStreamCreate");
+    }
+    for (int i = 0; i < 2; ++i) {
+      check_cuda(cudaMalloc(&staging.device_buffers[i], bytes), "device staging (cudaMalloc)");
+      staging.registrations[i] = group->register_device(staging.device_buffers[i], bytes);
+    }
+    check_cuda(cudaHostAlloc(&staging.host, bytes, cudaHostAllocDefault),
+               "pinned staging (cudaHostAlloc)");
+    staging.bytes = bytes;
+  }
+};
+
+struct WeightUpdateGroups::Impl {
+  Receiver& receiver;
+  std::mutex mutex;  // serializes init / update / destroy
+  nccl::GroupTable<ReceiverGroup> groups;
+
+  explicit Impl(Receiver& r) : receiver(r) {}
+};
+
+WeightUpdateGroups::WeightUpdateGroups(Receiver& receiver)
+    : impl_(std::make_unique<Impl>(receiver)) {}
+
+WeightUpdateGroups::~WeightUpdateGroups() = default;
+
+void WeightUpdateGroups::init(nccl::GroupInit init) {
+  auto& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  const auto& config = s.receiver.receiver_config();
+  init.rank = init.rank_offset + config.receiver.tp_rank;
+  const auto device = store::parse_store_device(config.receiver.device);
+  init.device = device.cuda ? device.ordinal : 0;
+  nccl::check_group_init(init);
+  auto plugin = s.receiver.plugin_registry().transport("nccl");
+  logger("receiver")->info("joining weight-update group '{}' as rank {}/{} (rank 0 at {}:{})",
+                           init.group_name, init.rank, init.world_size, init.master_address,
+                           init.master_port);
+  s.groups.init(init.group_name, [&] {
+    auto entry = std::make_unique<ReceiverGroup>();
+    entry->plugin = plugin;
+    entry->group = std::make_unique<nccl::BroadcastGroup>(plugin->transport(), host_api_table(),
+                                                          init);
+    return entry;
+  });
+}
+
+UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
+  auto& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  ReceiverGroup& entry = s.groups.ready(request.group_name);
+  nccl::BroadcastGroup& group = *entry.group;
+  // Version 0 in the manifests: the engine checks only non-zero versions against the active one.
+  const auto buckets = nccl::plan_buckets(request.tensors, request.bucket_bytes, 0);
+  std::vector<std::vector<std::uint8_t>> manifests;
+  manifests.reserve(buckets.size());
+  for (const auto& b : buckets) manifests.push_back(manifest::encode(b));
+
+  std::vector<ferry_tensor_desc_t> catalog;
+  catalog.reserve(request.tensors.size());
+  for (const auto& t : request.tensors) {
+    ferry_tensor_desc_t d{};
+    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+    d.name = t.name.c_str();
+    d.dtype = t.dtype;
+    d.ndim = static_cast<std::uint32_t>(t.shape.size());
+    std::copy(t.shape.begin(), t.shape.end(), d.shape);
+    catalog.push_back(d);
+  }
+
+  std::unique_ptr<Receiver::StreamingUpdate> update;
+  nccl::BroadcastGroup::Pending pending[2];
+  std::string phase = "open the update";
+  try {
+    update = s.receiver.open_session(catalog, "");
+    update->begin(s.receiver.version().number + 1, request.weight_version);
+    phase = "allocate staging";
+    entry.ensure_staging(nccl::largest_bucket(buckets));
+    Staging& st = entry.staging;
+    const auto count = static_cast<std::uint32_t>(buckets.size());
+    phase = "receive bucket 0";
+    pending[0] = group.issue(st.registrations[0], 0, buckets[0].bucket_bytes, 0,
+                             request.bucket_timeout);
+    for (std::uint32_t k = 0; k < count; ++k) {
+      const int slot = static_cast<int>(k % 2);
+      phase = fmt::format("receive bucket {}", k);
+      group.wait(pending[slot]);
+      if (k + 1 < count) {
+        // Bucket k+1 arrives in the other buffer while bucket k is copied off and applied.
+        pending[1 - slot] = group.issue(st.registrations[1 - slot], 0,
+                                        buckets[k + 1].bucket_bytes, k + 1,
+                                        request.bucket_timeout);
+      }
+      phase = fmt::format("apply bucket {}", k);
+      const std::uint64_t bytes = buckets[k].bucket_bytes;
+      check_cuda(cudaMemcpyAsync(st.host, st.device_buffers[slot], bytes, cudaMemcpyDeviceToHost,
+                                 st.copy_stream),
+                 "copy a bucket off the device");
+      check_cuda(cudaStreamSynchronize(st.copy_stream), "copy a bucket off the device");
+      update->apply_bucket({static_cast<const std::byte*>(st.host), bytes}, manifests[k]);
+    }
+    phase = "commit";
+    UpdateReport report = update->commit();
+    report.tensors = request.tensors.size();
+    logger("receiver")->info("update {} ('{}') by broadcast in group '{}': {} buckets in {:.3f} s",
+                             report.version.number, report.version.label, request.group_name,
+                             report.buckets, report.seconds);
+    return report;
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const Error*>(&e);
+    const ferry_status_code_t code = error != nullptr ? error->code() : FERRY_STATUS_INTERNAL;
+    // The broadcast stream is out of step with rank 0 now: abort the group so rank 0 learns it
+    // (its wait names this rank) and the next update starts from a fresh init.
+    const std::string reason =
+        fmt::format("group '{}' update failed during phase '{}': {}", request.group_name, phase,
+                    e.what());
+    for (auto& p : pending) group.discard(p);
+    s.groups.mark_failed(request.group_name, reason);
+    if (update) update->abort(reason);
+    logger("receiver")->warn("{}", reason);
+    throw Error(code, reason);
+  }
+}
+
+void WeightUpdateGroups::destroy(const std::string& group_name) {
+  auto& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  s.groups.destroy(group_name);
+  logger("receiver")->info("weight-update group '{}' destroyed", group_name);
+}
+
+#else  // no NCCL in this build
+
+struct WeightUpdateGroups::Impl {};
+
+WeightUpdateGroups::WeightUpdateGroups(Receiver&) : impl_(std::make_unique<Impl>()) {}
+WeightUpdateGroups::~WeightUpdateGroups() = default;
+
+void WeightUpdateGroups::init(nccl::GroupInit) {
+  fail(FERRY_STATUS_UNIMPLEMENTED,
+       "init_weights_update_group: this ferry was built without NCCL (-Dnccl, needs CUDA)");
+}
+
+UpdateReport WeightUpdateGroups::update(const DistributedUpdate&) {
+  fail(FERRY_STATUS_UNIMPLEMENTED,
+       "update_weights_from_distributed: this ferry was built without NCCL (-Dnccl, needs CUDA)");
+}
+
+void WeightUpdateGroups::destroy(const std::string& group_name) {
+  fail(FERRY_STATUS_NOT_FOUND, "no weight-update group '{}' (this ferry has no NCCL)",
+       group_name);
+}
+
+#endif
+
+}  // namespace ferry::receiver

@@ -1,0 +1,81 @@
+// receiver/receiver_nccl.hpp: the receiver's NCCL weight-update groups (SGLang's
+// init_weights_update_group / update_weights_from_distributed / destroy_weights_update_group):
+// the request fields, checked, and WeightUpdateGroups, which joins groups through the nccl
+// transport plugin, receives an update's buckets by broadcast into device staging (double
+// buffered: bucket k+1 arrives while bucket k is applied) and applies them through the
+// receiver's update engine as one transaction.
+//
+// Ownership: whoever serves the control operations owns one WeightUpdateGroups per receiver (the
+// HTTP server; the C API for an embedded receiver). Destroying it destroys every group.
+// Threading: every method may be called from any thread; they are serialized internally.
+// Without NCCL in the build, init/update answer UNIMPLEMENTED; the parsing works everywhere.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nccl/broadcast_group.hpp"
+#include "nccl/bucket_layout.hpp"
+#include "receiver/receiver.hpp"
+
+namespace ferry::receiver {
+
+// group_name of a request; SGLang's default "weight_update_group" when absent. INVALID_ARGUMENT
+// when present but not a non-empty string.
+std::string parse_group_name(const nlohmann::json& body);
+
+// POST /init_weights_update_group: master_address, master_port, rank_offset (>= 1: rank 0 is the
+// trainer), world_size, group_name, backend ("nccl", the default), and ferry's optional
+// timeout_s (rendezvous + init, default 120). INVALID_ARGUMENT naming the field. `rank` is
+// rank_offset (WeightUpdateGroups::init adds the receiver's tp rank).
+nccl::GroupInit parse_group_init(const nlohmann::json& body);
+
+struct DistributedUpdate {
+  std::vector<nccl::TensorSpec> tensors;  // in the order rank 0 packs them
+  std::string group_name;
+  std::optional<std::string> weight_version;
+  // ferry's optional fields; rank 0 must use the same bucket_bytes (README.md).
+  std::uint64_t bucket_bytes = nccl::kDefaultBucketBytes;
+  std::chrono::milliseconds bucket_timeout{120000};
+};
+
+// POST /update_weights_from_distributed: names, dtypes, shapes (parallel lists), group_name,
+// weight_version (optional), flush_cache (accepted, no effect), and ferry's optional
+// bucket_bytes and timeout_s (per bucket). INVALID_ARGUMENT naming the field or tensor.
+DistributedUpdate parse_distributed_update(const nlohmann::json& body);
+
+class WeightUpdateGroups {
+ public:
+  // `receiver` must outlive this object.
+  explicit WeightUpdateGroups(Receiver& receiver);
+  ~WeightUpdateGroups();
+  WeightUpdateGroups(const WeightUpdateGroups&) = delete;
+  WeightUpdateGroups& operator=(const WeightUpdateGroups&) = delete;
+
+  // Joins group `init.group_name` as rank rank_offset + receiver.tp_rank on the receiver's CUDA
+  // device (receiver.device cuda:N; device 0 for a CPU receiver). Blocks until rank 0 and every
+  // rank joined or the timeout passed. A group of that name that failed earlier is destroyed
+  // first; a ready one is FAILED_PRECONDITION.
+  void init(nccl::GroupInit init);
+
+  // Receives one update from rank 0 of the group and applies it as one transaction (published
+  // on commit only). On any failure the group is aborted and marked failed (re-init it), the
+  // update is aborted (the previous version stays, restored or fenced) and the error names the
+  // bucket and the phase.
+  UpdateReport update(const DistributedUpdate& request);
+
+  // NOT_FOUND for an unknown group.
+  void destroy(const std::string& group_name);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::receiver

@@ -1,0 +1,360 @@
+// The data path through a transport plugin's C table (see session/data_path.hpp): staging slots
+// registered with the plugin; buckets move by put+flush into the receiver's slots when the plugin
+// writes remote memory natively, otherwise by send_bucket into a recv_bucket the receiver posted.
+#include <ferry/sdk/error.hpp>
+
+#include <map>
+#include <optional>
+
+#include "common/host_api.hpp"
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "registry/registry.hpp"
+#include "session/data_path.hpp"
+
+namespace ferry::session {
+namespace {
+
+std::int64_t to_ns(Clock::time_point deadline) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+}
+
+std::vector<std::uint8_t> take_blob(ferry_blob_t& blob) {
+  std::vector<std::uint8_t> bytes;
+  if (blob.data != nullptr && blob.size > 0) bytes.assign(blob.data, blob.data + blob.size);
+  if (blob.release != nullptr) blob.release(blob.data, blob.release_ctx);
+  blob = ferry_blob_t{};
+  return bytes;
+}
+
+ferry_blob_t empty_blob() {
+  ferry_blob_t b{};
+  b.struct_size = FERRY_STRUCT_SIZE(ferry_blob_t, release_ctx);
+  return b;
+}
+
+ferry_blob_t borrow_blob(std::span<const std::uint8_t> bytes) {
+  ferry_blob_t b = empty_blob();
+  b.data = bytes.data();
+  b.size = bytes.size();
+  return b;
+}
+
+// One plugin instance with its registered slots; shared by both roles.
+class PluginInstance {
+ public:
+  PluginInstance(const registry::Registry& registry, const config::Config& config,
+                 const std::string& name, ferry_role_t role, std::uint64_t capacity,
+                 std::size_t slots)
+      : plugin_(registry.transport(name)), name_(name) {
+    api_ = plugin_->transport();
+    const auto& caps = plugin_->info().transport_caps;
+    if (api_ == nullptr || !caps || api_->get_address == nullptr || api_->connect == nullptr ||
+        api_->register_memory == nullptr) {
+      fail(FERRY_STATUS_INCOMPATIBLE,
+           "transport '{}' cannot carry sessions (needs get_address, connect, register_memory)",
+           name);
+    }
+    caps_ = *caps;
+    const bool can_put = (caps_.flags & FERRY_TRANSPORT_CAP_DIRECT_WRITE) != 0 &&
+                         api_->put != nullptr && api_->flush != nullptr &&
+                         api_->pack_key != nullptr;
+    const bool can_send = api_->send_bucket != nullptr && api_->recv_bucket != nullptr;
+    if (!can_put && !can_send) {
+      fail(FERRY_STATUS_INCOMPATIBLE,
+           "transport '{}' has neither put+flush+pack_key nor send_bucket+recv_bucket", name);
+    }
+    rma_native_ = can_put;
+    can_send_ = can_send;
+    std::map<std::string, std::string> options;
+    if (auto it = config.transports.find(name); it != config.transports.end()) options = it->second;
+    std::vector<ferry_option_t> opts;
+    for (const auto& [k, v] : options) opts.push_back({k.c_str(), v.c_str()});
+    ferry_transport_create_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_transport_create_args_t, device);
+    args.role = role;
+    args.options = opts.data();
+    args.num_options = opts.size();
+    args.device = -1;
+    throw_if_error(api_->create(&args, &transport_), "transport '" + name + "' create");
+    try {
+      for (std::size_t i = 0; i < slots; ++i) {
+        buffers_.emplace_back(capacity);
+        ferry_memory_desc_t desc{};
+        desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+        desc.base = buffers_.back().bytes().data();
+        desc.size = capacity;
+        desc.kind = FERRY_MEMORY_HOST;
+        desc.device = -1;
+        ferry_memory_t* memory = nullptr;
+        throw_if_error(api_->register_memory(transport_, &desc, &memory),
+                       "transport '" + name + "' register_memory");
+        memory_.push_back(memory);
+      }
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~PluginInstance() { destroy(); }
+
+  void destroy() noexcept {
+    if (transport_ == nullptr) return;
+    if (peer_ != nullptr && api_->disconnect != nullptr) api_->disconnect(transport_, peer_);
+    peer_ = nullptr;
+    if (api_->deregister_memory != nullptr) {
+      for (auto* m : memory_) api_->deregister_memory(transport_, m);
+    }
+    memory_.clear();
+    api_->destroy(transport_);
+    transport_ = nullptr;
+  }
+
+  std::vector<std::uint8_t> address() {
+    ferry_blob_t blob = empty_blob();
+    throw_if_error(api_->get_address(transport_, &blob), context("get_address"));
+    return take_blob(blob);
+  }
+
+  std::vector<std::uint8_t> slot_key(std::uint32_t slot) {
+    if (!rma_native_) return {};
+    ferry_blob_t blob = empty_blob();
+    try {
+      throw_if_error(api_->pack_key(transport_, memory_.at(slot), &blob), context("pack_key"));
+    } catch (const Error& e) {
+      logger("session")->info("no RMA into staging slots: {}", e.what());
+      rma_native_ = false;
+      return {};
+    }
+    return take_blob(blob);
+  }
+
+  void connect(std::span<const std::uint8_t> remote, const std::string& peer, std::uint32_t rank,
+               Clock::time_point deadline) {
+    ferry_blob_t blob = borrow_blob(remote);
+    ferry_connect_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_connect_args_t, deadline_ns);
+    args.remote_addresses = &blob;
+    args.num_remote = 1;
+    args.local_rank = rank;
+    args.group_size = 2;
+    args.peer_name = peer.c_str();
+    args.deadline_ns = to_ns(deadline);
+    throw_if_error(api_->connect(transport_, &args, &peer_), context("connect to " + peer));
+  }
+
+  // Waits for and frees a request (NULL: already complete).
+  void finish(ferry_request_t* request, Clock::time_point deadline, const std::string& what) {
+    if (request == nullptr) return;
+    ferry_error_t* error = nullptr;
+    if (api_->request_wait != nullptr) {
+      error = api_->request_wait(transport_, request, to_ns(deadline));
+    } else if (api_->request_test != nullptr) {
+      int done = 0;
+      while (error == nullptr && !done) {
+        error = api_->request_test(transport_, request, &done);
+        if (!done && Clock::now() > deadline) {
+          error = host_api_table()->error_new(FERRY_STATUS_TIMEOUT, "deadline passed");
+        }
+      }
+    }
+    if (api_->request_free != nullptr) api_->request_free(transport_, request);
+    throw_if_error(error, context(what));
+  }
+
+  ferry_memory_range_t range(std::uint32_t slot, std::uint64_t bytes) {
+    ferry_memory_range_t r{};
+    r.struct_size = FERRY_STRUCT_SIZE(ferry_memory_range_t, size);
+    r.memory = memory_.at(slot);
+    r.offset = 0;
+    r.size = bytes;
+    return r;
+  }
+
+  ferry_bucket_io_t bucket_io(std::uint32_t slot, std::uint32_t index, std::uint64_t bytes,
+                              Clock::time_point deadline) {
+    ferry_bucket_io_t io{};
+    io.struct_size = FERRY_STRUCT_SIZE(ferry_bucket_io_t, deadline_ns);
+    io.data = range(slot, bytes);
+    io.bucket_index = index;
+    io.deadline_ns = to_ns(deadline);
+    return io;
+  }
+
+  void abort(const std::string& reason) noexcept {
+    if (transport_ != nullptr && api_->abort != nullptr) api_->abort(transport_, reason.c_str());
+  }
+
+  std::string context(const std::string& call) const {
+    return "transport '" + name_ + "' " + call;
+  }
+
+  const ferry_transport_api_t* api_ = nullptr;
+  std::shared_ptr<registry::LoadedPlugin> plugin_;
+  std::string name_;
+  ferry_transport_caps_t caps_{};
+  ferry_transport_t* transport_ = nullptr;
+  ferry_peer_t* peer_ = nullptr;
+  std::vector<SlotBuffer> buffers_;
+  std::vector<ferry_memory_t*> memory_;
+  bool rma_native_ = false;  // put + flush + pack_key exist
+  bool can_send_ = false;    // send_bucket + recv_bucket exist
+};
+
+class PluginReceiverPath final : public ReceiverDataPath {
+ public:
+  PluginReceiverPath(const registry::Registry& registry, const config::Config& config,
+                     const std::string& name, std::uint64_t capacity, std::size_t slots)
+      : p_(registry, config, name, FERRY_ROLE_RECEIVER, capacity, slots),
+        posted_(slots, nullptr) {}
+  ~PluginReceiverPath() override {
+    for (auto* r : posted_) {
+      if (r != nullptr && p_.api_->request_free != nullptr) p_.api_->request_free(p_.transport_, r);
+    }
+  }
+  std::string name() const override { return p_.name_; }
+  std::size_t slot_count() const override { return p_.buffers_.size(); }
+  std::span<std::byte> slot(std::uint32_t index) override {
+    return p_.buffers_.at(index).bytes();
+  }
+  std::vector<std::uint8_t> address() override { return p_.address(); }
+  std::vector<std::uint8_t> slot_key(std::uint32_t slot) override { return p_.slot_key(slot); }
+  bool rma_native() const override { return p_.rma_native_; }
+  void connect(std::span<const std::uint8_t> sender_address, const std::string& peer,
+               Clock::time_point deadline) override {
+    p_.connect(sender_address, peer, 1, deadline);
+  }
+  void set_via_put(bool via_put) override { via_put_ = via_put; }
+  void post(std::uint32_t slot, std::uint32_t bucket_index, Clock::time_point deadline) override {
+    if (via_put_) return;
+    auto io = p_.bucket_io(slot, bucket_index, p_.buffers_.at(slot).bytes().size(), deadline);
+    ferry_request_t* request = nullptr;
+    throw_if_error(p_.api_->recv_bucket(p_.transport_, p_.peer_, &io, &request),
+                   p_.context("recv_bucket"));
+    posted_.at(slot) = request;
+    posted_index_[slot] = bucket_index;
+  }
+  void receive(Channel& channel, std::uint32_t slot, std::uint32_t bucket_index,
+               std::uint64_t /*bytes*/, bool data_follows, Clock::time_point deadline,
+               const std::string& phase) override {
+    if (data_follows) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: a data frame was announced on the {} data path",
+           channel.peer(), phase, p_.name_);
+    }
+    if (via_put_) return;  // put+flush completed before the BucketReady was sent
+    auto it = posted_index_.find(slot);
+    if (it == posted_index_.end() || it->second != bucket_index) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: bucket {} arrived in slot {}, which waits for {}",
+           channel.peer(), phase, bucket_index, slot,
+           it == posted_index_.end() ? std::string("nothing") : std::to_string(it->second));
+    }
+    ferry_request_t* request = posted_.at(slot);
+    posted_.at(slot) = nullptr;
+    posted_index_.erase(it);
+    p_.finish(request, deadline, "recv_bucket of bucket " + std::to_string(bucket_index));
+  }
+  void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+
+ private:
+  PluginInstance p_;
+  std::vector<ferry_request_t*> posted_;
+  std::map<std::uint32_t, std::uint32_t> posted_index_;
+  bool via_put_ = false;
+};
+
+class PluginSenderPath final : public SenderDataPath {
+ public:
+  PluginSenderPath(const registry::Registry& registry, const config::Config& config,
+                   const std::string& name, std::uint64_t capacity, std::size_t slots)
+      : p_(registry, config, name, FERRY_ROLE_SENDER, capacity, slots) {}
+  std::string name() const override { return p_.name_; }
+  std::size_t slot_count() const override { return p_.buffers_.size(); }
+  std::span<std::byte> slot(std::uint32_t index) override {
+    return p_.buffers_.at(index).bytes();
+  }
+  std::vector<std::uint8_t> address() override { return p_.address(); }
+  void connect(std::span<const std::uint8_t> receiver_address,
+               const std::vector<std::vector<std::uint8_t>>& slot_keys, bool rma_native,
+               const std::string& peer, Clock::time_point deadline) override {
+    p_.connect(receiver_address, peer, 0, deadline);
+    keys_ = slot_keys;
+    rma_ = false;
+    bool have_keys = rma_native && p_.rma_native_ && !keys_.empty();
+    for (const auto& k : keys_) have_keys = have_keys && !k.empty();
+    if (have_keys) {
+      // The plugin decides per peer whether put is worth it (UCX refuses put where it only
+      // emulates RMA, e.g. over tcp): probe with a small put into the receiver's slot 0, which
+      // holds no bucket yet.
+      try {
+        put_and_flush(0, std::min<std::uint64_t>(256, p_.buffers_.at(0).bytes().size()), deadline,
+                      "put probe");
+        rma_ = true;
+      } catch (const Error& e) {
+        if (e.code() != FERRY_STATUS_UNIMPLEMENTED || !p_.can_send_) throw;
+        logger("sender")->info("{}: {}", peer, e.what());
+      }
+    }
+    if (!rma_ && !p_.can_send_) {
+      fail(FERRY_STATUS_INCOMPATIBLE, "{}: '{}' can neither put into the receiver nor send",
+           peer, p_.name_);
+    }
+    logger("sender")->info("{}: transport '{}' moves buckets by {}", peer, p_.name_,
+                           rma_ ? "put + flush into the receiver's registered slots"
+                                : "tagged send into receives the receiver posted");
+  }
+  bool uses_put() const override { return rma_; }
+  void put_and_flush(std::uint32_t slot, std::uint64_t bytes, Clock::time_point deadline,
+                     const std::string& phase) {
+    ferry_blob_t key = borrow_blob(keys_.at(slot));
+    ferry_put_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+    args.local = p_.range(slot, bytes);
+    args.remote_key = &key;
+    args.remote_offset = 0;
+    args.deadline_ns = to_ns(deadline);
+    ferry_request_t* request = nullptr;
+    throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
+    p_.finish(request, deadline, phase + " (put)");
+    request = nullptr;
+    throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &request),
+                   p_.context(phase));
+    p_.finish(request, deadline, phase + " (flush)");
+  }
+  void deliver(std::uint32_t slot, std::uint32_t bucket_index, std::uint64_t bytes,
+               Clock::time_point deadline, const std::string& phase) override {
+    if (rma_) {
+      put_and_flush(slot, bytes, deadline, phase);
+    } else {
+      auto io = p_.bucket_io(slot, bucket_index, bytes, deadline);
+      ferry_request_t* request = nullptr;
+      throw_if_error(p_.api_->send_bucket(p_.transport_, p_.peer_, &io, &request),
+                     p_.context(phase));
+      p_.finish(request, deadline, phase + " (send)");
+    }
+  }
+  void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+
+ private:
+  PluginInstance p_;
+  bool rma_ = false;
+  std::vector<std::vector<std::uint8_t>> keys_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReceiverDataPath> make_plugin_receiver_path(const registry::Registry& registry,
+                                                            const config::Config& config,
+                                                            const std::string& name,
+                                                            std::uint64_t capacity,
+                                                            std::size_t slots) {
+  return std::make_unique<PluginReceiverPath>(registry, config, name, capacity, slots);
+}
+
+std::unique_ptr<SenderDataPath> make_plugin_sender_path(const registry::Registry& registry,
+                                                        const config::Config& config,
+                                                        const std::string& name,
+                                                        std::uint64_t capacity, std::size_t slots) {
+  return std::make_unique<PluginSenderPath>(registry, config, name, capacity, slots);
+}
+
+}  // namespace ferry::session

@@ -1,0 +1,167 @@
+// A receiver's public address: the HTTP control API plus the session listener it advertises at
+// GET /ferry/session (see session/receiver_endpoint.hpp).
+#include "session/receiver_endpoint.hpp"
+
+#include <ferry/sdk/error.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <list>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "control/http_server.hpp"
+#include "receiver/receiver.hpp"
+#include "session/channel.hpp"
+#include "session/receiver_session.hpp"
+
+namespace ferry::session {
+namespace {
+
+std::atomic<unsigned> g_endpoint_counter{0};
+
+// A Unix socket path unique to this process and endpoint; empty when no folder fits.
+std::string unix_socket_path() {
+  const char* dir = std::getenv("XDG_RUNTIME_DIR");
+  std::string base = (dir != nullptr && *dir != '\0') ? dir : "/tmp";
+  std::string path = fmt::format("{}/ferry-session-{}-{}.sock", base, ::getpid(),
+                                 g_endpoint_counter.fetch_add(1));
+  if (path.size() >= 100) path = fmt::format("/tmp/ferry-session-{}-{}.sock", ::getpid(),
+                                             g_endpoint_counter.fetch_add(1));
+  return path;
+}
+
+}  // namespace
+
+struct ReceiverEndpoint::Impl {
+  receiver::Receiver& receiver;
+  config::Config config;
+  const registry::Registry& registry;
+  ReceiverSessionSettings settings;
+  std::unique_ptr<control::ControlServer> control;
+  Listener tcp;
+  Listener unix_socket;
+  std::thread accept_thread;
+  std::atomic<bool> stopping{false};
+  bool started = false;
+
+  struct Connection {
+    std::unique_ptr<Channel> channel;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  std::mutex connections_mutex;
+  std::list<Connection> connections;
+
+  Impl(receiver::Receiver& r, const config::Config& c, const registry::Registry& reg)
+      : receiver(r), config(c), registry(reg) {
+    settings.token = config.receiver.token;
+    settings.bucket_timeout = std::chrono::milliseconds(config.update.bucket_timeout_ms);
+    settings.commit_timeout = std::chrono::milliseconds(config.update.commit_timeout_ms);
+    settings.hello_timeout =
+        std::min(settings.bucket_timeout, std::chrono::milliseconds(10000));
+  }
+
+  void reap_finished_locked() {
+    for (auto it = connections.begin(); it != connections.end();) {
+      if (it->done.load()) {
+        if (it->thread.joinable()) it->thread.join();
+        it = connections.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void serve(int fd, const std::string& peer) {
+    std::lock_guard lock(connections_mutex);
+    reap_finished_locked();
+    auto& c = connections.emplace_back();
+    c.channel = std::make_unique<Channel>(fd, "sender " + peer);
+    Connection* conn = &c;
+    conn->thread = std::thread([this, conn] {
+      serve_session(*conn->channel, receiver, registry, config, settings);
+      conn->done.store(true);
+    });
+  }
+
+  void accept_loop() {
+    while (!stopping.load()) {
+      std::string peer;
+      for (Listener* l : {&tcp, &unix_socket}) {
+        if (l->fd < 0) continue;
+        const int fd = accept_connection(*l, std::chrono::milliseconds(unix_socket.fd >= 0 ? 50 : 100), peer);
+        if (fd >= 0 && !stopping.load()) serve(fd, peer);
+        if (fd >= 0 && stopping.load()) ::close(fd);
+      }
+    }
+  }
+
+  std::string session_info() const {
+    nlohmann::json info{{"protocol", wire::PROTOCOL_VERSION},
+                        {"port", tcp.port},
+                        {"unix_path", unix_socket.unix_path}};
+    return info.dump();
+  }
+};
+
+ReceiverEndpoint::ReceiverEndpoint(receiver::Receiver& receiver, const config::Config& config,
+                                   const registry::Registry& registry)
+    : impl_(std::make_unique<Impl>(receiver, config, registry)) {}
+
+ReceiverEndpoint::~ReceiverEndpoint() { stop(); }
+
+void ReceiverEndpoint::start() {
+  auto& i = *impl_;
+  if (i.started) return;
+  i.tcp = listen_tcp(i.config.receiver.host, 0);
+  try {
+    i.unix_socket = listen_unix(unix_socket_path());
+  } catch (const Error& e) {
+    logger("session")->warn("no Unix session socket ({}); TCP only", e.what());
+  }
+  control::ServerOptions options{i.config.receiver.host, i.config.receiver.port,
+                                 i.config.receiver.token};
+  options.session_info = [impl = impl_.get()] { return impl->session_info(); };
+  i.control = std::make_unique<control::ControlServer>(i.receiver, options);
+  try {
+    i.control->start();
+  } catch (...) {
+    i.tcp.close();
+    i.unix_socket.close();
+    throw;
+  }
+  i.settings.name = fmt::format("{}:{}", i.config.receiver.host, i.control->port());
+  i.stopping = false;
+  i.accept_thread = std::thread([impl = impl_.get()] { impl->accept_loop(); });
+  i.started = true;
+  logger("session")->info("sessions on {}:{}{}", i.config.receiver.host, i.tcp.port,
+                          i.unix_socket.unix_path.empty() ? "" : " and " + i.unix_socket.unix_path);
+}
+
+void ReceiverEndpoint::stop() {
+  if (!impl_) return;
+  auto& i = *impl_;
+  if (!i.started) return;
+  i.stopping = true;
+  if (i.accept_thread.joinable()) i.accept_thread.join();
+  {
+    std::lock_guard lock(i.connections_mutex);
+    for (auto& c : i.connections) c.channel->shutdown();
+    for (auto& c : i.connections) {
+      if (c.thread.joinable()) c.thread.join();
+    }
+    i.connections.clear();
+  }
+  i.tcp.close();
+  i.unix_socket.close();
+  if (i.control) i.control->stop();
+  i.started = false;
+}
+
+int ReceiverEndpoint::port() const { return impl_->control ? impl_->control->port() : -1; }
+
+}  // namespace ferry::session

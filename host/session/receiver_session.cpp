@@ -1,0 +1,414 @@
+// The receiver's side of one session (see session/receiver_session.hpp).
+#include "session/receiver_session.hpp"
+
+#include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+#include <kj/exception.h>
+
+#include <future>
+#include <optional>
+#include <vector>
+
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "receiver/receiver.hpp"
+#include "session/data_path.hpp"
+
+namespace ferry::session {
+namespace {
+
+using Which = wire::Message::Which;
+
+const char* message_name(Which which) {
+  switch (which) {
+    case Which::HELLO: return "hello";
+    case Which::WELCOME: return "welcome";
+    case Which::REFUSAL: return "refusal";
+    case Which::BEGIN: return "begin";
+    case Which::READY: return "ready";
+    case Which::BUCKET: return "bucket";
+    case Which::ACK: return "ack";
+    case Which::COMMIT: return "commit";
+    case Which::COMMITTED: return "committed";
+    case Which::ABORT: return "abort";
+  }
+  return "unknown";
+}
+
+[[noreturn]] void unexpected(const Channel& ch, const std::string& phase, Which got) {
+  fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: unexpected '{}' message", ch.peer(), phase,
+       message_name(got));
+}
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// The bucket being applied on a worker thread while the next one arrives.
+struct Inflight {
+  std::uint32_t slot = 0;
+  std::uint32_t index = 0;
+  std::future<void> done;
+};
+
+class Session {
+ public:
+  Session(Channel& ch, receiver::Receiver& r, const registry::Registry& reg,
+          const config::Config& cfg, const ReceiverSessionSettings& st)
+      : ch_(ch), receiver_(r), registry_(reg), config_(cfg), settings_(st) {}
+
+  void run() {
+    handshake();
+    begin();
+    buckets_and_commit();
+  }
+
+  // Ends a failed session: waits for the bucket being applied, aborts the update, tells the
+  // sender why when the connection still works. Never throws.
+  void fail_session(ferry_status_code_t code, const std::string& message) noexcept {
+    std::string why = message;
+    ferry_status_code_t why_code = code;
+    try {
+      if (inflight_) {
+        try {
+          inflight_->done.get();
+        } catch (const Error& e) {
+          // The apply failure is the cause; the socket error after it is a consequence.
+          if (code == FERRY_STATUS_ABORTED || code == FERRY_STATUS_PEER_FAILED) {
+            why = e.what();
+            why_code = e.code();
+          }
+        } catch (const std::exception&) {
+        }
+        inflight_.reset();
+      }
+      if (data_) data_->abort(why);
+      if (update_) update_->abort(why);
+      update_.reset();
+      logger("session")->warn("session with {} failed: {}", ch_.peer(), why);
+      // Tried even after a connection error (a failed transport connect is PEER_FAILED too); a
+      // dead socket fails at once, a stalled peer costs the 1 s send deadline at most.
+      if (!apply_refused_ && !ch_.is_shut_down()) send_refusal(why_code, why);
+    } catch (...) {
+    }
+  }
+
+ private:
+  void send_refusal(ferry_status_code_t code, const std::string& message) noexcept {
+    try {
+      capnp::MallocMessageBuilder m;
+      auto refusal = m.initRoot<wire::Message>().initRefusal();
+      refusal.setCode(static_cast<std::uint32_t>(code));
+      refusal.setMessage(message);
+      ch_.send(m, deadline_in(std::chrono::milliseconds(1000)), "refusal");
+    } catch (...) {
+    }
+  }
+
+  void handshake() {
+    const std::string phase = "handshake (hello)";
+    auto msg = ch_.recv(deadline_in(settings_.hello_timeout), phase);
+    auto root = msg->root();
+    if (root.which() != Which::HELLO) unexpected(ch_, phase, root.which());
+    auto hello = root.getHello();
+    if (hello.getProtocolVersion() != wire::PROTOCOL_VERSION) {
+      fail(FERRY_STATUS_INCOMPATIBLE,
+           "{}: {}: protocol version {} is not supported (this receiver speaks {})", ch_.peer(),
+           phase, hello.getProtocolVersion(), wire::PROTOCOL_VERSION);
+    }
+    if (!settings_.token.empty() && text(hello.getToken()) != settings_.token) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "{}: {}: the session needs the receiver's control API token", ch_.peer(), phase);
+    }
+    sender_ = text(hello.getSenderName());
+    // The catalog: the names must stay alive while descs point at them.
+    auto tensors = hello.getTensors();
+    std::vector<std::string> names;
+    names.reserve(tensors.size());
+    std::vector<ferry_tensor_desc_t> descs;
+    descs.reserve(tensors.size());
+    for (auto t : tensors) names.push_back(text(t.getName()));
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      auto t = tensors[static_cast<unsigned>(i)];
+      ferry_tensor_desc_t d{};
+      d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+      d.name = names[i].c_str();
+      const auto dtype = t.getDtype();
+      if (dtype == 0 || dtype > FERRY_DTYPE_F8_E5M2) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: tensor '{}' has unknown dtype {}", ch_.peer(),
+             phase, names[i], dtype);
+      }
+      d.dtype = static_cast<ferry_dtype_t>(dtype);
+      auto shape = t.getShape();
+      if (shape.size() > FERRY_MAX_DIMS) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: tensor '{}' has {} dims (at most {})",
+             ch_.peer(), phase, names[i], shape.size(), FERRY_MAX_DIMS);
+      }
+      d.ndim = shape.size();
+      for (unsigned k = 0; k < shape.size(); ++k) d.shape[k] = shape[k];
+      descs.push_back(d);
+    }
+    try {
+      update_ = receiver_.open_session(descs, text(hello.getConfigJson()));
+    } catch (const Error& e) {
+      fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
+    }
+
+    capacity_ = hello.getBucketBytes();
+    const std::uint32_t slots = hello.getSlots();
+    if (capacity_ == 0 || capacity_ > settings_.max_bucket_bytes) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "{}: {}: staging slots of {} bytes refused (1 .. {} allowed)", ch_.peer(), phase,
+           capacity_, settings_.max_bucket_bytes);
+    }
+    if (slots < 1 || slots > 4) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {}: {} staging slots refused (1 .. 4 allowed)",
+           ch_.peer(), phase, slots);
+    }
+    const std::string wanted = text(hello.getTransport());
+    if (wanted != "inline") {
+      try {
+        data_ = make_plugin_receiver_path(registry_, config_, wanted, capacity_, slots);
+        data_->connect(
+            std::span<const std::uint8_t>(hello.getTransportAddress().begin(),
+                                          hello.getTransportAddress().size()),
+            ch_.peer(), deadline_in(settings_.hello_timeout));
+      } catch (const Error& e) {
+        data_.reset();
+        if (hello.getTransportRequired()) {
+          fail(e.code(), "{}: {}: transport '{}' unavailable here: {}", ch_.peer(), phase, wanted,
+               e.what());
+        }
+        logger("session")->warn("session with {}: transport '{}' unavailable ({}); using inline",
+                                ch_.peer(), wanted, e.what());
+      }
+    }
+    if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
+
+    capnp::MallocMessageBuilder m;
+    auto welcome = m.initRoot<wire::Message>().initWelcome();
+    welcome.setProtocolVersion(wire::PROTOCOL_VERSION);
+    welcome.setReceiverName(settings_.name);
+    welcome.setLayoutSignature(update_->layout_signature());
+    welcome.setNumParams(static_cast<std::uint32_t>(update_->num_params()));
+    welcome.setTransport(data_->name());
+    const auto address = data_->address();
+    welcome.setTransportAddress(kj::arrayPtr(address.data(), address.size()));
+    auto slot_list = welcome.initSlots(slots);
+    for (std::uint32_t i = 0; i < slots; ++i) {
+      slot_list[i].setCapacity(capacity_);
+      const auto key = data_->slot_key(i);
+      slot_list[i].setRemoteKey(kj::arrayPtr(key.data(), key.size()));
+    }
+    welcome.setBucketTimeoutMs(static_cast<std::uint64_t>(settings_.bucket_timeout.count()));
+    welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
+    welcome.setRmaNative(data_->rma_native());
+    ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
+    logger("session")->info("session with {} ({}): layout accepted, {} parameters, data path {}",
+                            ch_.peer(), sender_, update_->num_params(), data_->name());
+  }
+
+  void begin() {
+    const std::string phase = "begin";
+    auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), phase);
+    auto root = msg->root();
+    if (root.which() == Which::ABORT) {
+      fail(FERRY_STATUS_ABORTED, "{}: the sender aborted before begin: {}", ch_.peer(),
+           text(root.getAbort().getReason()));
+    }
+    if (root.which() != Which::BEGIN) unexpected(ch_, phase, root.which());
+    auto b = root.getBegin();
+    version_ = b.getVersion();
+    bucket_count_ = b.getBucketCount();
+    const std::string label = text(b.getLabel());
+    if (b.getViaPut() && !data_->rma_native()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: buckets announced by put, but no slot key was given",
+           ch_.peer(), phase);
+    }
+    data_->set_via_put(b.getViaPut());
+    update_->begin(version_, label.empty() ? std::nullopt : std::optional<std::string>(label));
+    for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
+      data_->post(s, s, deadline_in(settings_.bucket_timeout));
+    }
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Message>().initReady().setVersion(version_);
+    ch_.send(m, deadline_in(settings_.bucket_timeout), phase);
+  }
+
+  // Waits for the bucket being applied (rethrows its failure).
+  void finish_inflight() {
+    if (!inflight_) return;
+    auto f = std::move(inflight_->done);
+    inflight_.reset();
+    f.get();
+  }
+
+  // Runs on a worker thread: validates the manifest against what arrived, applies, acks.
+  void apply(std::uint32_t slot, std::uint32_t index, std::uint64_t bytes,
+             std::vector<std::uint8_t> manifest_bytes) {
+    try {
+      const std::string phase = fmt::format("bucket {}", index);
+      const auto decoded = manifest::decode(manifest_bytes);
+      if (decoded.bucket_bytes != bytes) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "{}: {}: the manifest says {} bytes but {} bytes arrived", ch_.peer(), phase,
+             decoded.bucket_bytes, bytes);
+      }
+      if (decoded.bucket_index != index || decoded.bucket_count != bucket_count_) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "{}: {}: the manifest names bucket {} of {}, expected bucket {} of {}", ch_.peer(),
+             phase, decoded.bucket_index, decoded.bucket_count, index, bucket_count_);
+      }
+      const auto data = data_->slot(slot).first(bytes);
+      std::vector<std::uint64_t> prints;
+      prints.reserve(decoded.tensors.size());
+      for (const auto& e : decoded.tensors) {
+        prints.push_back(kernels::fingerprint_cpu(data.data() + e.offset, e.size,
+                                                  config_.update.apply_threads));
+      }
+      update_->apply_bucket(data, manifest_bytes);
+      capnp::MallocMessageBuilder m;
+      auto ack = m.initRoot<wire::Message>().initAck();
+      ack.setIndex(index);
+      ack.setSlot(slot);
+      auto list = ack.initFingerprints(static_cast<unsigned>(prints.size()));
+      for (unsigned i = 0; i < prints.size(); ++i) list.set(i, prints[i]);
+      ch_.send(m, deadline_in(settings_.bucket_timeout), phase + " (ack)");
+    } catch (const Error& e) {
+      // Tell the sender now (it may be waiting for this ack, not sending), then break the
+      // session thread's wait; fail_session() reports this error.
+      apply_refused_ = true;
+      send_refusal(e.code(), e.what());
+      ch_.shutdown();
+      throw;
+    } catch (const kj::Exception& e) {
+      apply_refused_ = true;
+      const std::string why = fmt::format("{}: bucket {}: bad manifest ({})", ch_.peer(), index,
+                                          e.getDescription().cStr());
+      send_refusal(FERRY_STATUS_CORRUPT_DATA, why);
+      ch_.shutdown();
+      throw Error(FERRY_STATUS_CORRUPT_DATA, why);
+    }
+  }
+
+  void buckets_and_commit() {
+    std::uint32_t next = 0;
+    while (true) {
+      const std::string phase =
+          next < bucket_count_ ? fmt::format("bucket {}", next) : std::string("commit");
+      auto msg = ch_.recv(deadline_in(next < bucket_count_ ? settings_.bucket_timeout
+                                                           : settings_.commit_timeout),
+                          phase);
+      auto root = msg->root();
+      switch (root.which()) {
+        case Which::BUCKET: {
+          auto b = root.getBucket();
+          const std::uint32_t index = b.getIndex();
+          const std::uint32_t slot = b.getSlot();
+          const std::uint64_t bytes = b.getBytes();
+          if (index != next || index >= bucket_count_) {
+            fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got bucket {} (of {})", ch_.peer(), phase,
+                 index, bucket_count_);
+          }
+          if (slot >= data_->slot_count() || bytes > capacity_) {
+            fail(FERRY_STATUS_CORRUPT_DATA,
+                 "{}: {}: slot {} / {} bytes is outside the {} slots of {} bytes", ch_.peer(),
+                 phase, slot, bytes, data_->slot_count(), capacity_);
+          }
+          if (inflight_ && inflight_->slot == slot) {
+            fail(FERRY_STATUS_CORRUPT_DATA,
+                 "{}: {}: slot {} reused before bucket {} was acknowledged", ch_.peer(), phase,
+                 slot, inflight_->index);
+          }
+          std::vector<std::uint8_t> manifest(b.getManifest().begin(), b.getManifest().end());
+          data_->receive(ch_, slot, index, bytes, b.getDataFollows(),
+                         deadline_in(settings_.bucket_timeout), phase);
+          finish_inflight();
+          // The slot of the bucket just finished is free: post the receive that will use it.
+          if (index >= 1) {
+            const std::uint32_t freed_slot = (slot + data_->slot_count() - 1) % data_->slot_count();
+            const std::uint32_t later = index - 1 + static_cast<std::uint32_t>(data_->slot_count());
+            if (later < bucket_count_ && data_->slot_count() > 1) {
+              data_->post(freed_slot, later, deadline_in(settings_.bucket_timeout));
+            }
+          }
+          Inflight f;
+          f.slot = slot;
+          f.index = index;
+          f.done = std::async(std::launch::async, [this, slot, index, bytes,
+                                                   m = std::move(manifest)]() mutable {
+            apply(slot, index, bytes, std::move(m));
+          });
+          inflight_ = std::move(f);
+          if (data_->slot_count() == 1 && index + 1 < bucket_count_) {
+            finish_inflight();
+            data_->post(0, index + 1, deadline_in(settings_.bucket_timeout));
+          }
+          ++next;
+          break;
+        }
+        case Which::COMMIT: {
+          finish_inflight();
+          if (next != bucket_count_) {
+            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit after {} of {} buckets", ch_.peer(), next,
+                 bucket_count_);
+          }
+          if (root.getCommit().getVersion() != version_) {
+            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began",
+                 ch_.peer(), root.getCommit().getVersion(), version_);
+          }
+          const auto report = update_->commit();
+          update_.reset();
+          capnp::MallocMessageBuilder m;
+          auto c = m.initRoot<wire::Message>().initCommitted();
+          c.setVersion(report.version.number);
+          c.setLabel(report.version.label);
+          c.setSeconds(report.seconds);
+          ch_.send(m, deadline_in(settings_.commit_timeout), "commit (committed)");
+          return;
+        }
+        case Which::ABORT:
+          fail(FERRY_STATUS_ABORTED, "{}: the sender aborted: {}", ch_.peer(),
+               text(root.getAbort().getReason()));
+        default:
+          unexpected(ch_, phase, root.which());
+      }
+    }
+  }
+
+  Channel& ch_;
+  receiver::Receiver& receiver_;
+  const registry::Registry& registry_;
+  const config::Config& config_;
+  const ReceiverSessionSettings& settings_;
+  std::string sender_;
+  std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
+  std::unique_ptr<ReceiverDataPath> data_;
+  std::uint64_t capacity_ = 0;
+  std::uint64_t version_ = 0;
+  std::uint32_t bucket_count_ = 0;
+  std::optional<Inflight> inflight_;
+  std::atomic<bool> apply_refused_{false};
+};
+
+}  // namespace
+
+void serve_session(Channel& channel, receiver::Receiver& receiver,
+                   const registry::Registry& registry, const config::Config& config,
+                   const ReceiverSessionSettings& settings) {
+  Session session(channel, receiver, registry, config, settings);
+  try {
+    session.run();
+  } catch (const Error& e) {
+    session.fail_session(e.code(), e.what());
+  } catch (const kj::Exception& e) {
+    session.fail_session(FERRY_STATUS_CORRUPT_DATA,
+                         fmt::format("{}: malformed session message ({})", channel.peer(),
+                                     e.getDescription().cStr()));
+  } catch (const std::exception& e) {
+    session.fail_session(FERRY_STATUS_INTERNAL,
+                         fmt::format("{}: {}", channel.peer(), e.what()));
+  }
+}
+
+}  // namespace ferry::session

@@ -1,0 +1,632 @@
+// The trainer side: plans buckets once, then runs one session per receiver on its own thread
+// (see session/sender.hpp and docs/session-protocol.md).
+#include "session/sender.hpp"
+
+#include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+#include <httplib.h>
+#include <kj/exception.h>
+#include <unistd.h>
+
+#include "ferry_build_config.h"
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "registry/registry.hpp"
+#include "session/channel.hpp"
+#include "session/data_path.hpp"
+
+namespace ferry::session {
+namespace {
+
+// Packs one tensor into a host staging slot. CUDA tensors are staged through host memory (one
+// device-to-host copy per tensor and receiver); the data transports then move host buckets.
+void copy_to_host(std::byte* dst, const TensorView& t, std::uint64_t size) {
+  if (size == 0) return;
+  if (t.memory_kind != FERRY_MEMORY_CUDA) {
+    std::memcpy(dst, t.data, size);
+    return;
+  }
+#if FERRY_HAVE_CUDA
+  cudaError_t e = cudaSetDevice(t.device);
+  if (e == cudaSuccess) e = cudaMemcpy(dst, t.data, size, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    fail(FERRY_STATUS_IO, "push: copying tensor '{}' from CUDA device {} failed: {}", t.name,
+         t.device, cudaGetErrorString(e));
+  }
+#else
+  fail(FERRY_STATUS_UNIMPLEMENTED, "push: tensor '{}' is in CUDA memory (no CUDA in this build)",
+       t.name);
+#endif
+}
+
+
+constexpr std::uint64_t kAlign = 256;
+constexpr std::uint32_t kSlots = 2;  // double buffering
+
+std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+
+HostPort parse_address(const std::string& address) {
+  HostPort hp;
+  std::string port_text;
+  if (!address.empty() && address.front() == '[') {
+    const auto close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "receiver address '{}' is not [HOST]:PORT", address);
+    }
+    hp.host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    const auto colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "receiver address '{}' is not HOST:PORT", address);
+    }
+    hp.host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+  }
+  try {
+    std::size_t used = 0;
+    hp.port = std::stoi(port_text, &used);
+    if (used != port_text.size() || hp.port <= 0 || hp.port > 65535) throw std::out_of_range("");
+  } catch (const std::exception&) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "receiver address '{}' has no valid port", address);
+  }
+  return hp;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1";
+}
+
+struct PlannedBucket {
+  std::vector<std::pair<std::size_t, std::uint64_t>> items;  // tensor index, offset in bucket
+  std::uint64_t bytes = 0;
+  std::vector<std::uint8_t> manifest;
+  std::vector<std::uint64_t> fingerprints;  // per item
+};
+
+struct PushPlan {
+  std::vector<PlannedBucket> buckets;
+  std::uint64_t capacity = 0;
+  std::uint64_t total = 0;
+};
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+}  // namespace
+
+bool PushReport::all_committed() const {
+  if (receivers.empty()) return false;
+  for (const auto& r : receivers) {
+    if (!r.committed) return false;
+  }
+  return true;
+}
+
+struct Sender::Impl {
+  config::Config config;
+  const registry::Registry& registry;
+  SenderOptions options;
+
+  mutable std::mutex mutex;  // guards results, channels, data paths, abort state
+  std::vector<ReceiverResult> results;
+  std::set<Channel*> channels;
+  std::set<SenderDataPath*> data_paths;
+  bool running = false;
+  bool aborted = false;
+  std::string abort_reason;
+
+  Impl(const config::Config& c, const registry::Registry& r, SenderOptions o)
+      : config(c), registry(r), options(std::move(o)) {}
+
+  // "inline", or a plugin name; `required` false when "auto" chose it.
+  std::pair<std::string, bool> choose_transport() const {
+    if (options.transport == "inline") return {"inline", true};
+    if (options.transport == "auto") {
+      try {
+        registry.transport("ucx");
+        logger("sender")->info("transport auto: ucx (loadable)");
+        return {"ucx", false};
+      } catch (const Error& e) {
+        logger("sender")->info("transport auto: inline (ucx not loadable: {})", e.what());
+        return {"inline", false};
+      }
+    }
+    return {options.transport, true};
+  }
+
+  void set_result(std::size_t i, const ReceiverResult& r) {
+    std::lock_guard lock(mutex);
+    results[i] = r;
+  }
+
+  bool is_aborted(std::string& reason) const {
+    std::lock_guard lock(mutex);
+    reason = abort_reason;
+    return aborted;
+  }
+
+  void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
+                    std::uint64_t version, const std::string& label,
+                    const std::pair<std::string, bool>& transport) {
+    const std::string address = options.receivers[index];
+    ReceiverResult result;
+    result.address = address;
+    const auto start = Clock::now();
+    std::unique_ptr<Channel> channel;
+    std::unique_ptr<SenderDataPath> data;
+    auto unregister = [&] {
+      std::lock_guard lock(mutex);
+      if (channel) channels.erase(channel.get());
+      if (data) data_paths.erase(data.get());
+    };
+    try {
+      channel = open_channel(address);
+      {
+        std::lock_guard lock(mutex);
+        if (aborted) fail(FERRY_STATUS_ABORTED, "aborted: {}", abort_reason);
+        channels.insert(channel.get());
+      }
+      session(*channel, index, tensors, plan, version, label, transport, data, result);
+      result.committed = true;
+    } catch (const Error& e) {
+      std::string reason;
+      result.code = e.code();
+      if (is_aborted(reason) && e.code() != FERRY_STATUS_CORRUPT_DATA) {
+        result.code = FERRY_STATUS_ABORTED;
+        result.error = fmt::format("receiver {}: aborted: {}", address, reason);
+      } else {
+        result.error = e.what();
+        if (result.error.find(address) == std::string::npos) {
+          result.error = fmt::format("receiver {}: {}", address, result.error);
+        }
+      }
+      if (channel && !channel->is_shut_down()) {
+        try {
+          capnp::MallocMessageBuilder m;
+          m.initRoot<wire::Message>().initAbort().setReason(result.error);
+          channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "abort");
+        } catch (...) {
+        }
+      }
+    } catch (const kj::Exception& e) {
+      result.code = FERRY_STATUS_CORRUPT_DATA;
+      result.error = fmt::format("receiver {}: malformed session message ({})", address,
+                                 e.getDescription().cStr());
+    } catch (const std::exception& e) {
+      result.code = FERRY_STATUS_INTERNAL;
+      result.error = fmt::format("receiver {}: {}", address, e.what());
+    }
+    unregister();
+    result.seconds = seconds_since(start);
+    if (!result.committed) logger("sender")->warn("{}", result.error);
+    set_result(index, result);
+  }
+
+  std::unique_ptr<Channel> open_channel(const std::string& address) {
+    const HostPort hp = parse_address(address);
+    const std::string who = "receiver " + address;
+    httplib::Client client(hp.host, hp.port);
+    const auto ms = options.connect_timeout.count();
+    client.set_connection_timeout(std::chrono::milliseconds(ms));
+    client.set_read_timeout(std::chrono::milliseconds(ms));
+    client.set_write_timeout(std::chrono::milliseconds(ms));
+    httplib::Headers headers;
+    if (!options.token.empty()) headers.emplace("Authorization", "Bearer " + options.token);
+    auto res = client.Get("/ferry/session", headers);
+    if (!res) {
+      fail(FERRY_STATUS_PEER_FAILED, "{}: discovery: GET /ferry/session failed ({})", who,
+           httplib::to_string(res.error()));
+    }
+    if (res->status != 200) {
+      fail(FERRY_STATUS_PEER_FAILED, "{}: discovery: GET /ferry/session answered {}: {}", who,
+           res->status, res->body.substr(0, 300));
+    }
+    auto info = nlohmann::json::parse(res->body, nullptr, false);
+    if (info.is_discarded() || !info.is_object() || !info.contains("port") ||
+        !info["port"].is_number_integer()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: discovery: GET /ferry/session gave no session port",
+           who);
+    }
+    const int port = info["port"].get<int>();
+    const std::string unix_path =
+        info.contains("unix_path") && info["unix_path"].is_string() ? info["unix_path"].get<std::string>() : "";
+    const auto deadline = deadline_in(options.connect_timeout);
+    if (!unix_path.empty() && is_loopback(hp.host) && std::filesystem::exists(unix_path)) {
+      try {
+        return std::make_unique<Channel>(connect_unix(unix_path, deadline, who), who);
+      } catch (const Error& e) {
+        logger("sender")->debug("{}: Unix socket failed ({}); using TCP", who, e.what());
+      }
+    }
+    return std::make_unique<Channel>(connect_tcp(hp.host, port, deadline, who + " session"), who);
+  }
+
+  // Waits for the Ack of bucket `index`; checks its fingerprints.
+  void wait_ack(Channel& ch, std::uint32_t index, const PushPlan& plan, std::span<const TensorView> tensors) {
+    const std::string phase = fmt::format("bucket {} (ack)", index);
+    auto msg = ch.recv(deadline_in(options.bucket_timeout), phase);
+    auto root = msg->root();
+    if (root.which() == wire::Message::REFUSAL) {
+      auto r = root.getRefusal();
+      fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused during {}: {}", ch.peer(),
+           phase, text(r.getMessage()));
+    }
+    if (root.which() != wire::Message::ACK) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: unexpected message", ch.peer(), phase);
+    }
+    auto ack = root.getAck();
+    if (ack.getIndex() != index) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got the ack of bucket {}", ch.peer(), phase,
+           ack.getIndex());
+    }
+    const auto& b = plan.buckets[index];
+    auto prints = ack.getFingerprints();
+    if (prints.size() != b.fingerprints.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: {} fingerprints for {} tensors", ch.peer(), phase,
+           prints.size(), b.fingerprints.size());
+    }
+    for (unsigned i = 0; i < prints.size(); ++i) {
+      if (prints[i] != b.fingerprints[i]) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "{}: {}: tensor '{}' arrived with fingerprint {:016x}, sent {:016x}", ch.peer(),
+             phase, tensors[b.items[i].first].name, prints[i], b.fingerprints[i]);
+      }
+    }
+  }
+
+  // One receiver's session. `data` (owned by the caller, so that abort() never sees a freed one)
+  // receives the data path.
+  void session(Channel& ch, std::size_t index, std::span<const TensorView> tensors,
+               const PushPlan& plan, std::uint64_t version, const std::string& label,
+               const std::pair<std::string, bool>& transport,
+               std::unique_ptr<SenderDataPath>& data, ReceiverResult& result) {
+    const std::string& address = options.receivers[index];
+    if (transport.first != "inline") {
+      try {
+        data = make_plugin_sender_path(registry, config, transport.first, plan.capacity, kSlots);
+      } catch (const Error& e) {
+        if (transport.second) throw;
+        logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.first,
+                               e.what());
+      }
+    }
+    {
+      std::lock_guard lock(mutex);
+      if (data) data_paths.insert(data.get());
+    }
+    // ---- handshake
+    {
+      capnp::MallocMessageBuilder m;
+      auto hello = m.initRoot<wire::Message>().initHello();
+      hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+      if (const char* v = std::getenv("FERRY_SESSION_TEST_PROTOCOL_VERSION")) {
+        hello.setProtocolVersion(static_cast<std::uint32_t>(std::stoul(v)));
+      }
+      hello.setToken(options.token);
+      char host[256] = "?";
+      ::gethostname(host, sizeof host - 1);
+      hello.setSenderName(fmt::format("{} pid {}", host, ::getpid()));
+      auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
+      for (unsigned i = 0; i < tensors.size(); ++i) {
+        list[i].setName(tensors[i].name);
+        list[i].setDtype(static_cast<std::uint32_t>(tensors[i].dtype));
+        auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
+        for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+      }
+      hello.setConfigJson(options.config_json);
+      hello.setTransport(data ? transport.first : std::string("inline"));
+      hello.setTransportRequired(transport.second);
+      const auto addr = data ? data->address() : std::vector<std::uint8_t>{};
+      hello.setTransportAddress(kj::arrayPtr(addr.data(), addr.size()));
+      hello.setBucketBytes(plan.capacity);
+      hello.setSlots(kSlots);
+      ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
+    }
+    {
+      const std::string phase = "handshake (welcome)";
+      auto msg = ch.recv(deadline_in(options.connect_timeout), phase);
+      auto root = msg->root();
+      if (root.which() == wire::Message::REFUSAL) {
+        auto r = root.getRefusal();
+        fail(static_cast<ferry_status_code_t>(r.getCode()), "receiver {} refused the session: {}",
+             address, text(r.getMessage()));
+      }
+      if (root.which() != wire::Message::WELCOME) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: unexpected message", ch.peer(), phase);
+      }
+      auto w = root.getWelcome();
+      const std::string chosen = text(w.getTransport());
+      if (chosen == "inline") {
+        if (data) {
+          logger("sender")->warn("receiver {} has no '{}'; using inline", address,
+                                 transport.first);
+          std::lock_guard lock(mutex);
+          data_paths.erase(data.get());
+        }
+        auto replacement = make_inline_sender_path(plan.capacity, kSlots);
+        data.swap(replacement);
+      } else {
+        if (!data || chosen != data->name()) {
+          fail(FERRY_STATUS_INCOMPATIBLE, "{}: the receiver chose transport '{}'", ch.peer(),
+               chosen);
+        }
+        std::vector<std::vector<std::uint8_t>> keys;
+        for (auto s : w.getSlots()) {
+          keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
+          if (s.getCapacity() < plan.capacity) {
+            fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", ch.peer(),
+                 s.getCapacity(), plan.capacity);
+          }
+        }
+        data->connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
+                                                    w.getTransportAddress().size()),
+                      keys, w.getRmaNative(), ch.peer(), deadline_in(options.connect_timeout));
+      }
+      result.transport = data->name();
+      std::lock_guard lock(mutex);
+      data_paths.insert(data.get());
+      results[index].transport = data->name();
+    }
+    // ---- begin
+    {
+      capnp::MallocMessageBuilder m;
+      auto b = m.initRoot<wire::Message>().initBegin();
+      b.setVersion(version);
+      b.setLabel(label);
+      b.setBucketCount(static_cast<std::uint32_t>(plan.buckets.size()));
+      b.setTotalBytes(plan.total);
+      b.setViaPut(data->uses_put());
+      ch.send(m, deadline_in(options.bucket_timeout), "begin");
+      auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
+      auto root = msg->root();
+      if (root.which() == wire::Message::REFUSAL) {
+        auto r = root.getRefusal();
+        fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused begin: {}", ch.peer(),
+             text(r.getMessage()));
+      }
+      if (root.which() != wire::Message::READY) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
+      }
+    }
+    // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
+    std::uint32_t acked = 0;
+    const auto count = static_cast<std::uint32_t>(plan.buckets.size());
+    for (std::uint32_t k = 0; k < count; ++k) {
+      const std::string phase = fmt::format("bucket {}", k);
+      const std::uint32_t slot = k % kSlots;
+      if (k >= kSlots) {
+        wait_ack(ch, acked, plan, tensors);
+        ++acked;
+      }
+      const auto& b = plan.buckets[k];
+      auto dst = data->slot(slot);
+      std::uint64_t cursor = 0;
+      for (const auto& [t, offset] : b.items) {
+        // Zero the alignment padding so the bytes on the wire are deterministic.
+        if (offset > cursor) std::memset(dst.data() + cursor, 0, offset - cursor);
+        const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+        copy_to_host(dst.data() + offset, tensors[t], size);
+        cursor = offset + size;
+      }
+      const auto deadline = deadline_in(options.bucket_timeout);
+      data->deliver(slot, k, b.bytes, deadline, phase);
+      capnp::MallocMessageBuilder m;
+      auto br = m.initRoot<wire::Message>().initBucket();
+      br.setIndex(k);
+      br.setSlot(slot);
+      br.setBytes(b.bytes);
+      br.setManifest(kj::arrayPtr(b.manifest.data(), b.manifest.size()));
+      br.setDataFollows(data->data_follows());
+      ch.send(m, deadline, phase);
+      data->after_header(ch, slot, b.bytes, deadline, phase);
+      result.bytes += b.bytes;
+      result.buckets += 1;
+      {
+        std::lock_guard lock(mutex);
+        results[index].buckets = result.buckets;
+        results[index].bytes = result.bytes;
+      }
+      if (options.after_bucket) options.after_bucket(address, k);
+    }
+    while (acked < count) {
+      wait_ack(ch, acked, plan, tensors);
+      ++acked;
+    }
+    // ---- commit
+    {
+      capnp::MallocMessageBuilder m;
+      m.initRoot<wire::Message>().initCommit().setVersion(version);
+      ch.send(m, deadline_in(options.commit_timeout), "commit");
+      auto msg = ch.recv(deadline_in(options.commit_timeout), "commit");
+      auto root = msg->root();
+      if (root.which() == wire::Message::REFUSAL) {
+        auto r = root.getRefusal();
+        fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused the commit: {}",
+             ch.peer(), text(r.getMessage()));
+      }
+      if (root.which() != wire::Message::COMMITTED) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit: unexpected message", ch.peer());
+      }
+      if (root.getCommitted().getVersion() != version) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: committed version {} instead of {}", ch.peer(),
+             root.getCommitted().getVersion(), version);
+      }
+    }
+  }
+};
+
+Sender::Sender(const config::Config& config, const registry::Registry& registry,
+               SenderOptions options)
+    : impl_(std::make_unique<Impl>(config, registry, std::move(options))) {}
+
+Sender::~Sender() = default;
+
+PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t version,
+                        const std::optional<std::string>& label) {
+  auto& i = *impl_;
+  const auto start = Clock::now();
+  if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
+  if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
+  for (const auto& r : i.options.receivers) parse_address(r);
+  std::set<std::string> names;
+  std::uint64_t largest = 0;
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) {
+    if (t.name.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: a tensor has an empty name");
+    if (!names.insert(t.name).second) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' is given twice", t.name);
+    }
+    if (dtype_size(t.dtype) == 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' has an invalid dtype", t.name);
+    }
+    if (t.shape.size() > FERRY_MAX_DIMS) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' has {} dims (at most {})", t.name,
+           t.shape.size(), FERRY_MAX_DIMS);
+    }
+    const auto size = byte_size(t.dtype, t.shape);
+    if (!size) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' is too large", t.name);
+    if (t.data == nullptr && *size > 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' has no data", t.name);
+    }
+    if (t.memory_kind == FERRY_MEMORY_CUDA && !FERRY_HAVE_CUDA) {
+      fail(FERRY_STATUS_UNIMPLEMENTED,
+           "push: tensor '{}' is in CUDA memory but this build has no CUDA (built with "
+           "-Dcuda=disabled); copy it to the host first",
+           t.name);
+    }
+    if (t.memory_kind != FERRY_MEMORY_HOST && t.memory_kind != FERRY_MEMORY_PINNED &&
+        t.memory_kind != FERRY_MEMORY_CUDA) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "push: tensor '{}' has an unknown memory kind {}",
+           t.name, static_cast<unsigned>(t.memory_kind));
+    }
+    largest = std::max(largest, *size);
+    total += *size;
+  }
+  const std::string version_label = label.value_or(std::to_string(version));
+  {
+    std::lock_guard lock(i.mutex);
+    if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
+    i.running = true;
+    i.aborted = false;
+    i.abort_reason.clear();
+    i.results.assign(i.options.receivers.size(), ReceiverResult{});
+    for (std::size_t k = 0; k < i.results.size(); ++k) i.results[k].address = i.options.receivers[k];
+  }
+  struct Running {
+    Impl& impl;
+    ~Running() {
+      std::lock_guard lock(impl.mutex);
+      impl.running = false;
+    }
+  } running{i};
+
+  // The plan: buckets of at most capacity bytes (one tensor alone may be larger than
+  // bucket_bytes: the capacity grows to hold it), manifests encoded once for every receiver.
+  PushPlan plan;
+  plan.total = total;
+  plan.capacity = align_up(std::max<std::uint64_t>(
+      std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
+  std::vector<std::uint64_t> prints(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    prints[t] = kernels::fingerprint_cpu(tensors[t].data, byte_size(tensors[t].dtype, tensors[t].shape).value_or(0),
+                                         i.options.threads);
+  }
+  {
+    PlannedBucket current;
+    std::uint64_t cursor = 0;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+      std::uint64_t offset = align_up(cursor);
+      if (!current.items.empty() && offset + size > plan.capacity) {
+        plan.buckets.push_back(std::move(current));
+        current = PlannedBucket{};
+        offset = 0;
+      }
+      current.items.emplace_back(t, offset);
+      current.fingerprints.push_back(prints[t]);
+      cursor = offset + size;
+      current.bytes = cursor;
+    }
+    plan.buckets.push_back(std::move(current));
+  }
+  const auto count = static_cast<std::uint32_t>(plan.buckets.size());
+  for (std::uint32_t k = 0; k < count; ++k) {
+    auto& b = plan.buckets[k];
+    manifest::Manifest m;
+    m.version = version;
+    m.version_label = version_label;
+    m.bucket_index = k;
+    m.bucket_count = count;
+    m.bucket_bytes = b.bytes;
+    for (std::size_t j = 0; j < b.items.size(); ++j) {
+      const auto& t = tensors[b.items[j].first];
+      manifest::Entry e;
+      e.name = t.name;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      e.offset = b.items[j].second;
+      e.size = byte_size(t.dtype, t.shape).value_or(0);
+      e.fingerprint = b.fingerprints[j];
+      m.tensors.push_back(std::move(e));
+    }
+    b.manifest = manifest::encode(m);
+  }
+
+  const auto transport = i.choose_transport();
+  std::vector<std::thread> threads;
+  threads.reserve(i.options.receivers.size());
+  for (std::size_t r = 0; r < i.options.receivers.size(); ++r) {
+    threads.emplace_back([&, r] { i.run_receiver(r, tensors, plan, version, version_label, transport); });
+  }
+  for (auto& t : threads) t.join();
+
+  PushReport report;
+  report.version = version;
+  report.bytes = total;
+  {
+    std::lock_guard lock(i.mutex);
+    report.receivers = i.results;
+  }
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+void Sender::abort(const std::string& reason) {
+  auto& i = *impl_;
+  std::lock_guard lock(i.mutex);
+  if (!i.running) return;
+  i.aborted = true;
+  i.abort_reason = reason;
+  for (auto* c : i.channels) c->shutdown();
+  for (auto* d : i.data_paths) d->abort(reason);
+}
+
+std::vector<ReceiverResult> Sender::status() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->results;
+}
+
+}  // namespace ferry::session

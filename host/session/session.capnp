@@ -1,0 +1,115 @@
+# session.capnp: the messages of the sender<->receiver session protocol (docs/session-protocol.md).
+# Each message travels as one length-prefixed frame holding a flat Cap'n Proto message (frame.hpp);
+# bucket bytes of the inline data path travel as a raw frame right after their BucketReady.
+#
+# Evolution: ordinals are append-only, never reused or renumbered; defaults never change. A change
+# a peer of the previous protocol version cannot ignore bumps kProtocolVersion.
+
+@0xa597bb5d0b97b3af;
+
+$import "/capnp/c++.capnp".namespace("ferry::session::wire");
+
+const protocolVersion :UInt32 = 1;
+
+# One tensor: a checkpoint tensor (Hello) or a parameter of the receiver's layout.
+struct TensorDesc {
+  name @0 :Text;
+  dtype @1 :UInt32;   # ferry_dtype_t
+  shape @2 :List(UInt64);
+}
+
+# sender -> receiver, first message.
+struct Hello {
+  protocolVersion @0 :UInt32;
+  token @1 :Text;              # the receiver's control API token, when it has one
+  senderName @2 :Text;         # for the receiver's log and errors
+  tensors @3 :List(TensorDesc);  # the full checkpoint catalog (unsharded), in push order
+  configJson @4 :Text;         # the checkpoint's config.json, or empty
+  transport @5 :Text;          # "inline" or a transport plugin name ("ucx")
+  transportRequired @6 :Bool;  # false: the receiver may fall back to "inline"
+  transportAddress @7 :Data;   # the sender's rendezvous blob (e.g. UCX worker address)
+  bucketBytes @8 :UInt64;      # capacity every staging slot must have
+  slots @9 :UInt32;            # staging slots the sender wants (2: double buffering)
+}
+
+struct Slot {
+  capacity @0 :UInt64;
+  remoteKey @1 :Data;  # the transport's packed key of this slot's registered memory (RMA)
+}
+
+# receiver -> sender: the handshake is accepted.
+struct Welcome {
+  protocolVersion @0 :UInt32;
+  receiverName @1 :Text;
+  layoutSignature @2 :UInt64;  # of this rank's target layout (names, dtypes, shapes)
+  numParams @3 :UInt32;
+  transport @4 :Text;          # the data path chosen: "inline" or the plugin name
+  transportAddress @5 :Data;   # the receiver's rendezvous blob
+  slots @6 :List(Slot);
+  bucketTimeoutMs @7 :UInt64;  # the receiver's own deadlines (for the sender's information)
+  commitTimeoutMs @8 :UInt64;
+  rmaNative @9 :Bool;          # slot keys are given: the sender may put (it decides, see Begin)
+}
+
+# Either direction: the peer refuses or gives up; the connection closes after it.
+struct Refusal {
+  code @0 :UInt32;  # ferry_status_code_t
+  message @1 :Text;
+}
+
+struct Begin {
+  version @0 :UInt64;
+  label @1 :Text;
+  bucketCount @2 :UInt32;
+  totalBytes @3 :UInt64;
+  viaPut @4 :Bool;  # transport plugin: buckets arrive by put+flush (else by send into posted recvs)
+}
+
+struct Ready {
+  version @0 :UInt64;
+}
+
+# sender -> receiver: bucket `index` is in staging slot `slot` (or follows as a raw frame).
+struct BucketReady {
+  index @0 :UInt32;
+  slot @1 :UInt32;
+  bytes @2 :UInt64;      # bucket bytes; equals the manifest's bucketBytes
+  manifest @3 :Data;     # tensor_meta.capnp Manifest bytes
+  dataFollows @4 :Bool;  # inline data path: a raw frame of `bytes` bytes comes next
+}
+
+# receiver -> sender: bucket `index` was applied; its slot may be reused.
+struct Ack {
+  index @0 :UInt32;
+  slot @1 :UInt32;
+  fingerprints @2 :List(UInt64);  # xxh64-chunked-v1 of each manifest entry as received, in order
+}
+
+struct Commit {
+  version @0 :UInt64;
+}
+
+struct Committed {
+  version @0 :UInt64;
+  label @1 :Text;
+  seconds @2 :Float64;  # receiver-side time from Begin to the published version
+}
+
+struct Abort {
+  reason @0 :Text;
+}
+
+struct Message {
+  union {
+    hello @0 :Hello;
+    welcome @1 :Welcome;
+    refusal @2 :Refusal;
+    begin @3 :Begin;
+    ready @4 :Ready;
+    bucket @5 :BucketReady;
+    ack @6 :Ack;
+    commit @7 :Commit;
+    committed @8 :Committed;
+    abort @9 :Abort;
+  }
+}

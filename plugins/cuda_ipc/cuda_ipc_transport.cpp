@@ -1,0 +1,769 @@
+// cuda_ipc/cuda_ipc_transport.cpp: registrations, imports, copies and requests of one CUDA IPC
+// transport instance (see cuda_ipc_transport.hpp).
+#include "cuda_ipc_transport.hpp"
+
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace ferry::cuda_ipc {
+
+Options parse_options(const ferry_option_t* options, std::size_t count) {
+  Options out;
+  const char* tmp = std::getenv("TMPDIR");
+  out.socket_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::string key = options[i].key != nullptr ? options[i].key : "";
+    const std::string value = options[i].value != nullptr ? options[i].value : "";
+    if (key == "socket_dir") {
+      if (value.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc: socket_dir is empty");
+      out.socket_dir = value;
+    } else {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "cuda_ipc: unknown option '{}' (known: socket_dir)", key);
+    }
+  }
+  return out;
+}
+
+LegacyOpening::~LegacyOpening() {
+  if (base == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (previous != device) (void)cudaSetDevice(device);
+  (void)cudaIpcCloseMemHandle(base);
+  (void)cudaGetLastError();
+  if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+}
+
+namespace {
+
+// A deadline of 0 or less means the caller gave none: still never wait forever.
+constexpr std::int64_t kDefaultWaitNs = 300'000'000'000;
+std::int64_t effective(std::int64_t deadline_ns) {
+  return deadline_ns > 0 ? deadline_ns : monotonic_ns() + kDefaultWaitNs;
+}
+
+const char* kind_name(ferry_request::Kind kind) {
+  switch (kind) {
+    case ferry_request::Kind::Copy: return "put";
+    case ferry_request::Kind::Flush: return "flush";
+    case ferry_request::Kind::Send: return "send_bucket";
+    case ferry_request::Kind::Recv: return "recv_bucket";
+  }
+  return "request";
+}
+
+}  // namespace
+}  // namespace ferry::cuda_ipc
+
+using namespace ferry::cuda_ipc;
+using ferry::Error;
+using ferry::fail;
+
+ferry_transport::ferry_transport(const ferry_transport_create_args_t& args, Options options)
+    : role_(args.role), device_(args.device), nonce_(random_nonce()) {
+  endpoint_ = std::make_unique<Endpoint>(options.socket_dir, nonce_,
+                                         [this](std::uint64_t id) { return answer_import(id); });
+}
+
+ferry_transport::~ferry_transport() {
+  if (cuda_ready_) {
+    try {
+      ferry::cuda_ipc::DeviceScope scope(device_);
+      (void)cudaStreamSynchronize(stream_);
+    } catch (const Error&) {
+      // The device is gone; nothing is in flight on it any more.
+    }
+  }
+  std::set<ferry_peer*> peers;
+  {
+    std::lock_guard lock(state_mutex_);
+    peers = peers_;
+  }
+  for (auto* p : peers) disconnect(p);
+  {
+    std::lock_guard lock(state_mutex_);
+    for (auto* r : requests_) {
+      if (r->event != nullptr) return_event(r->event);
+      delete r;
+    }
+    requests_.clear();
+  }
+  endpoint_.reset();  // no import can be answered past this point
+  std::map<std::uint64_t, ferry_memory*> memory;
+  {
+    std::lock_guard lock(memory_mutex_);
+    memory = memory_;
+  }
+  for (auto& [id, m] : memory) deregister_memory(m);
+  if (cuda_ready_) {
+    try {
+      ferry::cuda_ipc::DeviceScope scope(device_);
+      for (auto e : free_events_) (void)cudaEventDestroy(e);
+      (void)cudaStreamDestroy(stream_);
+    } catch (const Error&) {
+      // The device cannot be made current any more: the process is going down with it.
+    }
+  }
+}
+
+void ferry_transport::ensure_cuda() {
+  std::lock_guard lock(cuda_mutex_);
+  if (cuda_ready_) return;
+  (void)Driver::get();
+  if (device_ < 0) check_rt(cudaGetDevice(&device_), "cudaGetDevice");
+  DeviceScope scope(device_);
+  check_rt(cudaFree(nullptr), "initializing the CUDA context");
+  check_rt(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_ready_ = true;
+}
+
+cudaEvent_t ferry_transport::take_event() {
+  if (!free_events_.empty()) {
+    cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  return e;
+}
+
+void ferry_transport::return_event(cudaEvent_t event) noexcept {
+  try {
+    free_events_.push_back(event);
+  } catch (...) {
+    (void)cudaEventDestroy(event);
+  }
+}
+
+void ferry_transport::check_not_aborted() {
+  std::lock_guard lock(state_mutex_);
+  if (!aborted_.empty()) fail(FERRY_STATUS_ABORTED, "cuda_ipc: aborted: {}", aborted_);
+}
+
+std::vector<std::uint8_t> ferry_transport::address() const {
+  return encode_address(endpoint_->address());
+}
+
+ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
+  check_not_aborted();
+  if (args.num_remote != 1 || args.remote_addresses == nullptr) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cuda_ipc connect: point-to-point only: expected 1 remote address, got {}",
+         args.num_remote);
+  }
+  const ferry_blob_t& blob = args.remote_addresses[0];
+  if (blob.data == nullptr && blob.size > 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc connect: remote address data is NULL");
+  }
+  const Address remote = decode_address({blob.data, blob.size});
+  const std::string name = args.peer_name != nullptr && *args.peer_name != '\0'
+                               ? std::string(args.peer_name)
+                               : fmt::format("peer pid {}", remote.pid);
+  auto peer = std::make_unique<ferry_peer>();
+  peer->link = endpoint_->connect(remote, name, effective(args.deadline_ns));
+  std::lock_guard lock(state_mutex_);
+  peers_.insert(peer.get());
+  return peer.release();
+}
+
+void ferry_transport::disconnect(ferry_peer* peer) noexcept {
+  if (peer == nullptr) return;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (peers_.erase(peer) == 0) return;
+    for (auto* r : requests_) {
+      if (r->peer != peer) continue;
+      r->peer = nullptr;
+      if (!r->done) {
+        r->done = true;
+        r->code = FERRY_STATUS_FAILED_PRECONDITION;
+        r->message = "cuda_ipc: the peer of this request was disconnected";
+      }
+    }
+  }
+  if (cuda_ready_) {
+    try {
+      DeviceScope scope(device_);
+      (void)cudaStreamSynchronize(stream_);  // no copy may still target what we unmap
+      std::lock_guard lock(peer->mutex);
+      for (auto& [id, imported] : peer->imports) unmap(imported);
+      peer->imports.clear();
+    } catch (const Error&) {
+      // Device lost: the mappings die with the context.
+    }
+  }
+  delete peer;
+}
+
+void ferry_transport::unmap(Imported& imported) noexcept {
+  if (imported.va != 0) {
+    const Driver& d = Driver::get();
+    (void)d.unmap(imported.va, imported.span);
+    (void)d.address_free(imported.va, imported.span);
+    imported.va = 0;
+  }
+  imported.legacy.reset();  // the last user closes the cudaIpc opening
+}
+
+ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) {
+  if (desc.base == nullptr || desc.size == 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc register_memory: empty range (base {}, {} bytes)",
+         desc.base, desc.size);
+  }
+  if (reinterpret_cast<std::uintptr_t>(desc.base) + desc.size <
+      reinterpret_cast<std::uintptr_t>(desc.base)) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc register_memory: range wraps the address space");
+  }
+  auto m = std::make_unique<ferry_memory>();
+  m->base = static_cast<std::uint8_t*>(desc.base);
+  m->size = desc.size;
+  m->kind = desc.kind;
+  if (desc.kind != FERRY_MEMORY_CUDA) {
+    if (desc.kind != FERRY_MEMORY_HOST && desc.kind != FERRY_MEMORY_PINNED) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc register_memory: unknown memory kind {}",
+           static_cast<int>(desc.kind));
+    }
+    m->not_shareable = fmt::format(
+        "memory at {} is host memory: it can be the local side of a put, but only CUDA device "
+        "memory can be shared over cuda_ipc",
+        desc.base);
+  } else {
+    ensure_cuda();
+    DeviceScope scope(device_);
+    const Driver& d = Driver::get();
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, desc.base) == cudaSuccess) {
+      if (attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeUnregistered) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "cuda_ipc register_memory: {} was declared CUDA memory but is host memory",
+             desc.base);
+      }
+      if (attr.type == cudaMemoryTypeDevice && attr.device != device_) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "cuda_ipc register_memory: {} lies on CUDA device {}, this transport uses device {}",
+             desc.base, attr.device, device_);
+      }
+    } else {
+      (void)cudaGetLastError();
+    }
+    const auto base = reinterpret_cast<CUdeviceptr>(desc.base);
+    const CUdeviceptr end = base + desc.size;
+    CUmemGenericAllocationHandle handle = 0;
+    if (d.retain(&handle, desc.base) == CUDA_SUCCESS) {
+      // VMM memory (ferry's CUDA store): one retained handle per mapped chunk in the range.
+      m->share = ShareKind::Vmm;
+      try {
+        CUdeviceptr at = base;
+        CUdeviceptr span_start = 0;
+        bool first = true;
+        while (at < end) {
+          if (!first) {
+            check_cu(d.retain(&handle, reinterpret_cast<void*>(at)),
+                     "cuMemRetainAllocationHandle (a hole in the registered range?)");
+          }
+          m->chunks.push_back({handle, 0, 0});
+          CUdeviceptr segment = 0;
+          std::size_t segment_size = 0;
+          check_cu(d.address_range(&segment, &segment_size, at), "cuMemGetAddressRange");
+          if (first) span_start = segment;
+          first = false;
+          m->chunks.back().offset = segment - span_start;
+          m->chunks.back().size = segment_size;
+          CUmemAllocationProp prop{};
+          check_cu(d.properties(&prop, handle), "cuMemGetAllocationPropertiesFromHandle");
+          if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 &&
+              m->not_shareable.empty()) {
+            m->not_shareable = fmt::format(
+                "the VMM allocation at {:#x} was created without POSIX file descriptor export "
+                "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); create the store with exportable "
+                "chunks",
+                segment);
+          }
+          at = segment + segment_size;
+        }
+        m->base_offset = base - span_start;
+      } catch (...) {
+        for (auto& c : m->chunks) (void)d.release(c.handle);
+        throw;
+      }
+    } else {
+      // Not VMM: a cudaMalloc allocation (e.g. PyTorch's caching allocator): legacy cudaIpc.
+      m->share = ShareKind::Legacy;
+      CUdeviceptr allocation = 0;
+      std::size_t allocation_size = 0;
+      check_cu(d.address_range(&allocation, &allocation_size, base),
+               "cuMemGetAddressRange (is the range CUDA device memory?)");
+      if (end > allocation + allocation_size) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "cuda_ipc register_memory: [{}, +{}) runs past the end of its CUDA allocation "
+             "({:#x}, {} bytes)",
+             desc.base, desc.size, allocation, allocation_size);
+      }
+      m->base_offset = base - allocation;
+      const cudaError_t err =
+          cudaIpcGetMemHandle(&m->ipc, reinterpret_cast<void*>(allocation));
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        m->not_shareable = fmt::format("cudaIpcGetMemHandle refused the allocation at {:#x}: {}",
+                                       allocation, cudaGetErrorName(err));
+      }
+    }
+  }
+  std::lock_guard lock(memory_mutex_);
+  m->id = next_memory_id_++;
+  memory_[m->id] = m.get();
+  return m.release();
+}
+
+std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
+  {
+    std::lock_guard lock(memory_mutex_);
+    auto it = memory == nullptr ? memory_.end() : memory_.find(memory->id);
+    if (it == memory_.end() || it->second != memory) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc pack_key: memory is not registered here");
+    }
+  }
+  if (!memory->not_shareable.empty()) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "cuda_ipc pack_key: {}", memory->not_shareable);
+  }
+  return encode_key(Key{nonce_, memory->id, memory->base_offset, memory->size, memory->share});
+}
+
+void ferry_transport::deregister_memory(ferry_memory* memory) noexcept {
+  if (memory == nullptr) return;
+  {
+    std::lock_guard lock(memory_mutex_);
+    auto it = memory_.find(memory->id);
+    if (it == memory_.end() || it->second != memory) return;
+    memory_.erase(it);
+  }
+  {
+    // Peers that imported it keep their mapping (and so the old memory) until they disconnect;
+    // this tells them to refuse the key from now on. Best effort: a peer that is gone needs
+    // no telling.
+    std::lock_guard lock(state_mutex_);
+    for (auto* p : peers_) {
+      try {
+        p->link->send(Frame{MessageType::Revoked, PayloadWriter().u64(memory->id).take(), {}});
+      } catch (const std::exception&) {
+        // The peer is gone or its socket broke: nothing can use the key any more.
+      }
+    }
+  }
+  if (!memory->chunks.empty()) {
+    try {
+      const Driver& d = Driver::get();
+      for (auto& c : memory->chunks) (void)d.release(c.handle);
+    } catch (const Error&) {
+      // No driver: nothing was retained.
+    }
+  }
+  delete memory;
+}
+
+Endpoint::ImportAnswer ferry_transport::answer_import(std::uint64_t memory_id) {
+  std::lock_guard lock(memory_mutex_);
+  auto it = memory_.find(memory_id);
+  if (it == memory_.end()) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "stale key: memory {} is not registered (deregistered since the key was packed)",
+         memory_id);
+  }
+  const ferry_memory& m = *it->second;
+  if (!m.not_shareable.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "{}", m.not_shareable);
+  Endpoint::ImportAnswer answer;
+  PayloadWriter w;
+  w.u8(static_cast<std::uint8_t>(m.share)).u64(m.size).u64(m.base_offset);
+  if (m.share == ShareKind::Vmm) {
+    DeviceScope scope(device_);
+    const Driver& d = Driver::get();
+    w.u32(static_cast<std::uint32_t>(m.chunks.size()));
+    for (const auto& c : m.chunks) {
+      int fd = -1;
+      check_cu(d.export_handle(&fd, c.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+               "cuMemExportToShareableHandle");
+      answer.fds.emplace_back(fd);
+      w.u64(c.offset).u64(c.size);
+    }
+  } else {
+    // The allocation's address here names it for the importer's cache (one opening per
+    // allocation however many registrations lie in it).
+    w.bytes({reinterpret_cast<const std::uint8_t*>(&m.ipc), sizeof m.ipc})
+        .u64(reinterpret_cast<std::uintptr_t>(m.base) - m.base_offset);
+  }
+  answer.body = w.take();
+  return answer;
+}
+
+Imported ferry_transport::map_vmm(PayloadReader& body, std::vector<UniqueFd>& fds,
+                                  const std::string& peer) {
+  const Driver& d = Driver::get();
+  const std::uint32_t count = body.u32();
+  if (count == 0 || count != fds.size()) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} sent {} chunk descriptions and {} fds", peer,
+         count, fds.size());
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
+  std::uint64_t span = 0;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::uint64_t offset = body.u64();
+    const std::uint64_t size = body.u64();
+    if (offset != span || size == 0) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} sent non-contiguous chunks", peer);
+    }
+    auto next = ferry::checked_add(span, size);
+    if (!next) fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} sent chunks that overflow", peer);
+    span = *next;
+    chunks.emplace_back(offset, size);
+  }
+  Imported out;
+  out.span = span;
+  check_cu(d.address_reserve(&out.va, span, 0, 0, 0), "cuMemAddressReserve for an import");
+  std::uint64_t mapped = 0;  // bytes mapped from va
+  try {
+    for (std::uint32_t i = 0; i < count; ++i) {
+      CUmemGenericAllocationHandle handle = 0;
+      check_cu(d.import_handle(&handle,
+                               reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i].get())),
+                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               "cuMemImportFromShareableHandle");
+      fds[i].reset();  // the handle holds the allocation now
+      const CUresult mapped_result = d.map(out.va + chunks[i].first, chunks[i].second, 0, handle, 0);
+      (void)d.release(handle);  // the mapping keeps the memory alive until cuMemUnmap
+      check_cu(mapped_result, "cuMemMap of an imported chunk");
+      mapped += chunks[i].second;
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    check_cu(d.set_access(out.va, span, &access, 1), "cuMemSetAccess on an import");
+  } catch (...) {
+    if (mapped > 0) (void)d.unmap(out.va, mapped);
+    (void)d.address_free(out.va, span);
+    throw;
+  }
+  return out;
+}
+
+Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
+                                  std::optional<ShareKind> expected,
+                                  std::int64_t deadline_ns) {
+  std::lock_guard lock(peer->mutex);
+  if (auto it = peer->imports.find(memory_id); it != peer->imports.end()) return it->second;
+  ensure_cuda();
+  DeviceScope scope(device_);
+  const std::string& name = peer->link->name();
+  Frame reply = peer->link->import(peer->link->remote().nonce, memory_id, deadline_ns);
+  std::vector<UniqueFd> fds;
+  for (int fd : reply.fds) fds.emplace_back(fd);
+  PayloadReader body(reply.payload, "import reply");
+  const auto kind = static_cast<ShareKind>(body.u8());
+  const std::uint64_t size = body.u64();
+  const std::uint64_t base_offset = body.u64();
+  if (expected && kind != *expected) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} shares memory {} as kind {}, its key said {}",
+         name, memory_id, static_cast<int>(kind), static_cast<int>(*expected));
+  }
+  Imported imported;
+  if (kind == ShareKind::Vmm) {
+    imported = map_vmm(body, fds, name);
+    if (base_offset > imported.span || size > imported.span - base_offset) {
+      unmap(imported);
+      fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} registered {} bytes past its chunks", name,
+           size);
+    }
+    imported.base = reinterpret_cast<std::uint8_t*>(imported.va) + base_offset;
+  } else if (kind == ShareKind::Legacy) {
+    const auto handle_bytes = body.bytes();
+    cudaIpcMemHandle_t handle{};
+    if (handle_bytes.size() != sizeof handle || !fds.empty()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} sent a malformed legacy handle", name);
+    }
+    std::memcpy(&handle, handle_bytes.data(), sizeof handle);
+    const std::uint64_t allocation = body.u64();
+    std::lock_guard legacy_lock(legacy_mutex_);
+    std::erase_if(legacy_, [](const auto& entry) { return entry.second.expired(); });
+    auto& slot = legacy_[fmt::format("{:016x}:{:x}", peer->link->remote().nonce, allocation)];
+    auto opening = slot.lock();
+    if (!opening) {
+      opening = std::make_shared<LegacyOpening>();
+      opening->device = device_;
+      check_rt(cudaIpcOpenMemHandle(&opening->base, handle, cudaIpcMemLazyEnablePeerAccess),
+               "cudaIpcOpenMemHandle");
+      slot = opening;
+    }
+    imported.legacy = opening;
+    imported.base = static_cast<std::uint8_t*>(opening->base) + base_offset;
+  } else {
+    fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} sent unknown share kind {}", name,
+         static_cast<int>(kind));
+  }
+  imported.size = size;
+  return peer->imports.emplace(memory_id, std::move(imported)).first->second;
+}
+
+std::size_t ferry_transport::import_count() {
+  std::lock_guard lock(state_mutex_);
+  std::size_t n = 0;
+  for (auto* p : peers_) {
+    std::lock_guard peer_lock(p->mutex);
+    n += p->imports.size();
+  }
+  return n;
+}
+
+std::uint8_t* ferry_transport::local_range(const ferry_memory_range_t& range, const char* what) {
+  std::lock_guard lock(memory_mutex_);
+  auto it = range.memory == nullptr ? memory_.end() : memory_.find(range.memory->id);
+  if (it == memory_.end() || it->second != range.memory) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc {}: the local memory is not registered here",
+         what);
+  }
+  if (range.offset > range.memory->size || range.size > range.memory->size - range.offset) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cuda_ipc {}: local range [{}, +{}) exceeds its registration of {} bytes", what,
+         range.offset, range.size, range.memory->size);
+  }
+  return range.memory->base + range.offset;
+}
+
+ferry_request* ferry_transport::new_request(ferry_request::Kind kind, ferry_peer* peer) {
+  auto r = std::make_unique<ferry_request>();
+  r->kind = kind;
+  r->peer = peer;
+  std::lock_guard lock(state_mutex_);
+  if (peer != nullptr && peers_.count(peer) == 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc {}: unknown peer", kind_name(kind));
+  }
+  requests_.insert(r.get());
+  return r.release();
+}
+
+ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& args) {
+  check_not_aborted();
+  if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: peer is NULL");
+  if (args.remote_key == nullptr || (args.remote_key->data == nullptr && args.remote_key->size)) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: remote_key is NULL");
+  }
+  const Key key = decode_key({args.remote_key->data, args.remote_key->size});
+  check_key_owner(key, peer->link->remote().nonce, peer->link->name());
+  if (peer->link->revoked(key.memory_id)) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "cuda_ipc put: stale key: {} deregistered its memory {} (released or re-registered); "
+         "ask it for a new key",
+         peer->link->name(), key.memory_id);
+  }
+  peer->link->check_alive();
+  const std::uint8_t* src = local_range(args.local, "put");
+  const std::uint64_t bytes = args.local.size;
+  if (args.remote_offset > key.size || bytes > key.size - args.remote_offset) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cuda_ipc put: {} bytes at offset {} exceed {}'s memory {} of {} bytes", bytes,
+         args.remote_offset, peer->link->name(), key.memory_id, key.size);
+  }
+  if (bytes == 0) return nullptr;
+  Imported& imported = import(peer, key.memory_id, key.kind, effective(args.deadline_ns));
+  if (imported.size != key.size) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "cuda_ipc put: stale key: {}'s memory {} is {} bytes now, the key says {}",
+         peer->link->name(), key.memory_id, imported.size, key.size);
+  }
+  ferry_request* r = new_request(ferry_request::Kind::Copy, peer);
+  try {
+    std::lock_guard lock(cuda_mutex_);
+    DeviceScope scope(device_);
+    check_rt(cudaMemcpyAsync(imported.base + args.remote_offset, src, bytes, cudaMemcpyDefault,
+                             stream_),
+             "cudaMemcpyAsync into the peer's memory");
+    r->event = take_event();
+    check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+  } catch (...) {
+    request_free(r);
+    throw;
+  }
+  return r;
+}
+
+ferry_request* ferry_transport::flush(ferry_peer* peer) {
+  check_not_aborted();
+  if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc flush: peer is NULL");
+  peer->link->check_alive();
+  ensure_cuda();
+  ferry_request* r = new_request(ferry_request::Kind::Flush, peer);
+  try {
+    std::lock_guard lock(cuda_mutex_);
+    DeviceScope scope(device_);
+    r->event = take_event();
+    check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+  } catch (...) {
+    request_free(r);
+    throw;
+  }
+  return r;
+}
+
+ferry_request* ferry_transport::send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket) {
+  check_not_aborted();
+  if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc send_bucket: peer is NULL");
+  (void)local_range(bucket.data, "send_bucket");
+  if (!bucket.data.memory->not_shareable.empty()) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "cuda_ipc send_bucket: {}",
+         bucket.data.memory->not_shareable);
+  }
+  ferry_request* r = new_request(ferry_request::Kind::Send, peer);
+  r->bucket_index = bucket.bucket_index;
+  try {
+    peer->link->send(Frame{MessageType::BucketReady,
+                           PayloadWriter()
+                               .u32(bucket.bucket_index)
+                               .u64(bucket.data.memory->id)
+                               .u64(bucket.data.offset)
+                               .u64(bucket.data.size)
+                               .take(),
+                           {}});
+  } catch (...) {
+    request_free(r);
+    throw;
+  }
+  return r;
+}
+
+ferry_request* ferry_transport::recv_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket) {
+  check_not_aborted();
+  if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc recv_bucket: peer is NULL");
+  std::uint8_t* dst = local_range(bucket.data, "recv_bucket");
+  ferry_request* r = new_request(ferry_request::Kind::Recv, peer);
+  r->bucket_index = bucket.bucket_index;
+  r->dst = dst;
+  r->capacity = bucket.data.size;
+  return r;
+}
+
+bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
+  if (r->done) {
+    if (r->code != FERRY_STATUS_OK) throw Error(r->code, r->message);
+    return true;
+  }
+  // Waits for r->event; false at the deadline.
+  auto event_done = [&]() -> bool {
+    int spins = 0;
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(r->event);
+      if (q == cudaSuccess) return true;
+      if (q != cudaErrorNotReady) check_rt(q, "the copy (cudaEventQuery)");
+      check_not_aborted();
+      if (monotonic_ns() >= deadline_ns) return false;
+      if (++spins < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(spins < 1024 ? 20 : 200));
+      }
+    }
+  };
+  try {
+    if (r->peer == nullptr) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION, "cuda_ipc: the peer of this request was disconnected");
+    }
+    PeerLink& link = *r->peer->link;
+    const bool may_block = deadline_ns > monotonic_ns();
+    switch (r->kind) {
+      case ferry_request::Kind::Copy:
+      case ferry_request::Kind::Flush: {
+        DeviceScope scope(device_);
+        if (!event_done()) return false;
+        // The bytes landed; a peer that died meanwhile must not be reported as served.
+        if (r->kind == ferry_request::Kind::Flush) link.check_alive();
+        break;
+      }
+      case ferry_request::Kind::Send: {
+        if (!link.take_released(r->bucket_index)) {
+          if (!may_block) return false;
+          link.wait_released(r->bucket_index, deadline_ns);
+        }
+        break;
+      }
+      case ferry_request::Kind::Recv: {
+        if (r->stage == 0) {
+          auto ready = link.take_ready(r->bucket_index);
+          if (!ready) {
+            if (!may_block) return false;
+            ready = link.wait_ready(r->bucket_index, deadline_ns);
+          }
+          if (ready->size > r->capacity) {
+            fail(FERRY_STATUS_INVALID_ARGUMENT,
+                 "cuda_ipc recv_bucket: {} announced bucket {} of {} bytes, the receive range "
+                 "holds {}",
+                 link.name(), ready->index, ready->size, r->capacity);
+          }
+          // The announced slot is one of the sender's registrations, VMM or legacy.
+          Imported* imported = &import(r->peer, ready->memory_id, std::nullopt, deadline_ns);
+          if (ready->offset > imported->size || ready->size > imported->size - ready->offset) {
+            fail(FERRY_STATUS_CORRUPT_DATA,
+                 "cuda_ipc recv_bucket: {} announced bucket {} at [{}, +{}) outside its memory "
+                 "{} of {} bytes",
+                 link.name(), ready->index, ready->offset, ready->size, ready->memory_id,
+                 imported->size);
+          }
+          std::lock_guard lock(cuda_mutex_);
+          DeviceScope scope(device_);
+          check_rt(cudaMemcpyAsync(r->dst, imported->base + ready->offset, ready->size,
+                                   cudaMemcpyDefault, stream_),
+                   "cudaMemcpyAsync from the sender's staging bucket");
+          r->event = take_event();
+          check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+          r->stage = 1;
+        }
+        {
+          DeviceScope scope(device_);
+          if (!event_done()) return false;
+        }
+        // Our copy is complete: the sender may reuse its slot.
+        link.send(Frame{MessageType::BucketReleased, PayloadWriter().u32(r->bucket_index).take(),
+                        {}});
+        break;
+      }
+    }
+    r->done = true;
+    return true;
+  } catch (const Error& e) {
+    if (e.code() == FERRY_STATUS_TIMEOUT) throw;  // the request stays valid
+    r->done = true;
+    r->code = e.code();
+    r->message = e.what();
+    throw;
+  }
+}
+
+void ferry_transport::request_free(ferry_request* r) noexcept {
+  if (r == nullptr) return;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (requests_.erase(r) == 0) return;
+  }
+  if (r->event != nullptr) {
+    std::lock_guard lock(cuda_mutex_);
+    return_event(r->event);
+  }
+  delete r;
+}
+
+void ferry_transport::abort(const char* reason) noexcept {
+  try {
+    const std::string why = reason != nullptr && *reason != '\0' ? reason : "abort requested";
+    {
+      std::lock_guard lock(state_mutex_);
+      aborted_ = why;
+    }
+    endpoint_->abort(why);
+  } catch (...) {
+    // Out of memory while copying the reason: nothing better to do.
+  }
+}

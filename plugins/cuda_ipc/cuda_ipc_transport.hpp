@@ -1,0 +1,166 @@
+// cuda_ipc/cuda_ipc_transport.hpp: one instance of the CUDA IPC transport: registrations (VMM
+// chunks exported as POSIX fds, or legacy cudaIpc handles), the per-peer cache of imported and
+// mapped peer memory, and the copies (put, staged bucket pulls) on the instance's stream.
+//
+// Memory: an import maps a peer registration once per (peer, registration) and keeps it until
+// disconnect/destroy, which unmap it; the fds received for it are closed right after the import
+// (the mapping holds the memory). A registration of the owner retains its VMM allocation handles
+// until deregister, so the physical memory a peer mapped stays valid meanwhile: deregister (and
+// re-register, re-pack keys) around a release/resume of the store's tag.
+//
+// Ordering (README.md): flush = an event recorded on the instance's stream after every put so
+// far, waited for on the host; the host then tells the peer by its own control message. A staged
+// pull (recv_bucket) waits for the sender's BucketReady, copies, waits for the copy and only
+// then sends BucketReleased, which completes the sender's send_bucket request.
+//
+// Threading: as the ABI says per function; internal state is guarded so that request_wait /
+// request_test / abort may run on other threads than the session thread.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda_driver.hpp"
+#include "ipc_link.hpp"
+
+namespace ferry::cuda_ipc {
+
+struct Options {
+  std::string socket_dir;  // where the instance's Unix socket lives ($TMPDIR or /tmp)
+};
+Options parse_options(const ferry_option_t* options, std::size_t count);
+
+// An opened legacy cudaIpc allocation, shared by every import that lies in it.
+struct LegacyOpening {
+  void* base = nullptr;
+  int device = 0;
+  ~LegacyOpening();
+};
+
+// Peer memory mapped into this process.
+struct Imported {
+  std::uint8_t* base = nullptr;  // the registered base in this address space
+  std::uint64_t size = 0;
+  CUdeviceptr va = 0;            // VMM: the reservation (0 for legacy)
+  std::uint64_t span = 0;
+  std::shared_ptr<LegacyOpening> legacy;
+};
+
+}  // namespace ferry::cuda_ipc
+
+struct ferry_memory {
+  struct Chunk {
+    CUmemGenericAllocationHandle handle = 0;  // retained; released on deregister
+    std::uint64_t offset = 0;                  // from the span start
+    std::uint64_t size = 0;
+  };
+  std::uint64_t id = 0;
+  std::uint8_t* base = nullptr;
+  std::uint64_t size = 0;
+  ferry_memory_kind_t kind = FERRY_MEMORY_CUDA;
+  ferry::cuda_ipc::ShareKind share = ferry::cuda_ipc::ShareKind::Vmm;
+  std::string not_shareable;  // non-empty: why pack_key refuses (still usable as a local range)
+  std::vector<Chunk> chunks;  // VMM
+  std::uint64_t base_offset = 0;  // VMM: base - span start; legacy: base - allocation base
+  cudaIpcMemHandle_t ipc{};       // legacy
+};
+
+struct ferry_peer {
+  std::unique_ptr<ferry::cuda_ipc::PeerLink> link;
+  std::mutex mutex;  // guards imports
+  std::map<std::uint64_t, ferry::cuda_ipc::Imported> imports;  // by the peer's memory id
+};
+
+struct ferry_request {
+  enum class Kind { Copy, Flush, Send, Recv };
+  Kind kind = Kind::Copy;
+  ferry_peer* peer = nullptr;  // NULL once the peer was disconnected
+  cudaEvent_t event = nullptr;
+  std::uint32_t bucket_index = 0;
+  std::uint8_t* dst = nullptr;  // Recv: where the bucket goes
+  std::uint64_t capacity = 0;
+  int stage = 0;  // Recv: 0 waits for BucketReady, 1 copying
+  bool done = false;
+  ferry_status_code_t code = FERRY_STATUS_OK;
+  std::string message;
+};
+
+struct ferry_transport {
+  ferry_transport(const ferry_transport_create_args_t& args, ferry::cuda_ipc::Options options);
+  ~ferry_transport();
+  ferry_transport(const ferry_transport&) = delete;
+  ferry_transport& operator=(const ferry_transport&) = delete;
+
+  std::vector<std::uint8_t> address() const;
+  ferry_peer* connect(const ferry_connect_args_t& args);
+  void disconnect(ferry_peer* peer) noexcept;
+
+  ferry_memory* register_memory(const ferry_memory_desc_t& desc);
+  std::vector<std::uint8_t> pack_key(ferry_memory* memory);
+  void deregister_memory(ferry_memory* memory) noexcept;
+
+  ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
+  ferry_request* flush(ferry_peer* peer);
+  ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
+  ferry_request* recv_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
+
+  // Advances `request`; waits at most until deadline_ns (<= now: does not block). Returns true
+  // when done; throws the request's error once it failed.
+  bool progress(ferry_request* request, std::int64_t deadline_ns);
+  void request_free(ferry_request* request) noexcept;
+  void abort(const char* reason) noexcept;
+
+  // Imports on this instance, over every peer (tests).
+  std::size_t import_count();
+
+ private:
+  // The device and stream, created on first use (so a GPU-less create still works).
+  void ensure_cuda();
+  cudaEvent_t take_event();
+  void return_event(cudaEvent_t event) noexcept;
+  ferry_request* new_request(ferry_request::Kind kind, ferry_peer* peer);
+  ferry::cuda_ipc::Imported& import(ferry_peer* peer, std::uint64_t memory_id,
+                                    std::optional<ferry::cuda_ipc::ShareKind> expected,
+                                    std::int64_t deadline_ns);
+  ferry::cuda_ipc::Imported map_vmm(ferry::cuda_ipc::PayloadReader& body,
+                                    std::vector<ferry::cuda_ipc::UniqueFd>& fds,
+                                    const std::string& peer);
+  void unmap(ferry::cuda_ipc::Imported& imported) noexcept;
+  ferry::cuda_ipc::Endpoint::ImportAnswer answer_import(std::uint64_t memory_id);
+  std::uint8_t* local_range(const ferry_memory_range_t& range, const char* what);
+  // Throws ABORTED after abort().
+  void check_not_aborted();
+
+  ferry_role_t role_;
+  int device_;
+  ferry::cuda_ipc::Nonce nonce_;
+  std::unique_ptr<ferry::cuda_ipc::Endpoint> endpoint_;
+
+  std::mutex cuda_mutex_;  // stream creation, enqueues, event pool
+  bool cuda_ready_ = false;
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> free_events_;
+  std::uint64_t granularity_ = 0;
+
+  std::mutex memory_mutex_;  // registrations (the service thread reads them)
+  std::map<std::uint64_t, ferry_memory*> memory_;
+  std::uint64_t next_memory_id_ = 1;
+
+  std::mutex legacy_mutex_;
+  // By (peer nonce, the allocation's address in the peer): one opening per peer allocation.
+  std::map<std::string, std::weak_ptr<ferry::cuda_ipc::LegacyOpening>> legacy_;
+
+  std::mutex state_mutex_;  // peers, requests, abort reason
+  std::set<ferry_peer*> peers_;
+  std::set<ferry_request*> requests_;
+  std::string aborted_;
+};

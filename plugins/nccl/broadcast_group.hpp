@@ -1,0 +1,99 @@
+// nccl/broadcast_group.hpp: one member of a weight-update group as the host sees it: the
+// rendezvous over TCP (rank 0 serves the NCCL unique id, the others fetch it), then the NCCL
+// transport plugin driven through its C table (get_address / connect / register_memory /
+// send_bucket or recv_bucket / request_wait / abort). Waits are sliced so that a rank whose
+// rendezvous link closed is named at once, instead of when the bucket's deadline passes.
+//
+// Used by the receiver (host/receiver/receiver_nccl.cpp), the trainer
+// (host/session/nccl_group.cpp) and `ferry bench nccl`. Needs no CUDA itself: device memory is
+// allocated by the caller and only registered here.
+//
+// Threading: one thread uses a BroadcastGroup; abort() may be called from any thread.
+#pragma once
+
+#include <ferry/plugin.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nccl/rendezvous.hpp"
+
+namespace ferry::nccl {
+
+// SGLang's init_weights_update_group fields plus what ferry needs to place the rank.
+struct GroupInit {
+  std::string master_address;
+  std::uint16_t master_port = 0;
+  std::uint32_t rank_offset = 0;  // SGLang: the first rank of this engine in the group
+  std::uint32_t world_size = 0;
+  std::string group_name;
+  std::string backend = "nccl";     // only "nccl"
+  std::uint32_t rank = 0;           // this process: 0 for the trainer, rank_offset + tp rank else
+  int device = 0;                   // CUDA device ordinal of this rank
+  std::chrono::milliseconds init_timeout{120000};  // rendezvous + communicator init
+};
+
+// INVALID_ARGUMENT naming the field: empty address or group, world_size 0, rank outside it,
+// a backend other than "nccl".
+void check_group_init(const GroupInit& init);
+
+class BroadcastGroup {
+ public:
+  // Joins the group (rank 0 serves the rendezvous first). `api` is the NCCL transport's table
+  // (from the registry) and `host` the host's services table (to free errors); both must outlive
+  // the group. TIMEOUT / PEER_FAILED naming the phase and the missing ranks; FAILED_PRECONDITION
+  // without a usable GPU (the plugin's create refuses it).
+  BroadcastGroup(const ferry_transport_api_t* api, const ferry_host_api_t* host, GroupInit init);
+  // Disconnects (the plugin finalizes or aborts the communicator) and destroys the instance.
+  ~BroadcastGroup();
+  BroadcastGroup(const BroadcastGroup&) = delete;
+  BroadcastGroup& operator=(const BroadcastGroup&) = delete;
+
+  // Registers device memory (CUDA, this rank's device) as a bucket buffer; freed with the group.
+  ferry_memory_t* register_device(void* base, std::uint64_t bytes);
+
+  // One bucket in flight: rank 0 sends, the others receive, `bytes` at `offset` of `memory`.
+  struct Pending {
+    ferry_request_t* request = nullptr;
+    std::uint32_t bucket_index = 0;
+    Clock::time_point deadline;
+  };
+  Pending issue(ferry_memory_t* memory, std::uint64_t offset, std::uint64_t bytes,
+                std::uint32_t bucket_index, std::chrono::milliseconds timeout);
+  // Waits for `pending` (then frees its request). Every 100 ms checks the rendezvous links: a
+  // closed link aborts the communicator and throws PEER_FAILED naming the rank. The bucket's
+  // deadline aborts it with TIMEOUT naming the phase and, where known, the dead ranks.
+  void wait(Pending& pending);
+  // Frees a request without waiting (aborts the communicator if it still runs).
+  void discard(Pending& pending) noexcept;
+
+  // Any thread: every wait in flight fails with ABORTED, the communicator is aborted and the
+  // rendezvous links are shut down, so the other ranks name this one within a wait slice.
+  void abort(const std::string& reason) noexcept;
+
+  const GroupInit& init() const { return init_; }
+  std::uint32_t rank() const { return init_.rank; }
+  // Ranks whose rendezvous link closed (rank 0: any joiner; others: 0 when rank 0 is gone).
+  // Empty after this rank's own abort (its links read as closed then).
+  std::vector<std::uint32_t> dead_ranks() const;
+
+ private:
+  [[noreturn]] void rethrow(ferry_error_t* error, const std::string& context);
+  std::string where() const;
+
+  const ferry_transport_api_t* api_;
+  const ferry_host_api_t* host_;
+  GroupInit init_;
+  ferry_transport_t* transport_ = nullptr;
+  ferry_peer_t* peer_ = nullptr;
+  std::vector<ferry_memory_t*> registrations_;
+  std::unique_ptr<RendezvousServer> server_;  // rank 0
+  std::unique_ptr<RendezvousClient> client_;  // ranks > 0
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace ferry::nccl

@@ -1,0 +1,123 @@
+// nccl/bucket_layout.cpp: checks an update's tensor list and packs it into buckets (see
+// bucket_layout.hpp).
+#include "nccl/bucket_layout.hpp"
+
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+
+#include <algorithm>
+#include <set>
+#include <string_view>
+
+namespace ferry::nccl {
+namespace {
+constexpr std::size_t kMaxNameBytes = 1024;
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  const auto sum = checked_add(v, a - 1);
+  if (!sum) fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket layout: offset {} overflows", v);
+  return *sum / a * a;
+}
+}  // namespace
+
+std::vector<TensorSpec> make_tensor_specs(const std::vector<std::string>& names,
+                                          const std::vector<std::string>& dtypes,
+                                          const std::vector<std::vector<std::uint64_t>>& shapes) {
+  if (names.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "update: 'names' is empty");
+  if (names.size() != dtypes.size() || names.size() != shapes.size()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "update: 'names', 'dtypes' and 'shapes' must have the same length (got {}, {}, {})",
+         names.size(), dtypes.size(), shapes.size());
+  }
+  std::vector<TensorSpec> out;
+  out.reserve(names.size());
+  std::set<std::string_view> seen;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    if (name.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "update: names[{}] is empty", i);
+    if (name.size() > kMaxNameBytes) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: names[{}] is {} bytes long (at most {})", i,
+           name.size(), kMaxNameBytes);
+    }
+    if (name.find('\0') != std::string::npos) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: names[{}] holds a NUL byte", i);
+    }
+    if (!seen.insert(name).second) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: tensor '{}' (names[{}]) is listed twice", name,
+           i);
+    }
+    std::string_view dtype_text = dtypes[i];
+    if (dtype_text.starts_with("torch.")) dtype_text.remove_prefix(6);
+    const auto dtype = dtype_from_name(dtype_text);
+    if (!dtype || *dtype == FERRY_DTYPE_INVALID) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: tensor '{}' (index {}): unknown dtype '{}'",
+           name, i, dtypes[i]);
+    }
+    if (shapes[i].size() > FERRY_MAX_DIMS) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: tensor '{}' (index {}): {} dims (at most {})",
+           name, i, shapes[i].size(), FERRY_MAX_DIMS);
+    }
+    const auto bytes = byte_size(*dtype, shapes[i]);
+    if (!bytes) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "update: tensor '{}' (index {}): shape {} overflows",
+           name, i, shape_string(shapes[i]));
+    }
+    out.push_back(TensorSpec{name, *dtype, shapes[i], *bytes});
+  }
+  return out;
+}
+
+void check_bucket_bytes(std::uint64_t bucket_bytes) {
+  if (bucket_bytes < kMinBucketBytes || bucket_bytes > kMaxBucketBytes) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket_bytes {} is outside {}..{}", bucket_bytes,
+         kMinBucketBytes, kMaxBucketBytes);
+  }
+}
+
+std::vector<manifest::Manifest> plan_buckets(const std::vector<TensorSpec>& tensors,
+                                             std::uint64_t bucket_bytes, std::uint64_t version) {
+  check_bucket_bytes(bucket_bytes);
+  std::vector<manifest::Manifest> buckets;
+  manifest::Manifest current;
+  std::uint64_t end = 0;
+  auto close = [&] {
+    if (current.tensors.empty()) return;
+    current.bucket_bytes = end;
+    buckets.push_back(std::move(current));
+    current = manifest::Manifest{};
+    end = 0;
+  };
+  for (const auto& t : tensors) {
+    const std::uint64_t offset = align_up(end, kBucketAlignment);
+    const auto new_end = checked_add(offset, t.bytes);
+    if (!new_end) fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket layout: '{}' overflows", t.name);
+    if (!current.tensors.empty() && *new_end > bucket_bytes) {
+      close();
+    }
+    manifest::Entry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape = t.shape;
+    e.offset = current.tensors.empty() ? 0 : offset;
+    e.size = t.bytes;
+    end = e.offset + t.bytes;
+    current.tensors.push_back(std::move(e));
+  }
+  close();
+  const auto count = static_cast<std::uint32_t>(buckets.size());
+  for (std::uint32_t i = 0; i < count; ++i) {
+    buckets[i].version = version;
+    buckets[i].bucket_index = i;
+    buckets[i].bucket_count = count;
+    manifest::validate(buckets[i]);
+  }
+  return buckets;
+}
+
+std::uint64_t largest_bucket(const std::vector<manifest::Manifest>& buckets) {
+  std::uint64_t largest = 0;
+  for (const auto& b : buckets) largest = std::max(largest, b.bucket_bytes);
+  return largest;
+}
+
+}  // namespace ferry::nccl

@@ -1,0 +1,48 @@
+// ucx/ucx_wire.hpp: the two opaque blobs the UCX transport hands to the host for its control
+// channel (the worker address from get_address, the remote key from pack_key): their framing, a
+// checksum so that garbage or truncated bytes are refused with a clear error before UCX parses
+// them, and the 32-bit stream id both sides derive from the sender's address.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ferry::ucx {
+
+// FNV-1a 64-bit: a checksum for framing, not a security measure.
+std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes, std::uint64_t seed = 0xcbf29ce484222325ull);
+
+// What get_address publishes about this side.
+struct AddressInfo {
+  bool peer_error_handling = true;  // false: error_mode = none (shared memory, same host only)
+  std::uint32_t pid = 0;
+  std::string boot_id;              // /proc/sys/kernel/random/boot_id: "same host" test
+  std::string host;                 // host name, for messages
+  std::vector<std::uint8_t> worker_address;  // ucp_worker_get_address bytes
+};
+
+std::vector<std::uint8_t> encode_address(const AddressInfo& info);
+// Throws ferry::Error INVALID_ARGUMENT ("<what>: ...") for anything that is not a complete,
+// intact address blob of this format version.
+AddressInfo decode_address(std::span<const std::uint8_t> blob, const std::string& what);
+
+// What pack_key publishes about one registered range.
+struct KeyInfo {
+  std::uint64_t base = 0;  // the registered range in the owner's address space
+  std::uint64_t size = 0;
+  std::vector<std::uint8_t> packed_rkey;  // ucp_rkey_pack bytes
+  std::uint64_t checksum = 0;             // of the whole blob; identifies it in rkey caches
+};
+
+std::vector<std::uint8_t> encode_key(const KeyInfo& info);
+// Throws ferry::Error INVALID_ARGUMENT as decode_address does.
+KeyInfo decode_key(std::span<const std::uint8_t> blob, const std::string& what);
+
+// The upper 32 bits of every tag of a sender->receiver stream: both sides compute it from the
+// sender's worker address (the sender from its own, the receiver from the address it connected
+// to), so a receiver fed by several senders on one worker never matches the wrong stream.
+std::uint32_t stream_id(std::span<const std::uint8_t> sender_worker_address);
+
+}  // namespace ferry::ucx

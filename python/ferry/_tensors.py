@@ -1,0 +1,164 @@
+"""ferry._tensors: views of Python tensors as ferry_tensor_t, zero-copy.
+
+Anything with `__dlpack__` (PyTorch CPU/CUDA tensors, NumPy >= 1.22 arrays, JAX, CuPy) is read
+through its DLPack capsule: the capsule is consumed (renamed "used_dltensor" as the protocol
+says), the DLTensor is handed to the C API as it is, and the producer's deleter is called when
+the view is released. NumPy arrays that cannot export DLPack (read-only ones, old NumPy) are
+described through `__array_interface__` as a plain view. Nothing is copied: a non-contiguous
+tensor is refused by the C API with a message, never silently copied.
+"""
+
+import ctypes
+
+from . import errors
+from ._library import DLManagedTensor, Tensor, struct_size
+
+_CAPSULE_NAME = b"dltensor"
+_USED_CAPSULE_NAME = b"used_dltensor"  # module constant: the capsule keeps pointing at it
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_set_name = ctypes.pythonapi.PyCapsule_SetName
+_set_name.restype = ctypes.c_int
+_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_is_valid.restype = ctypes.c_int
+_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+# ferry_dtype_t for NumPy type strings (kind + item size), for the __array_interface__ path.
+_NUMPY_DTYPES = {
+    "f8": 1, "f4": 2, "f2": 3, "i8": 5, "i4": 6, "i2": 7, "i1": 8, "u1": 9, "b1": 10,
+}
+_MEMORY_HOST = 1
+
+
+class TensorView:
+    """One named tensor lent to the C API. `struct` is the ferry_tensor_t; release() ends the
+    loan (calls the DLPack deleter). The tensor object itself is kept alive meanwhile."""
+
+    def __init__(self, name, obj, writable):
+        if not isinstance(name, str) or not name:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT, f"tensor name {name!r} is not a non-empty string")
+        self.name = name
+        self.owner = obj
+        self._managed = None
+        self._keep = []
+        self.struct = Tensor()
+        self.struct.struct_size = struct_size(Tensor)
+        self.struct.name = name.encode()
+        capsule = _dlpack_capsule(obj, name, writable)
+        if capsule is not None:
+            self._take_capsule(capsule)
+        else:
+            self._array_interface(obj, name, writable)
+
+    def _take_capsule(self, capsule):
+        if not _is_valid(capsule, _CAPSULE_NAME):
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"tensor '{self.name}': __dlpack__() returned no unused 'dltensor' capsule")
+        pointer = _get_pointer(capsule, _CAPSULE_NAME)
+        # From here on the deleter is ours to call (the capsule's destructor skips used ones).
+        _set_name(capsule, _USED_CAPSULE_NAME)
+        self._managed = pointer
+        self.struct.dlpack = pointer  # dl_tensor is the first member of DLManagedTensor
+
+    def _array_interface(self, obj, name, writable):
+        interface = getattr(obj, "__array_interface__", None)
+        if interface is None:
+            raise TypeError(f"tensor '{name}': {type(obj).__name__} has neither __dlpack__ nor "
+                            "__array_interface__")
+        data, readonly = interface["data"]
+        if writable and readonly:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"tensor '{name}': the array is read-only, and a receiver writes into it")
+        typestr = interface["typestr"]
+        dtype = _NUMPY_DTYPES.get(typestr[1:])
+        if dtype is None or typestr[0] == ">":
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"tensor '{name}': array type {typestr!r} is not a dtype ferry supports")
+        itemsize = int(typestr[2:])
+        shape = tuple(interface["shape"])
+        byte_strides = interface.get("strides")
+        shape_array = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        self._keep.append(shape_array)
+        self.struct.dtype = dtype
+        self.struct.ndim = len(shape)
+        self.struct.shape = shape_array
+        if byte_strides is not None:
+            if any(s % itemsize for s in byte_strides):
+                raise errors.InvalidArgumentError(
+                    errors.INVALID_ARGUMENT,
+                    f"tensor '{name}': byte strides {byte_strides} are not whole elements")
+            strides = (ctypes.c_int64 * max(1, len(shape)))(*(s // itemsize for s in byte_strides))
+            self._keep.append(strides)
+            self.struct.strides = strides
+        self.struct.data = data
+        self.struct.memory_kind = _MEMORY_HOST
+
+    def release(self):
+        if self._managed:
+            managed = DLManagedTensor.from_address(self._managed)
+            if managed.deleter:
+                managed.deleter(self._managed)
+            self._managed = None
+
+
+def _dlpack_capsule(obj, name, writable):
+    """The DLPack capsule of `obj`, or None when it offers none NumPy's __array_interface__ could
+    replace (read-only or old NumPy arrays)."""
+    exporter = getattr(obj, "__dlpack__", None)
+    if exporter is None:
+        return None
+    source = obj
+    if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
+        source = obj.detach()  # same storage; PyTorch refuses to export tensors that need grad
+    try:
+        return source.__dlpack__()
+    except (BufferError, TypeError, RuntimeError) as e:
+        if hasattr(obj, "__array_interface__"):
+            return None
+        raise errors.InvalidArgumentError(
+            errors.INVALID_ARGUMENT, f"tensor '{name}': __dlpack__() failed: {e}") from e
+
+
+def named_items(named_tensors):
+    """(name, tensor) pairs from a mapping or an iterable of pairs."""
+    if hasattr(named_tensors, "items"):
+        return list(named_tensors.items())
+    return list(named_tensors)
+
+
+class Views:
+    """A batch of TensorViews; a context manager that releases every view on exit."""
+
+    def __init__(self, named_tensors, writable):
+        self.views = []
+        try:
+            for item in named_items(named_tensors):
+                if not isinstance(item, tuple) or len(item) != 2:
+                    raise TypeError(f"expected (name, tensor) pairs, got {type(item).__name__}")
+                self.views.append(TensorView(item[0], item[1], writable))
+        except BaseException:
+            self.close()
+            raise
+
+    def pointers(self):
+        array = (ctypes.c_void_p * max(1, len(self.views)))(
+            *(ctypes.addressof(v.struct) for v in self.views))
+        return array
+
+    def close(self):
+        for v in self.views:
+            v.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

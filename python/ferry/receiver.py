@@ -1,0 +1,154 @@
+"""ferry.receiver: an embedded receiver: updates land in the engine's own tensors, in place."""
+
+import ctypes
+from collections import namedtuple
+
+from . import errors
+from ._library import check, config_source, lib, override_key, take_string
+from ._tensors import TensorView, named_items
+
+Version = namedtuple("Version", ["number", "label"])
+Health = namedtuple("Health", ["ready", "state"])
+
+
+class Receiver:
+    """A receiver inside this process. Register the engine's parameters (they are written in
+    place and never reallocated; they must live as long as the receiver, which keeps a reference
+    to each), then serve() so that senders can push to HOST:PORT.
+
+    The model family defaults to "identity" (the sender's names are the parameter names, e.g. a
+    state_dict pushed into named_parameters()). `config` is a TOML file, `config_text` TOML text,
+    every other keyword a config override with `__` for the dots
+    (`receiver__model_family="dense"`, `update__verify_fingerprints=True`).
+    """
+
+    def __init__(self, config=None, *, config_text=None, **overrides):
+        self._handle = None
+        self._params = {}
+        self._port = None
+        self._host = None
+        source, keep = config_source(config, config_text,
+                                     {override_key(k): v for k, v in overrides.items()})
+        handle = ctypes.c_void_p()
+        check(lib().ferry_receiver_create(ctypes.byref(source) if source is not None else None,
+                                          ctypes.byref(handle)))
+        del keep
+        self._handle = handle
+
+    def register(self, named_params):
+        """Registers (name, tensor) pairs, e.g. model.named_parameters(). Returns self."""
+        self._require_open()
+        for name, tensor in named_items(named_params):
+            view = TensorView(name, tensor, writable=True)
+            try:
+                check(lib().ferry_receiver_register_param(self._handle,
+                                                          ctypes.byref(view.struct)))
+            finally:
+                view.release()
+            self._params[name] = tensor  # the memory ferry writes into stays alive
+        return self
+
+    def register_params(self, params):
+        """Registers a mapping name -> tensor (NumPy arrays, PyTorch tensors, ...). Returns
+        self."""
+        return self.register(params.items())
+
+    def serve(self, port=0, host="127.0.0.1"):
+        """Starts serving in the background; returns the bound port (port 0: a free one)."""
+        self._require_open()
+        bound = ctypes.c_int32()
+        check(lib().ferry_receiver_serve(self._handle, host.encode() if host else None,
+                                         int(port), ctypes.byref(bound)))
+        self._host, self._port = host, bound.value
+        return bound.value
+
+    @property
+    def port(self):
+        return self._port
+
+    @property
+    def address(self):
+        """HOST:PORT to give senders (None before serve())."""
+        return None if self._port is None else f"{self._host}:{self._port}"
+
+    def stop(self):
+        """Stops serving (a running update is aborted; the version stays)."""
+        if self._handle:
+            check(lib().ferry_receiver_stop(self._handle))
+            self._port = None
+
+    @property
+    def version(self):
+        """The published Version(number, label); number 0 before the first commit."""
+        self._require_open()
+        number = ctypes.c_uint64()
+        label = ctypes.c_void_p()
+        check(lib().ferry_receiver_version(self._handle, ctypes.byref(number),
+                                           ctypes.byref(label)))
+        return Version(number.value, take_string(label) or "")
+
+    def health(self):
+        self._require_open()
+        ready = ctypes.c_int()
+        state = ctypes.c_void_p()
+        check(lib().ferry_receiver_health(self._handle, ctypes.byref(ready), ctypes.byref(state)))
+        return Health(bool(ready.value), take_string(state) or "")
+
+    def fingerprints(self):
+        """{parameter name: fingerprint} (docs/fingerprint.md)."""
+        self._require_open()
+        c = lib()
+        handle = ctypes.c_void_p()
+        check(c.ferry_receiver_fingerprints(self._handle, ctypes.byref(handle)))
+        try:
+            out = {}
+            for i in range(c.ferry_fingerprints_count(handle)):
+                name = ctypes.c_char_p()
+                value = ctypes.c_uint64()
+                check(c.ferry_fingerprints_entry(handle, i, ctypes.byref(name),
+                                                 ctypes.byref(value)))
+                out[name.value.decode()] = value.value
+            return out
+        finally:
+            c.ferry_fingerprints_free(handle)
+
+    def release(self, tags=None):
+        """release_memory_occupation for `tags` (a tag or a list; None: every tag)."""
+        self._tags_call(lib().ferry_receiver_release, tags)
+
+    def resume(self, tags=None):
+        """resume_memory_occupation for `tags` (a tag or a list; None: every tag)."""
+        self._tags_call(lib().ferry_receiver_resume, tags)
+
+    def _tags_call(self, fn, tags):
+        self._require_open()
+        if isinstance(tags, str):
+            tags = [tags]
+        encoded = [t.encode() for t in (tags or [])]
+        array = (ctypes.c_char_p * max(1, len(encoded)))(*encoded)
+        check(fn(self._handle, array, len(encoded)))
+
+    def close(self):
+        """Stops serving and frees the receiver; registered tensors are left as they are."""
+        if self._handle:
+            lib().ferry_receiver_destroy(self._handle)
+            self._handle = None
+            self._port = None
+
+    def _require_open(self):
+        if not self._handle:
+            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
+                                                 "the receiver is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass

@@ -1,0 +1,169 @@
+"""ferry.sender: the trainer side: push versioned updates to one or many receivers."""
+
+import ctypes
+from dataclasses import dataclass, field
+
+from . import errors
+from ._library import (PushArgs, ReceiverResult, SenderCreateArgs, config_source, lib,
+                       override_key, struct_size)
+from ._library import check as _raise_if
+from ._tensors import Views
+
+
+@dataclass
+class ReceiverOutcome:
+    """One receiver's outcome of a push."""
+    address: str
+    committed: bool
+    error: str
+    bytes: int
+    buckets: int
+    seconds: float
+    transport: str
+
+
+@dataclass
+class PushReport:
+    """The outcome of Sender.push, per receiver (in the order the receivers were given)."""
+    version: int
+    bytes: int  # payload bytes per receiver
+    seconds: float
+    receivers: list = field(default_factory=list)
+
+    @property
+    def all_committed(self):
+        return bool(self.receivers) and all(r.committed for r in self.receivers)
+
+    def __str__(self):
+        lines = [f"version {self.version}: {self.bytes} bytes in {self.seconds:.3f} s"]
+        for r in self.receivers:
+            state = f"committed via {r.transport}" if r.committed else f"FAILED: {r.error}"
+            lines.append(f"  {r.address}: {state}")
+        return "\n".join(lines)
+
+
+def _read_report(handle):
+    c = lib()
+    try:
+        receivers = []
+        for i in range(c.ferry_push_report_num_receivers(handle)):
+            out = ReceiverResult()
+            out.struct_size = struct_size(ReceiverResult)
+            _raise_if(c.ferry_push_report_receiver(handle, i, ctypes.byref(out)))
+            receivers.append(ReceiverOutcome(
+                address=(out.address or b"").decode(), committed=bool(out.committed),
+                error=(out.error or b"").decode("utf-8", "replace"), bytes=out.bytes,
+                buckets=out.buckets, seconds=out.seconds,
+                transport=(out.transport or b"").decode()))
+        return PushReport(version=c.ferry_push_report_version(handle),
+                          bytes=c.ferry_push_report_bytes(handle),
+                          seconds=c.ferry_push_report_seconds(handle), receivers=receivers)
+    finally:
+        c.ferry_push_report_free(handle)
+
+
+def _milliseconds(seconds, what):
+    if seconds is None:
+        return 0
+    if seconds <= 0:
+        raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT,
+                                          f"{what} must be positive seconds, got {seconds!r}")
+    return max(1, int(round(seconds * 1000)))
+
+
+class Sender:
+    """Pushes named tensors to receivers, each given as the HOST:PORT its user knows (`ferry
+    serve --port`, or an embedded Receiver's serve() port).
+
+    `transport`: "auto" (UCX when its plugin loads, else inline on the session socket), "ucx",
+    "inline" or another transport plugin's name. `config` is a TOML file, `config_text` TOML
+    text; every other keyword is a config override with `__` for the dots
+    (`update__bucket_bytes=1 << 26`). Timeouts are seconds.
+
+    Threading: one push at a time; abort() and status() may be called from other threads.
+    """
+
+    def __init__(self, receivers, transport="auto", config=None, *, config_text=None,
+                 bucket_bytes=0, token=None, connect_timeout=None, bucket_timeout=None,
+                 commit_timeout=None, **overrides):
+        if isinstance(receivers, str):
+            receivers = [r for r in receivers.split(",") if r]
+        self.receivers = [str(r) for r in receivers]
+        self._handle = None
+        source, keep = config_source(config, config_text,
+                                     {override_key(k): v for k, v in overrides.items()})
+        addresses = [r.encode() for r in self.receivers]
+        array = (ctypes.c_char_p * max(1, len(addresses)))(*addresses)
+        args = SenderCreateArgs()
+        args.struct_size = struct_size(SenderCreateArgs)
+        args.config = ctypes.pointer(source) if source is not None else None
+        args.receivers = array
+        args.num_receivers = len(addresses)
+        args.transport = transport.encode() if transport else None
+        args.bucket_bytes = int(bucket_bytes)
+        args.token = token.encode() if token is not None else None
+        args.connect_timeout_ms = _milliseconds(connect_timeout, "connect_timeout")
+        args.bucket_timeout_ms = _milliseconds(bucket_timeout, "bucket_timeout")
+        args.commit_timeout_ms = _milliseconds(commit_timeout, "commit_timeout")
+        handle = ctypes.c_void_p()
+        _raise_if(lib().ferry_sender_create(ctypes.byref(args), ctypes.byref(handle)))
+        del keep
+        self._handle = handle
+
+    def push(self, named_tensors, version, label=None, check=True):
+        """Pushes `named_tensors` (a mapping such as a state_dict, or (name, tensor) pairs) as
+        update `version`; each receiver commits it or keeps its previous version. Tensors are
+        read in place and must not change until push returns. Returns a PushReport; raises
+        ferry.PushError (carrying the report) when a receiver did not commit and
+        `check` is true, and ferry.InvalidArgumentError for bad tensors."""
+        self._require_open()
+        with Views(named_tensors, writable=False) as views:
+            pointers = views.pointers()
+            args = PushArgs()
+            args.struct_size = struct_size(PushArgs)
+            args.tensors = pointers
+            args.num_tensors = len(views.views)
+            args.version = int(version)
+            args.label = label.encode() if label is not None else None
+            report = ctypes.c_void_p()
+            _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
+                                          ctypes.byref(report)))
+        result = _read_report(report)
+        if check and not result.all_committed:
+            raise errors.PushError(result)
+        return result
+
+    def status(self):
+        """The per-receiver state of the last (or the running) push: ReceiverOutcome list."""
+        self._require_open()
+        report = ctypes.c_void_p()
+        _raise_if(lib().ferry_sender_status(self._handle, ctypes.byref(report)))
+        return _read_report(report).receivers
+
+    def abort(self, reason=None):
+        """Makes a running push fail every receiver that has not committed (any thread)."""
+        self._require_open()
+        _raise_if(lib().ferry_sender_abort(self._handle, reason.encode() if reason else None))
+
+    def close(self):
+        if self._handle:
+            lib().ferry_sender_destroy(self._handle)
+            self._handle = None
+
+    def _require_open(self):
+        if not self._handle:
+            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
+                                                 "the sender is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass

@@ -1,0 +1,111 @@
+"""python/tests/test_roundtrip.py: a trainer's tensors pushed with ferry.Sender into an embedded
+ferry.Receiver in a second process end bit-identical there (PyTorch and NumPy), through UCX when
+its plugin loads, else the inline transport."""
+
+import pytest
+
+import models
+
+
+def _transports(report):
+    return sorted({r.transport for r in report.receivers})
+
+
+def test_torch_state_dict_lands_bit_identical_in_named_parameters(ferry_module, receiver_process,
+                                                                  tmp_path):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    ferry = ferry_module
+    trainer = models.torch_model(seed=1)
+    engine = receiver_process("torch", seed=2)
+    dump = tmp_path / "engine.pt"
+
+    # Different seeds: the engine starts with other weights (the test can fail).
+    assert engine.ask(f"dump {dump}").startswith("DUMPED")
+    before = torch.load(dump)
+    assert not all(torch.equal(before[k], v) for k, v in trainer.state_dict().items())
+
+    sender = ferry.Sender(receivers=[engine.address], transport="auto")
+    report = sender.push(trainer.state_dict(), version=1)
+    assert report.all_committed, str(report)
+    assert report.version == 1
+    print("transport:", _transports(report))
+
+    assert engine.ask("version") == "VERSION 1 1"
+    assert engine.ask(f"dump {dump}").startswith("DUMPED")
+    after = torch.load(dump)
+    state = trainer.state_dict()
+    assert sorted(after) == sorted(state)
+    for name, tensor in state.items():
+        assert after[name].dtype == tensor.dtype, name
+        assert torch.equal(after[name], tensor), name
+
+    # A second step: the trainer changes its weights in place, the engine follows.
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(1)
+    report = sender.push(trainer.state_dict(), version=2, label="step-2")
+    assert report.all_committed, str(report)
+    assert engine.ask("version") == "VERSION 2 step-2"
+    assert engine.ask(f"dump {dump}").startswith("DUMPED")
+    after = torch.load(dump)
+    for name, tensor in trainer.state_dict().items():
+        assert torch.equal(after[name], tensor), name
+    sender.close()
+
+
+def test_numpy_arrays_land_bit_identical(ferry_module, receiver_process, tmp_path):
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    arrays = models.numpy_arrays(seed=11)
+    arrays["w.f32"].setflags(write=False)  # read-only: sent through __array_interface__
+    engine = receiver_process("numpy", seed=12)
+    with ferry.Sender(receivers=[engine.address]) as sender:
+        report = sender.push(arrays, version=7)
+    assert report.all_committed, str(report)
+    print("transport:", _transports(report))
+    dump = tmp_path / "engine.npz"
+    assert engine.ask(f"dump {dump}").startswith("DUMPED")
+    with np.load(dump) as after:
+        assert sorted(after.files) == sorted(arrays)
+        for name, array in arrays.items():
+            assert after[name].dtype == array.dtype, name
+            assert after[name].shape == array.shape, name
+            assert np.array_equal(after[name], array), name
+
+
+def test_in_process_receiver_reports_version_and_fingerprints(ferry_module):
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    target = {"a": np.zeros((8, 4), np.float32), "b": np.zeros(16, np.int64)}
+    source = {"a": np.arange(32, dtype=np.float32).reshape(8, 4),
+              "b": np.arange(16, dtype=np.int64) * 3}
+    with ferry.Receiver() as receiver:
+        receiver.register_params(target)
+        receiver.serve(port=0)
+        assert receiver.version.number == 0
+        empty = receiver.fingerprints()
+        with ferry.Sender([receiver.address]) as sender:
+            sender.push(source, version=5)
+        assert receiver.version == ferry.Version(5, "5")
+        for name in source:
+            assert np.array_equal(target[name], source[name]), name
+        after = receiver.fingerprints()
+        assert sorted(after) == ["a", "b"]
+        assert after != empty
+
+
+def test_one_push_reaches_two_receivers(ferry_module, receiver_process, tmp_path):
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    arrays = models.numpy_arrays(seed=21)
+    engines = [receiver_process("numpy", seed=22), receiver_process("numpy", seed=23)]
+    with ferry.Sender(receivers=[e.address for e in engines]) as sender:
+        report = sender.push(arrays, version=3)
+    assert [r.address for r in report.receivers] == [e.address for e in engines]
+    assert all(r.committed for r in report.receivers), str(report)
+    for i, engine in enumerate(engines):
+        dump = tmp_path / f"engine{i}.npz"
+        assert engine.ask(f"dump {dump}").startswith("DUMPED")
+        with np.load(dump) as after:
+            for name, array in arrays.items():
+                assert np.array_equal(after[name], array), (engine.address, name)

@@ -1,0 +1,463 @@
+// tests/capi/capi_test.cpp: the C API (ferry/ferry.h) as a program uses it: argument errors with
+// their codes and messages, and a round trip from a sender into embedded receivers running in
+// other processes (capi_receiver_main.c), checked byte for byte.
+#include <ferry/ferry.h>
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "capi_tensors.h"
+
+extern char** environ;
+
+namespace {
+
+// Code and message of an error, which it frees; {OK, ""} for NULL.
+struct Outcome {
+  ferry_status_code_t code = FERRY_STATUS_OK;
+  std::string message;
+};
+Outcome take(ferry_error_t* error) {
+  Outcome o{ferry_error_code(error), ferry_error_message(error)};
+  ferry_error_free(error);
+  return o;
+}
+
+// The test's transport: FERRY_TEST_TRANSPORT or "auto" (ucx when loadable, else inline).
+std::string test_transport() {
+  const char* t = std::getenv("FERRY_TEST_TRANSPORT");
+  return t != nullptr && t[0] != '\0' ? t : "auto";
+}
+
+struct SenderDeleter {
+  void operator()(ferry_sender_t* s) const { ferry_sender_destroy(s); }
+};
+struct ReportDeleter {
+  void operator()(ferry_push_report_t* r) const { ferry_push_report_free(r); }
+};
+struct ReceiverDeleter {
+  void operator()(ferry_receiver_t* r) const { ferry_receiver_destroy(r); }
+};
+using SenderPtr = std::unique_ptr<ferry_sender_t, SenderDeleter>;
+using ReportPtr = std::unique_ptr<ferry_push_report_t, ReportDeleter>;
+using ReceiverPtr = std::unique_ptr<ferry_receiver_t, ReceiverDeleter>;
+
+SenderPtr make_sender(const std::vector<std::string>& addresses) {
+  std::vector<const char*> receivers;
+  for (const auto& a : addresses) receivers.push_back(a.c_str());
+  const std::string transport = test_transport();
+  ferry_sender_create_args_t args{};
+  args.struct_size = FERRY_STRUCT_SIZE(ferry_sender_create_args_t, commit_timeout_ms);
+  args.receivers = receivers.data();
+  args.num_receivers = receivers.size();
+  args.transport = transport.c_str();
+  args.connect_timeout_ms = 5000;
+  ferry_sender_t* sender = nullptr;
+  const Outcome o = take(ferry_sender_create(&args, &sender));
+  EXPECT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  return SenderPtr(sender);
+}
+
+ReceiverPtr make_receiver() {
+  ferry_receiver_t* receiver = nullptr;
+  const Outcome o = take(ferry_receiver_create(nullptr, &receiver));
+  EXPECT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  return ReceiverPtr(receiver);
+}
+
+// A plain view of `data` with the given dtype and shape (kept alive for the whole test program).
+ferry_tensor_t view(const char* name, ferry_dtype_t dtype, const std::vector<int64_t>& dims,
+                    void* data, const int64_t* strides = nullptr) {
+  static std::list<std::vector<int64_t>> shapes;
+  const std::vector<int64_t>& shape = shapes.emplace_back(dims);
+  ferry_tensor_t t{};
+  t.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_t, device);
+  t.name = name;
+  t.dtype = dtype;
+  t.ndim = static_cast<uint32_t>(shape.size());
+  t.shape = shape.data();
+  t.strides = strides;
+  t.data = data;
+  t.memory_kind = FERRY_MEMORY_HOST;
+  return t;
+}
+
+Outcome push(ferry_sender_t* sender, const std::vector<const ferry_tensor_t*>& tensors,
+             uint64_t version, ReportPtr* report = nullptr) {
+  ferry_push_args_t args{};
+  args.struct_size = FERRY_STRUCT_SIZE(ferry_push_args_t, label);
+  args.tensors = tensors.data();
+  args.num_tensors = tensors.size();
+  args.version = version;
+  ferry_push_report_t* raw = nullptr;
+  Outcome o = take(ferry_sender_push(sender, &args, &raw));
+  if (report != nullptr) report->reset(raw);
+  else ferry_push_report_free(raw);
+  return o;
+}
+
+// A receiver process (capi_receiver_main) with pipes to its stdin and stdout.
+class ReceiverProcess {
+ public:
+  ReceiverProcess() {
+    const char* exe = std::getenv("FERRY_CAPI_RECEIVER");
+    if (exe == nullptr) throw std::runtime_error("FERRY_CAPI_RECEIVER is not set");
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    posix_spawn_file_actions_addclose(&actions, to_child[1]);
+    posix_spawn_file_actions_addclose(&actions, from_child[0]);
+    char* argv[] = {const_cast<char*>(exe), nullptr};
+    const int rc = posix_spawn(&pid_, exe, &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    if (rc != 0) throw std::runtime_error(std::string("cannot start ") + exe);
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+    const std::string first = read_line();
+    if (first.rfind("PORT ", 0) != 0) throw std::runtime_error("receiver said: " + first);
+    port_ = std::stoi(first.substr(5));
+  }
+  ~ReceiverProcess() {
+    if (in_ != nullptr) {
+      std::fputs("quit\n", in_);
+      std::fclose(in_);
+    }
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    if (out_ != nullptr) std::fclose(out_);
+  }
+  ReceiverProcess(const ReceiverProcess&) = delete;
+  ReceiverProcess& operator=(const ReceiverProcess&) = delete;
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  // "OK" when `version` is published and every parameter holds its pattern.
+  std::string check(uint64_t version) {
+    std::fprintf(in_, "check %llu\n", static_cast<unsigned long long>(version));
+    std::fflush(in_);
+    return read_line();
+  }
+
+ private:
+  std::string read_line() {
+    char line[1024];
+    if (std::fgets(line, sizeof(line), out_) == nullptr) return "<receiver exited>";
+    std::string s(line);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+
+  pid_t pid_ = 0;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+  int port_ = 0;
+};
+
+// Sender-side copies of kCapiTestTensors filled with the pattern of one version.
+struct SenderTensors {
+  explicit SenderTensors(uint64_t version) {
+    for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) {
+      const capi_test_tensor_t& t = kCapiTestTensors[i];
+      bytes.emplace_back(capi_test_bytes(&t) + 1);
+      capi_test_fill(bytes.back().data(), i, version);
+      shapes.emplace_back(t.shape, t.shape + t.ndim);
+    }
+  }
+  std::vector<std::vector<unsigned char>> bytes;
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+void expect_committed(const ferry_push_report_t* report, size_t receivers) {
+  ASSERT_NE(report, nullptr);
+  ASSERT_EQ(ferry_push_report_num_receivers(report), receivers);
+  for (size_t i = 0; i < receivers; ++i) {
+    ferry_receiver_result_t r{};
+    r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, transport);
+    ASSERT_EQ(take(ferry_push_report_receiver(report, i, &r)).code, FERRY_STATUS_OK);
+    EXPECT_EQ(r.committed, 1) << r.address << ": " << r.error;
+    EXPECT_GT(r.bytes, 0u);
+    // "auto" picks ucx or inline; an explicit choice is what the receiver used.
+    if (test_transport() == "auto") {
+      EXPECT_TRUE(std::string(r.transport) == "ucx" || std::string(r.transport) == "inline")
+          << r.transport;
+    } else {
+      EXPECT_EQ(std::string(r.transport), test_transport());
+    }
+  }
+  EXPECT_EQ(ferry_push_report_all_committed(report), 1);
+}
+
+TEST(CApi, VersionMatchesHeader) {
+  uint32_t major = 0, minor = 0;
+  ferry_api_version(&major, &minor);
+  EXPECT_EQ(major, static_cast<uint32_t>(FERRY_API_MAJOR));
+  EXPECT_EQ(minor, static_cast<uint32_t>(FERRY_API_MINOR));
+  EXPECT_STREQ(ferry_status_name(FERRY_STATUS_TIMEOUT), "TIMEOUT");
+  EXPECT_STRNE(ferry_version_string(), "");
+}
+
+TEST(CApi, NullArgumentsAreInvalidArgumentNamingTheParameter) {
+  ferry_sender_t* sender = nullptr;
+  Outcome o = take(ferry_sender_create(nullptr, &sender));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_sender_create: args is NULL");
+  o = take(ferry_sender_push(nullptr, nullptr, nullptr));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_sender_push: sender is NULL");
+  o = take(ferry_receiver_create(nullptr, nullptr));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_receiver_create: out is NULL");
+  o = take(ferry_receiver_register_param(nullptr, nullptr));
+  EXPECT_EQ(o.message, "ferry_receiver_register_param: receiver is NULL");
+}
+
+TEST(CApi, StructSizeZeroIsRefusedWithTheFix) {
+  ferry_sender_create_args_t args{};
+  ferry_sender_t* sender = nullptr;
+  const Outcome o = take(ferry_sender_create(&args, &sender));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("args->struct_size is 0"), std::string::npos) << o.message;
+  EXPECT_NE(o.message.find("FERRY_STRUCT_SIZE"), std::string::npos) << o.message;
+  EXPECT_EQ(sender, nullptr);
+}
+
+TEST(CApi, SenderWithoutReceiversIsRefused) {
+  ferry_sender_create_args_t args{};
+  args.struct_size = FERRY_STRUCT_SIZE(ferry_sender_create_args_t, commit_timeout_ms);
+  ferry_sender_t* sender = nullptr;
+  const Outcome o = take(ferry_sender_create(&args, &sender));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_sender_create: no receivers (num_receivers is 0)");
+}
+
+TEST(CApi, UnknownConfigKeyNamesTheKey) {
+  const char* overrides[] = {"receiver.prot=8000"};
+  ferry_config_source_t config{};
+  config.struct_size = FERRY_STRUCT_SIZE(ferry_config_source_t, num_overrides);
+  config.overrides = overrides;
+  config.num_overrides = 1;
+  ferry_receiver_t* receiver = nullptr;
+  const Outcome o = take(ferry_receiver_create(&config, &receiver));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("receiver.prot"), std::string::npos) << o.message;
+  EXPECT_EQ(receiver, nullptr);
+}
+
+TEST(CApi, PushRefusesBadTensorsBeforeConnecting) {
+  // Nothing listens on port 1: each push below must fail on its arguments, not on the network.
+  SenderPtr sender = make_sender({"127.0.0.1:1"});
+  ASSERT_NE(sender, nullptr);
+  float data[6] = {0, 1, 2, 3, 4, 5};
+
+  ferry_tensor_t bad_dtype = view("w", static_cast<ferry_dtype_t>(99), {2, 3}, data);
+  Outcome o = push(sender.get(), {&bad_dtype}, 1);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("tensor 0 'w': dtype value 99 is not a dtype ferry supports"),
+            std::string::npos)
+      << o.message;
+
+  const int64_t transposed[] = {1, 2};
+  ferry_tensor_t strided = view("w", FERRY_DTYPE_F32, {2, 3}, data, transposed);
+  o = push(sender.get(), {&strided}, 1);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("strides [1, 2] (elements) are not row-major contiguous for shape "
+                           "[2, 3]"),
+            std::string::npos)
+      << o.message;
+
+  ferry_tensor_t a = view("w", FERRY_DTYPE_F32, {2, 3}, data);
+  ferry_tensor_t b = view("w", FERRY_DTYPE_F32, {6}, data);
+  o = push(sender.get(), {&a, &b}, 1);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_sender_push: tensor 1 'w': the name appears twice");
+
+  ferry_tensor_t no_data = view("w", FERRY_DTYPE_F32, {2, 3}, nullptr);
+  o = push(sender.get(), {&no_data}, 1);
+  EXPECT_EQ(o.message, "ferry_sender_push: tensor 0 'w': data is NULL for 24 bytes");
+
+  ferry_tensor_t unnamed = view(nullptr, FERRY_DTYPE_F32, {2, 3}, data);
+  o = push(sender.get(), {&unnamed}, 1);
+  EXPECT_EQ(o.message, "ferry_sender_push: tensor 0 has no name (name is NULL or empty)");
+
+  // DLPack: complex64 has no ferry dtype; a dimension of extent 1 may have any stride.
+  int64_t shape[] = {2, 1, 3};
+  int64_t strides[] = {3, 99, 1};
+  DLTensor dl{};
+  dl.data = data;
+  dl.device = {kDLCPU, 0};
+  dl.ndim = 3;
+  dl.dtype = {kDLComplex, 64, 1};
+  dl.shape = shape;
+  dl.strides = strides;
+  ferry_tensor_t complex_tensor{};
+  complex_tensor.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_t, dlpack);
+  complex_tensor.name = "c";
+  complex_tensor.dlpack = &dl;
+  o = push(sender.get(), {&complex_tensor}, 1);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("DLPack (code 5, bits 64, lanes 1) is not a dtype ferry supports"),
+            std::string::npos)
+      << o.message;
+
+  dl.device = {kDLVulkan, 0};
+  dl.dtype = {kDLFloat, 32, 1};
+  o = push(sender.get(), {&complex_tensor}, 1);
+  EXPECT_NE(o.message.find("DLPack device type 7 is not supported"), std::string::npos)
+      << o.message;
+}
+
+TEST(CApi, PushToAnAbsentReceiverReportsItAndDoesNotFail) {
+  SenderPtr sender = make_sender({"127.0.0.1:1"});
+  ASSERT_NE(sender, nullptr);
+  float data[4] = {1, 2, 3, 4};
+  ferry_tensor_t t = view("w", FERRY_DTYPE_F32, {4}, data);
+  ReportPtr report;
+  const Outcome o = push(sender.get(), {&t}, 3, &report);
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  ASSERT_EQ(ferry_push_report_num_receivers(report.get()), 1u);
+  EXPECT_EQ(ferry_push_report_all_committed(report.get()), 0);
+  ferry_receiver_result_t r{};
+  r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, transport);
+  ASSERT_EQ(take(ferry_push_report_receiver(report.get(), 0, &r)).code, FERRY_STATUS_OK);
+  EXPECT_STREQ(r.address, "127.0.0.1:1");
+  EXPECT_EQ(r.committed, 0);
+  EXPECT_STRNE(r.error, "");
+  const Outcome range = take(ferry_push_report_receiver(report.get(), 1, &r));
+  EXPECT_EQ(range.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(range.message, "ferry_push_report_receiver: index 1 is out of range (1 receivers)");
+}
+
+TEST(CApi, RegisterRefusesDuplicatesAndLateParameters) {
+  ReceiverPtr receiver = make_receiver();
+  ASSERT_NE(receiver, nullptr);
+  float data[4] = {};
+  ferry_tensor_t t = view("w", FERRY_DTYPE_F32, {4}, data);
+  ASSERT_EQ(take(ferry_receiver_register_param(receiver.get(), &t)).code, FERRY_STATUS_OK);
+  Outcome o = take(ferry_receiver_register_param(receiver.get(), &t));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(o.message, "ferry_receiver_register_param: parameter 'w' is already registered");
+
+  int32_t port = 0;
+  o = take(ferry_receiver_serve(receiver.get(), "127.0.0.1", 0, &port));
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  EXPECT_GT(port, 0);
+  o = take(ferry_receiver_serve(receiver.get(), "127.0.0.1", 0, nullptr));
+  EXPECT_EQ(o.code, FERRY_STATUS_FAILED_PRECONDITION);
+  ferry_tensor_t late = view("late", FERRY_DTYPE_F32, {4}, data);
+  o = take(ferry_receiver_register_param(receiver.get(), &late));
+  EXPECT_EQ(o.code, FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(o.message.find("register every parameter before serving"), std::string::npos);
+
+  uint64_t number = 99;
+  char* label = nullptr;
+  ASSERT_EQ(take(ferry_receiver_version(receiver.get(), &number, &label)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(number, 0u);
+  ferry_string_free(label);
+}
+
+TEST(CApi, ReleaseNamesAnUnknownTag) {
+  ReceiverPtr receiver = make_receiver();
+  ASSERT_NE(receiver, nullptr);
+  const char* tags[] = {"nope"};
+  // Before any parameter exists there is nothing to release at all.
+  Outcome o = take(ferry_receiver_release(receiver.get(), tags, 1));
+  EXPECT_EQ(o.code, FERRY_STATUS_FAILED_PRECONDITION) << o.message;
+  float data[4] = {};
+  ferry_tensor_t t = view("w", FERRY_DTYPE_F32, {4}, data);
+  ASSERT_EQ(take(ferry_receiver_register_param(receiver.get(), &t)).code, FERRY_STATUS_OK);
+  ASSERT_EQ(take(ferry_receiver_serve(receiver.get(), "127.0.0.1", 0, nullptr)).code,
+            FERRY_STATUS_OK);
+  o = take(ferry_receiver_release(receiver.get(), tags, 1));
+  EXPECT_EQ(o.code, FERRY_STATUS_NOT_FOUND);
+  EXPECT_NE(o.message.find("'nope'"), std::string::npos) << o.message;
+  const Outcome empty = take(ferry_receiver_release(receiver.get(), nullptr, 1));
+  EXPECT_EQ(empty.message, "ferry_receiver_release: tags is NULL with 1 tags");
+}
+
+TEST(CApi, AbortWithoutARunningPushIsANoOp) {
+  SenderPtr sender = make_sender({"127.0.0.1:1"});
+  ASSERT_NE(sender, nullptr);
+  EXPECT_EQ(take(ferry_sender_abort(sender.get(), "test")).code, FERRY_STATUS_OK);
+  EXPECT_EQ(take(ferry_sender_abort(sender.get(), nullptr)).code, FERRY_STATUS_OK);
+}
+
+TEST(CApi, RoundTripIntoTwoEmbeddedReceiversIsBitIdentical) {
+  ReceiverProcess first, second;
+  SenderPtr sender = make_sender({first.address(), second.address()});
+  ASSERT_NE(sender, nullptr);
+
+  // Version 1 as plain views.
+  SenderTensors v1(1);
+  std::vector<ferry_tensor_t> views;
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) {
+    views.push_back(view(kCapiTestTensors[i].name, kCapiTestTensors[i].dtype, v1.shapes[i],
+                         v1.bytes[i].data()));
+  }
+  std::vector<const ferry_tensor_t*> pointers;
+  for (const auto& t : views) pointers.push_back(&t);
+  ReportPtr report;
+  Outcome o = push(sender.get(), pointers, 1, &report);
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  expect_committed(report.get(), 2);
+  EXPECT_EQ(ferry_push_report_version(report.get()), 1u);
+  EXPECT_EQ(first.check(1), "OK");
+  EXPECT_EQ(second.check(1), "OK");
+
+  // Version 2 as DLPack tensors (the dtypes spelled the DLPack way).
+  SenderTensors v2(2);
+  std::vector<DLTensor> dls(CAPI_TEST_NUM_TENSORS);
+  std::vector<ferry_tensor_t> named(CAPI_TEST_NUM_TENSORS);
+  pointers.clear();
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) {
+    const capi_test_tensor_t& t = kCapiTestTensors[i];
+    DLTensor& dl = dls[i];
+    dl = DLTensor{};
+    dl.data = v2.bytes[i].data();
+    dl.device = {kDLCPU, 0};
+    dl.ndim = static_cast<int32_t>(t.ndim);
+    dl.shape = v2.shapes[i].data();
+    switch (t.dtype) {
+      case FERRY_DTYPE_F32: dl.dtype = {kDLFloat, 32, 1}; break;
+      case FERRY_DTYPE_BF16: dl.dtype = {kDLBfloat, 16, 1}; break;
+      case FERRY_DTYPE_F16: dl.dtype = {kDLFloat, 16, 1}; break;
+      case FERRY_DTYPE_I8: dl.dtype = {kDLInt, 8, 1}; break;
+      case FERRY_DTYPE_I64: dl.dtype = {kDLInt, 64, 1}; break;
+      default: dl.dtype = {kDLUInt, 8, 1}; break;
+    }
+    named[i] = ferry_tensor_t{};
+    named[i].struct_size = FERRY_STRUCT_SIZE(ferry_tensor_t, dlpack);
+    named[i].name = t.name;
+    named[i].dlpack = &dl;
+    pointers.push_back(&named[i]);
+  }
+  o = push(sender.get(), pointers, 2, &report);
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  expect_committed(report.get(), 2);
+  EXPECT_EQ(first.check(2), "OK");
+  EXPECT_EQ(second.check(2), "OK");
+
+  ferry_push_report_t* status = nullptr;
+  ASSERT_EQ(take(ferry_sender_status(sender.get(), &status)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(ferry_push_report_all_committed(status), 1);
+  ferry_push_report_free(status);
+}
+
+}  // namespace

@@ -1,0 +1,160 @@
+// tests/cuda_ipc/plugin_test.cpp: libferry_transport_cuda_ipc.so through its C table on any
+// machine (no GPU needed): it declares same-node point-to-point direct writes, refuses unknown
+// options, connects two instances over its Unix sockets, refuses to share host memory, refuses a
+// key of an earlier incarnation as stale, and fails a posted receive naming the peer when the
+// peer's instance goes away.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ipc_wire.hpp"
+#include "plugin_client.hpp"
+
+namespace ferry::cuda_ipc::test {
+namespace {
+
+ferry_status_code_t code_and_message(ferry_error_t* raw, std::string* message) {
+  ErrorPtr e(raw);
+  *message = error_message(e.get());
+  return error_code(e.get());
+}
+
+TEST(CudaIpcPlugin, DeclaresSameNodeDirectWrites) {
+  ferry_transport_caps_t caps{};
+  caps.struct_size = sizeof caps;
+  ErrorPtr e(plugin()->get_caps(&caps));
+  ASSERT_FALSE(e) << error_message(e.get());
+  EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
+                            FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_ASYNC);
+  EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_CUDA | FERRY_MEMORY_PINNED));
+  for (auto fn : {reinterpret_cast<void*>(plugin()->put), reinterpret_cast<void*>(plugin()->flush),
+                  reinterpret_cast<void*>(plugin()->pack_key),
+                  reinterpret_cast<void*>(plugin()->send_bucket),
+                  reinterpret_cast<void*>(plugin()->recv_bucket),
+                  reinterpret_cast<void*>(plugin()->request_wait)}) {
+    EXPECT_NE(fn, nullptr);
+  }
+  EXPECT_EQ(plugin()->source_open, nullptr);
+}
+
+TEST(CudaIpcPlugin, RefusesUnknownOptions) {
+  ferry_option_t option{"nvlink", "1"};
+  ferry_transport_create_args_t args{};
+  args.struct_size = FERRY_STRUCT_SIZE(ferry_transport_create_args_t, device);
+  args.role = FERRY_ROLE_SENDER;
+  args.options = &option;
+  args.num_options = 1;
+  ferry_transport_t* t = nullptr;
+  std::string message;
+  EXPECT_EQ(code_and_message(plugin()->create(&args, &t), &message), FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(message.find("unknown option 'nvlink'"), std::string::npos) << message;
+  EXPECT_EQ(t, nullptr);
+}
+
+TEST(CudaIpcPlugin, HostMemoryIsLocalOnly) {
+  Transport t(FERRY_ROLE_RECEIVER, -1);
+  std::vector<std::uint8_t> host(4096);
+  ferry_memory_t* m = t.register_memory(host.data(), host.size(), FERRY_MEMORY_HOST, -1);
+  ferry_blob_t key{};
+  std::string message;
+  EXPECT_EQ(code_and_message(plugin()->pack_key(t.get(), m, &key), &message),
+            FERRY_STATUS_UNIMPLEMENTED);
+  EXPECT_NE(message.find("only CUDA device memory can be shared"), std::string::npos) << message;
+}
+
+TEST(CudaIpcPlugin, KeyOfAnEarlierIncarnationIsRefusedAsStale) {
+  Transport sender(FERRY_ROLE_SENDER, -1);
+  std::vector<std::uint8_t> old_key;
+  {
+    // The key a receiver incarnation packs names its nonce; this one goes away right after.
+    Transport old_receiver(FERRY_ROLE_RECEIVER, -1);
+    const Address address = decode_address(old_receiver.address());
+    old_key = encode_key(Key{address.nonce, 1, 0, 4096, ShareKind::Vmm});
+  }
+  Transport new_receiver(FERRY_ROLE_RECEIVER, -1);
+  sender.connect(new_receiver.address(), "receiver r2");
+  ferry_blob_t k = borrow(old_key);
+  ferry_put_args_t a{};
+  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+  a.remote_key = &k;
+  a.deadline_ns = in_seconds(10);
+  ferry_request_t* r = nullptr;
+  std::string message;
+  EXPECT_EQ(code_and_message(plugin()->put(sender.get(), sender.peer(), &a, &r), &message),
+            FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(message.find("stale key"), std::string::npos) << message;
+  EXPECT_NE(message.find("receiver r2"), std::string::npos) << message;
+  EXPECT_EQ(r, nullptr);
+}
+
+TEST(CudaIpcPlugin, KeyOfADeregisteredRegistrationIsRefused) {
+  Transport receiver(FERRY_ROLE_RECEIVER, -1);
+  Transport sender(FERRY_ROLE_SENDER, -1);
+  std::vector<std::uint8_t> host(4096);
+  ferry_memory_t* m = receiver.register_memory(host.data(), host.size(), FERRY_MEMORY_HOST, -1);
+  // The key this instance's first registration (id 1) has, laid out as pack_key does.
+  const auto key = encode_key(Key{decode_address(receiver.address()).nonce, 1, 0, 4096,
+                                  ShareKind::Vmm});
+  sender.connect(receiver.address(), "receiver r");
+  receiver.connect(sender.address(), "sender s");
+  receiver.deregister(m);
+  ferry_blob_t k = borrow(key);
+  ferry_put_args_t a{};
+  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+  a.remote_key = &k;  // no local memory: a put that gets past the key checks fails on that
+  a.deadline_ns = in_seconds(10);
+  std::string message;
+  ferry_status_code_t code = FERRY_STATUS_INVALID_ARGUMENT;
+  // The Revoked message crosses the receiver's socket; until it arrived the put fails later on.
+  for (int i = 0; i < 5000 && code == FERRY_STATUS_INVALID_ARGUMENT; ++i) {
+    ferry_request_t* r = nullptr;
+    code = code_and_message(plugin()->put(sender.get(), sender.peer(), &a, &r), &message);
+    if (code == FERRY_STATUS_INVALID_ARGUMENT) ::usleep(1000);
+  }
+  EXPECT_EQ(code, FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(message.find("receiver r deregistered its memory 1"), std::string::npos) << message;
+}
+
+TEST(CudaIpcPlugin, PostedReceiveFailsNamingAPeerThatWentAway) {
+  Transport receiver(FERRY_ROLE_RECEIVER, -1);
+  std::vector<std::uint8_t> host(4096);
+  ferry_memory_t* slot = receiver.register_memory(host.data(), host.size(), FERRY_MEMORY_PINNED, -1);
+  auto sender = std::make_unique<Transport>(FERRY_ROLE_SENDER, -1);
+  sender->connect(receiver.address(), "receiver r");
+  receiver.connect(sender->address(), "sender s");
+  ferry_request_t* r = receiver.recv_bucket(slot, host.size(), 0);
+  ASSERT_NE(r, nullptr);
+  int done = 1;
+  ErrorPtr not_yet(plugin()->request_test(receiver.get(), r, &done));
+  EXPECT_FALSE(not_yet) << error_message(not_yet.get());
+  EXPECT_EQ(done, 0);
+  sender.reset();  // the sender's instance is destroyed: its sockets close
+  std::string message;
+  // A far deadline: the wait ends because the peer went away.
+  EXPECT_EQ(code_and_message(plugin()->request_wait(receiver.get(), r, in_seconds(60)), &message),
+            FERRY_STATUS_PEER_FAILED);
+  EXPECT_NE(message.find("sender s"), std::string::npos) << message;
+  plugin()->request_free(receiver.get(), r);
+}
+
+TEST(CudaIpcPlugin, AbortEndsAWaitWithTheReason) {
+  Transport receiver(FERRY_ROLE_RECEIVER, -1);
+  Transport sender(FERRY_ROLE_SENDER, -1);
+  std::vector<std::uint8_t> host(64);
+  ferry_memory_t* slot = receiver.register_memory(host.data(), host.size(), FERRY_MEMORY_HOST, -1);
+  receiver.connect(sender.address(), "sender s");
+  ferry_request_t* r = receiver.recv_bucket(slot, host.size(), 5);
+  plugin()->abort(receiver.get(), "update cancelled");
+  std::string message;
+  EXPECT_EQ(code_and_message(plugin()->request_wait(receiver.get(), r, in_seconds(60)), &message),
+            FERRY_STATUS_ABORTED);
+  EXPECT_NE(message.find("update cancelled"), std::string::npos) << message;
+  plugin()->request_free(receiver.get(), r);
+}
+
+}  // namespace
+}  // namespace ferry::cuda_ipc::test

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# tests/session/multihost_netns.sh: multi-host push over UCX tcp. Five network namespaces (one
+# sender, four receivers) joined by veth pairs, each receiver on its own address; one `ferry push
+# --transport ucx` (UCX_TLS=tcp) updates all four, every receiver commits, and every receiver's
+# fingerprints equal those of a reference receiver that got the same weights over the inline path.
+# Needs root (ip netns); exits 77 (skipped) with a message where that is not permitted.
+set -u
+FERRY=${FERRY_EXE:?FERRY_EXE must name the ferry executable}
+TAG="fy$$"
+WORK=$(mktemp -d)
+PIDS=()
+NSES=()
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.2
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  for ns in "${NSES[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+die() {
+  echo "FAIL: $*" >&2
+  for f in "$WORK"/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done
+  exit 1
+}
+
+if ! ip netns add "${TAG}probe" 2>/dev/null; then
+  echo "SKIP: cannot create network namespaces here (needs root / CAP_SYS_ADMIN and iproute2)"
+  exit 77
+fi
+ip netns del "${TAG}probe"
+if ! "$FERRY" plugins 2>/dev/null | grep -q "ucx"; then
+  echo "SKIP: the ucx transport plugin is not built (libucx-dev missing)"
+  exit 77
+fi
+
+SENDER="${TAG}s"
+ip netns add "$SENDER" && NSES+=("$SENDER") || die "ip netns add $SENDER"
+ip -n "$SENDER" link set lo up
+for i in 1 2 3 4; do
+  ns="${TAG}r$i"
+  ip netns add "$ns" && NSES+=("$ns") || die "ip netns add $ns"
+  ip -n "$ns" link set lo up
+  # One veth pair per receiver: 10.77.i.1 (sender side) <-> 10.77.i.2 (receiver).
+  ip link add "${TAG}a$i" netns "$SENDER" type veth peer name "${TAG}b$i" netns "$ns" ||
+    die "veth pair $i"
+  ip -n "$SENDER" addr add "10.77.$i.1/24" dev "${TAG}a$i"
+  ip -n "$ns" addr add "10.77.$i.2/24" dev "${TAG}b$i"
+  ip -n "$SENDER" link set "${TAG}a$i" up
+  ip -n "$ns" link set "${TAG}b$i" up
+  # Every sender address is reachable from every receiver (as on a real network): UCX offers all
+  # of the sender's interfaces in its worker address.
+  ip -n "$ns" route add 10.77.0.0/16 via "10.77.$i.1" dev "${TAG}b$i"
+done
+
+start_receiver() {  # ns host name
+  local ns=$1 host=$2 name=$3
+  local cmd=("$FERRY" --log-level info --set update.apply_threads=1 serve --host "$host" --port 0
+             --model-family dense --ready-file "$WORK/$name.ready")
+  if [ -n "$ns" ]; then
+    ip netns exec "$ns" env UCX_TLS=tcp "${cmd[@]}" >"$WORK/$name.log" 2>&1 &
+  else
+    "${cmd[@]}" >"$WORK/$name.log" 2>&1 &
+  fi
+  PIDS+=($!)
+}
+
+for i in 1 2 3 4; do start_receiver "${TAG}r$i" "10.77.$i.2" "r$i"; done
+start_receiver "" 127.0.0.1 ref
+for name in r1 r2 r3 r4 ref; do
+  for _ in $(seq 1 300); do [ -s "$WORK/$name.ready" ] && break; sleep 0.1; done
+  [ -s "$WORK/$name.ready" ] || die "receiver $name did not start"
+done
+port() { tr -d '\n' <"$WORK/$1.ready"; }
+
+TO="10.77.1.2:$(port r1),10.77.2.2:$(port r2),10.77.3.2:$(port r3),10.77.4.2:$(port r4)"
+SYN=(--synthetic --hidden 128 --layers 2 --vocab 512 --version 5 --bucket-mb 1)
+ip netns exec "$SENDER" env UCX_TLS=tcp "$FERRY" --log-level info push --to "$TO" \
+  --transport ucx "${SYN[@]}" >"$WORK/push.log" 2>&1 || die "ferry push over ucx failed"
+[ "$(grep -c 'committed version 5 via ucx' "$WORK/push.log")" = 4 ] ||
+  die "not every receiver committed over ucx"
+"$FERRY" --log-level warn push --to "127.0.0.1:$(port ref)" --transport inline "${SYN[@]}" \
+  >"$WORK/push-ref.log" 2>&1 || die "reference push failed"
+
+fingerprints() {  # ns host port
+  local ns=$1 host=$2 p=$3
+  if [ -n "$ns" ]; then
+    ip netns exec "$ns" curl -sf "http://$host:$p/get_fingerprints"
+  else
+    curl -sf "http://$host:$p/get_fingerprints"
+  fi | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["weight_version"], json.dumps(d["fingerprints"], sort_keys=True))'
+}
+REF=$(fingerprints "" 127.0.0.1 "$(port ref)") || die "reference fingerprints"
+[ -n "$REF" ] || die "reference has no fingerprints"
+for i in 1 2 3 4; do
+  GOT=$(fingerprints "${TAG}r$i" "10.77.$i.2" "$(port "r$i")") || die "fingerprints of r$i"
+  [ "$GOT" = "$REF" ] || die "receiver r$i (10.77.$i.2) differs from the reference"
+done
+echo "PASS: 4 receivers in 4 namespaces committed version 5 over UCX tcp, bit-identical"
+grep 'pushed' "$WORK/push.log"
+exit 0

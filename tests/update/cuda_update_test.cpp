@@ -1,0 +1,320 @@
+// Tests of the update engine on CUDA memory (a real device): updates into the CUDA weight store
+// are bit-identical to the same updates into the CPU store, from pageable, page-locked and device
+// buckets; repeated updates reuse the cached plan and device op table; a failed update rolls back
+// on the device; a CUDA graph over the weights replays correctly after release/resume and after an
+// update; 100 release/resume cycles with updates leak no device or page-locked memory. Exits 77
+// (meson's skip code) without a CUDA device.
+#include "store/cpu_weight_store.hpp"
+#include "store/cuda_weight_store.hpp"
+#include "update/param_fingerprint.hpp"
+#include "update/update_engine.hpp"
+
+#include "../store/cuda_graph_kernel.hpp"
+#include "update_fixture.hpp"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ferry::update {
+namespace {
+
+using testing::IdentityPlans;
+using testing::make_bucket;
+using testing::random_weights;
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+// Many small tensors of several dtypes (odd sizes included) and two large ones.
+std::vector<LayoutParam> mixed_layout() {
+  std::vector<LayoutParam> layout;
+  const ferry_dtype_t dtypes[] = {FERRY_DTYPE_BF16, FERRY_DTYPE_F32, FERRY_DTYPE_F16,
+                                  FERRY_DTYPE_I8, FERRY_DTYPE_I64};
+  for (std::uint64_t i = 0; i < 300; ++i) {
+    layout.push_back({"small." + std::to_string(i), dtypes[i % 5], {1 + (i * 37) % 129, 3}});
+  }
+  layout.push_back({"big.0", FERRY_DTYPE_BF16, {4096, 2048}});  // 16 MiB
+  layout.push_back({"big.1", FERRY_DTYPE_F32, {1000, 999}});
+  return layout;
+}
+
+std::vector<std::string> names_of(const std::vector<LayoutParam>& layout, std::size_t begin,
+                                  std::size_t end) {
+  std::vector<std::string> names;
+  for (std::size_t i = begin; i < end && i < layout.size(); ++i) names.push_back(layout[i].name);
+  return names;
+}
+
+// The checkpoint of `version` cut into three buckets.
+std::vector<testing::Bucket> buckets_for(const std::vector<LayoutParam>& layout,
+                                         std::uint64_t version) {
+  const auto weights = random_weights(layout, version);
+  const std::size_t n = layout.size();
+  return {make_bucket(layout, weights, names_of(layout, 0, 150), version, 0, 3),
+          make_bucket(layout, weights, names_of(layout, 150, n - 1), version, 1, 3),
+          make_bucket(layout, weights, names_of(layout, n - 1, n), version, 2, 3)};
+}
+
+std::vector<store::TensorSpec> specs_of(const std::vector<LayoutParam>& layout) {
+  std::vector<store::TensorSpec> specs;
+  for (const auto& p : layout) specs.push_back({p.name, p.dtype, p.shape});
+  return specs;
+}
+
+std::vector<std::byte> read_param(const store::WeightStore& store, const std::string& name) {
+  const auto info = store.param(std::string_view(name));
+  std::vector<std::byte> out(info.bytes);
+  store.read(*store.find(name), 0, out);
+  return out;
+}
+
+// Fills every byte of the store's device regions with 0xA5 so an unwritten byte shows.
+void poison(store::WeightStore& store) {
+  for (std::size_t i = 0; i < store.param_count(); ++i) {
+    const auto info = store.param(i);
+    ASSERT_CUDA(cudaMemset(info.data, 0xA5, info.bytes));
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+enum class Source { pageable, staging, device };
+
+// Applies `buckets` as update `version`, from the given kind of memory.
+void apply(UpdateEngine& engine, std::uint64_t version,
+           const std::vector<testing::Bucket>& buckets, Source source) {
+  engine.begin(version, "v" + std::to_string(version));
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const auto& b = buckets[k];
+    const auto manifest = b.encoded();
+    if (source == Source::pageable) {
+      engine.apply_bucket(b.bytes, manifest);
+    } else if (source == Source::staging) {
+      auto staging = engine.host_staging(static_cast<int>(k % 2), b.bytes.size());
+      std::memcpy(staging.data(), b.bytes.data(), b.bytes.size());
+      engine.apply_bucket(staging.first(b.bytes.size()), manifest, FERRY_MEMORY_PINNED);
+    } else {
+      void* device = nullptr;
+      ASSERT_CUDA(cudaMalloc(&device, std::max<std::size_t>(b.bytes.size(), 1)));
+      ASSERT_CUDA(cudaMemcpy(device, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice));
+      engine.apply_bucket({static_cast<const std::byte*>(device), b.bytes.size()}, manifest,
+                          FERRY_MEMORY_CUDA);
+      ASSERT_CUDA(cudaFree(device));
+    }
+  }
+  engine.commit();
+}
+
+class CudaUpdate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    layout = mixed_layout();
+    cpu_store.place_all("weights", store::Policy::Backup, specs_of(layout));
+    cuda_store.place_all("weights", store::Policy::Backup, specs_of(layout));
+    poison(cuda_store);
+  }
+
+  std::vector<LayoutParam> layout;
+  store::CpuWeightStore cpu_store;
+  store::CudaWeightStore cuda_store;
+};
+
+TEST_F(CudaUpdate, DeviceParametersAreBitIdenticalToTheCpuReceiverFromEveryBucketMemory) {
+  IdentityPlans cpu_plans(layout);
+  IdentityPlans cuda_plans(layout);
+  UpdateEngine cpu_engine(cpu_store, cpu_plans);
+  UpdateEngine cuda_engine(cuda_store, cuda_plans);
+  std::uint64_t version = 1;
+  for (Source source : {Source::pageable, Source::staging, Source::device}) {
+    const auto buckets = buckets_for(layout, version);
+    apply(cpu_engine, version, buckets, Source::pageable);
+    apply(cuda_engine, version, buckets, source);
+    for (const auto& p : layout) {
+      ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name))
+          << p.name << " after version " << version;
+    }
+    EXPECT_EQ(cuda_engine.fingerprints(), cpu_engine.fingerprints());
+    EXPECT_EQ(cuda_engine.version().number, version);
+    EXPECT_TRUE(cuda_engine.health().ready) << cuda_engine.health().reason;
+    ++version;
+  }
+  // Fingerprints computed on the device equal the CPU twin's.
+  for (const auto& p : layout) {
+    EXPECT_EQ(fingerprint_param(cuda_store.param(std::string_view(p.name))),
+              fingerprint_param(cpu_store.param(std::string_view(p.name))))
+        << p.name;
+  }
+}
+
+TEST_F(CudaUpdate, RepeatedUpdatesReuseTheCachedPlanAndStayCorrect) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  for (std::uint64_t version = 1; version <= 4; ++version) {
+    const auto buckets = buckets_for(layout, version);
+    apply(engine, version, buckets, Source::staging);
+    const auto weights = random_weights(layout, version);
+    for (const auto& p : layout) {
+      const auto& want = weights.at(p.name);
+      ASSERT_EQ(read_param(cuda_store, p.name),
+                std::vector<std::byte>(want.begin(), want.end()))
+          << p.name << " in version " << version;
+    }
+  }
+  EXPECT_EQ(plans.calls, 3);  // one plan per bucket shape, computed once
+  EXPECT_EQ(engine.metrics().plan_cache_hits, 9u);
+}
+
+TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  apply(engine, 1, buckets_for(layout, 1), Source::pageable);
+  auto bad = buckets_for(layout, 2);
+  // The last bucket's bytes no longer match its manifest fingerprint: refused after two buckets
+  // were written into the live weights.
+  bad[2].bytes[0] ^= std::byte{1};
+  engine.begin(2, "v2");
+  engine.apply_bucket(bad[0].bytes, bad[0].encoded());
+  engine.apply_bucket(bad[1].bytes, bad[1].encoded());
+  const auto error =
+      testing::error_of([&] { engine.apply_bucket(bad[2].bytes, bad[2].encoded()); });
+  EXPECT_EQ(error.code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_EQ(engine.version().number, 1u);
+  EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  EXPECT_EQ(engine.metrics().rollbacks, 1u);
+  const auto weights = random_weights(layout, 1);
+  for (const auto& p : layout) {
+    const auto& want = weights.at(p.name);
+    ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+        << p.name;
+  }
+}
+
+// The wrapping sum of the 32-bit words of `bytes` (what the graph kernel computes).
+unsigned long long word_sum(const std::vector<std::byte>& bytes) {
+  unsigned long long sum = 0;
+  for (std::size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+    std::uint32_t w = 0;
+    std::memcpy(&w, bytes.data() + i, 4);
+    sum += w;
+  }
+  return sum;
+}
+
+TEST_F(CudaUpdate, CapturedGraphReplaysEqualToEagerAfterReleaseResumeAndAfterAnUpdate) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  apply(engine, 1, buckets_for(layout, 1), Source::pageable);
+  const auto big = cuda_store.param(std::string_view("big.0"));
+  const std::uint64_t words = big.bytes / 4;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  unsigned long long* out = nullptr;
+  ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&out), 2 * sizeof(unsigned long long)));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ASSERT_CUDA(store::testing::enqueue_word_sum(big.data, words, out, stream));
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  auto replay_and_eager = [&](unsigned long long& replayed, unsigned long long& eager) {
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaMemcpyAsync(&replayed, out, sizeof replayed, cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA(store::testing::enqueue_word_sum(big.data, words, out + 1, stream));
+    ASSERT_CUDA(cudaMemcpyAsync(&eager, out + 1, sizeof eager, cudaMemcpyDeviceToHost, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+  };
+  const auto v1 = random_weights(layout, 1).at("big.0");
+  const unsigned long long v1_sum = word_sum(v1);
+  unsigned long long replayed = 0, eager = 0;
+  replay_and_eager(replayed, eager);
+  EXPECT_EQ(replayed, v1_sum);
+  EXPECT_EQ(eager, v1_sum);
+
+  const std::vector<std::string> tags{"weights"};
+  cuda_store.release(tags);
+  cuda_store.resume(tags);  // backup: the same bytes at the same address
+  ASSERT_EQ(cuda_store.param(std::string_view("big.0")).data, big.data);
+  replay_and_eager(replayed, eager);
+  EXPECT_EQ(replayed, v1_sum);
+  EXPECT_EQ(eager, v1_sum);
+
+  apply(engine, 2, buckets_for(layout, 2), Source::staging);
+  const auto v2 = random_weights(layout, 2).at("big.0");
+  const unsigned long long v2_sum = word_sum(v2);
+  ASSERT_NE(v2_sum, v1_sum);
+  replay_and_eager(replayed, eager);
+  EXPECT_EQ(replayed, v2_sum);
+  EXPECT_EQ(eager, v2_sum);
+
+  ASSERT_CUDA(cudaGraphExecDestroy(exec));
+  ASSERT_CUDA(cudaGraphDestroy(graph));
+  ASSERT_CUDA(cudaFree(out));
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+std::uint64_t status_kib(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1));
+  }
+  return 0;
+}
+
+std::uint64_t free_device_bytes() {
+  std::size_t free_bytes = 0, total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return free_bytes;
+}
+
+TEST_F(CudaUpdate, HundredReleaseResumeCyclesWithUpdatesLeakNoDeviceOrPinnedMemory) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  const std::vector<std::string> tags{"weights"};
+  // Warm up: the mirror, the staging buckets and the plan cache exist before measuring.
+  apply(engine, 1, buckets_for(layout, 1), Source::staging);
+  cuda_store.release(tags);
+  cuda_store.resume(tags);
+  auto later = buckets_for(layout, 2);
+  for (auto& b : later) b.manifest.version = 0;  // applied again as updates 3, 13, ...
+  apply(engine, 2, later, Source::staging);
+  const std::uint64_t free_before = free_device_bytes();
+  const std::uint64_t rss_before = status_kib("VmRSS");
+  const std::uint64_t locked_before = status_kib("VmLck") + status_kib("VmPin");
+  for (std::uint64_t cycle = 0; cycle < 100; ++cycle) {
+    cuda_store.release(tags);
+    cuda_store.resume(tags);
+    if (cycle % 10 == 0) apply(engine, 3 + cycle, later, Source::staging);
+  }
+  EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  const auto weights = random_weights(layout, 2);
+  for (const auto& p : layout) {
+    const auto& want = weights.at(p.name);
+    ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+        << p.name;
+  }
+  const std::uint64_t free_after = free_device_bytes();
+  const std::uint64_t slack = 64 * kMiB;  // allocator granularity, not a per-cycle leak
+  EXPECT_LE(free_before, free_after + slack) << "device memory shrank over 100 cycles";
+  EXPECT_EQ(status_kib("VmLck") + status_kib("VmPin"), locked_before);
+  EXPECT_LE(status_kib("VmRSS"), rss_before + 64 * 1024) << "RSS grew by more than 64 MiB";
+}
+
+}  // namespace
+}  // namespace ferry::update
+
+int main(int argc, char** argv) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::puts("no CUDA device: skipped (the CUDA update tests need a GPU)");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
