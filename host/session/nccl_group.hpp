@@ -4,7 +4,7 @@
 // while bucket k is broadcast). Receivers join with /init_weights_update_group and receive with
 // /update_weights_from_distributed carrying update_request() of the same tensors.
 //
-// The C API and the Python package wrap this class (ferry_nccl_group_*; .notes/nccl.md).
+// The C API and the Python package are to wrap this class (ferry_nccl_group_*); not done yet.
 // Threading: one thread drives a group; abort() may be called from any thread.
 #pragma once
 

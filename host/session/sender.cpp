@@ -13,6 +13,8 @@
 #include "ferry_build_config.h"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include <ferry/kernels/cuda.hpp>
 #endif
 
 #include <atomic>
@@ -31,6 +33,23 @@
 
 namespace ferry::session {
 namespace {
+
+// The fingerprint (docs/fingerprint.md) the receiver must report for a tensor; CUDA tensors are
+// fingerprinted on their device.
+std::uint64_t fingerprint_tensor(const TensorView& t, unsigned threads) {
+  const std::uint64_t size = byte_size(t.dtype, t.shape).value_or(0);
+  if (t.memory_kind != FERRY_MEMORY_CUDA) return kernels::fingerprint_cpu(t.data, size, threads);
+#if FERRY_HAVE_CUDA
+  if (const cudaError_t e = cudaSetDevice(t.device); e != cudaSuccess) {
+    fail(FERRY_STATUS_IO, "push: tensor '{}': CUDA device {}: {}", t.name, t.device,
+         cudaGetErrorString(e));
+  }
+  return kernels::fingerprint_cuda(t.data, size, nullptr);
+#else
+  fail(FERRY_STATUS_UNIMPLEMENTED, "push: tensor '{}' is in CUDA memory (no CUDA in this build)",
+       t.name);
+#endif
+}
 
 // Packs one tensor into a host staging slot. CUDA tensors are staged through host memory (one
 // device-to-host copy per tensor and receiver); the data transports then move host buckets.
@@ -551,8 +570,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
       std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
   std::vector<std::uint64_t> prints(tensors.size());
   for (std::size_t t = 0; t < tensors.size(); ++t) {
-    prints[t] = kernels::fingerprint_cpu(tensors[t].data, byte_size(tensors[t].dtype, tensors[t].shape).value_or(0),
-                                         i.options.threads);
+    prints[t] = fingerprint_tensor(tensors[t], i.options.threads);
   }
   {
     PlannedBucket current;

@@ -1,7 +1,9 @@
 // The CUDA FP8 e4m3 128x128 block quantization kernel: one thread block per tile; the tile is
 // loaded into registers once (16-byte vector loads where the layout allows), reduced to its
 // amax and scale, and written once as e4m3 (8-byte stores), bit-identical to the CPU twin
-// (kernels/cpu/fp8.cpp) through the shared arithmetic of ferry/kernels/fp8_block.hpp.
+// (kernels/cpu/fp8.cpp) through the shared arithmetic of ferry/kernels/fp8_block.hpp. The vector
+// path divides without a division instruction (reciprocal, two exact fma corrections), which
+// gives the correctly rounded quotient the twin's IEEE division gives.
 #include "../cpu/fp8_jobs.hpp"
 #include "ferry/kernels/fp8_block.hpp"
 
@@ -59,7 +61,7 @@ __device__ __forceinline__ std::uint8_t quantize_fast(float w, float s) {
 // far below half the smallest e4m3 subnormal (2^-10); copysign keeps w's sign there and for
 // w = -0 (the corrections turn -0 into +0), so the e4m3 code (+-0) is the same.
 // Checked against IEEE division on 147M (w, s) pairs, every bf16 value included
-// (.notes/fp8opt.md); the GPU tests compare whole tiles with the CPU twin.
+// (docs/benchmarks.md); the GPU tests compare whole tiles with the CPU twin.
 __device__ __forceinline__ float quotient(float w, float s, float r) {
   float q = __fmul_rn(w, r);
   float e = __fmaf_rn(-s, q, w);
@@ -106,8 +108,9 @@ __device__ float block_amax(float v, float* shared) {
   return m;
 }
 
-// At least 3 resident blocks per SM (at most 85 registers per thread): with one, the load and
-// the convert phases of a tile do not overlap with another tile's.
+// At least 4 resident blocks per SM (at most 64 registers per thread, no spills): the load and
+// the convert phases of one tile overlap with other tiles'. On the H200: 3 blocks 74.6% of the
+// copy roofline, 4 blocks 80.2%, 5 blocks 85.9% with small spills (docs/benchmarks.md).
 __global__ void __launch_bounds__(kThreads, 4)
     fp8_kernel(const Fp8Job* jobs, std::uint32_t num_jobs, std::uint64_t total_tiles) {
   __shared__ float warp_max[kThreads / 32];
