@@ -745,13 +745,14 @@ void Receiver::StreamingUpdate::begin(std::uint64_t version,
 }
 
 void Receiver::StreamingUpdate::apply_bucket(std::span<const std::byte> bucket,
-                                             std::span<const std::uint8_t> manifest_bytes) {
+                                             std::span<const std::uint8_t> manifest_bytes,
+                                             ferry_memory_kind_t bucket_kind) {
   auto& i = *impl_;
   if (!i.begun || i.finished) {
     fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
   }
   try {
-    i.s.engine->apply_bucket(bucket, manifest_bytes);
+    i.s.engine->apply_bucket(bucket, manifest_bytes, bucket_kind);
   } catch (...) {
     i.finished = true;  // the engine ended the update (rolled back or fenced)
     i.busy.reset();

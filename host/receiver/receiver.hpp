@@ -123,7 +123,11 @@ class Receiver {
     // Starts update `version` (the published number on commit); label default: the number.
     void begin(std::uint64_t version, const std::optional<std::string>& label);
     // Applies one bucket (validated manifest; entry fingerprints verified before writing).
-    void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest);
+    // `bucket_kind`: where the bucket's bytes are (FERRY_MEMORY_CUDA: device memory of the
+    // parameters' device, e.g. an NCCL or CUDA IPC bucket); see UpdateEngine::apply_bucket for
+    // when the memory may be reused.
+    void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest,
+                      ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
     UpdateReport commit();
     void abort(const std::string& reason);
 
