@@ -20,6 +20,25 @@ runs (CUDA: torch.cuda.Event timing around the whole call, then synchronize; CPU
 The destination is poisoned (0xA5) before each method; after it, a sample of tensors is compared
 with the source and the gaps after them with the poison.
 
+Case `cuda_ipc`: the colocated handoff users write today with torch.multiprocessing: this
+process (the producer, the trainer) holds COUNT bf16 tensors of BYTES bytes on DEVICE; a consumer
+process (spawn context, the rollout engine) holds its own preallocated parameters of the same
+shapes. One call, timed on the producer's wall clock from the handoff started to the consumer's
+"done" (after its copies and a synchronize), is one of:
+
+  per_tensor  queue.put(list of the tensors) (CUDA IPC handles; torch's producer-side caches
+              reused from the second call on); the consumer rebuilds them, copy_ each into its
+              parameter, synchronizes, drops them and answers
+  bucket      torch.cat of every tensor into one flattened bucket (as FlattenedTensorBucket-style
+              code does), queue.put(bucket, offsets); the consumer copy_ each slice into its
+              parameter, synchronizes, drops the bucket and answers
+
+The first call of each method is reported apart (it opens the IPC handles for the first time);
+then REPEAT calls: median and best. Before each call the producer changes every tensor (+1 on its
+int16 view, outside the timing), so a stale parameter shows; after the last call the consumer
+compares every parameter with the producer's tensors byte for byte (through the same sharing).
+With DEVICE cpu the tensors travel through shared memory (a CPU check of the script itself).
+
 Case `disk`: every *.safetensors file of the folder PATH loaded with
 safetensors.torch.load_file(file, device=DEVICE), all files one after another, then
 torch.cuda.synchronize(); wall clock, median of REPEAT runs after WARMUP runs. The tensors of a
@@ -291,9 +310,138 @@ def moe(torch, args):
     return result
 
 
+def _ipc_consumer(device, count, numel, requests, answers):
+    """The consumer process of case cuda_ipc: its own parameters, one answer per request."""
+    import torch
+    dev = torch.device(device)
+    params = [torch.empty((numel,), dtype=torch.bfloat16, device=dev) for _ in range(count)]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    answers.put(("ready",))
+    while True:
+        msg = requests.get()
+        kind = msg[0]
+        if kind == "quit":
+            return
+        if kind == "poison":
+            for p in params:
+                p.view(torch.int16).fill_(-23131)  # 0xA5A5
+            sync()
+            answers.put(("done",))
+        elif kind == "per_tensor":
+            received = msg[1]
+            for p, s in zip(params, received):
+                p.copy_(s)
+            sync()
+            del received, msg
+            answers.put(("done",))
+        elif kind == "bucket":
+            bucket, offsets = msg[1], msg[2]
+            for p, off in zip(params, offsets):
+                p.copy_(bucket[off:off + numel])
+            sync()
+            del bucket, msg
+            answers.put(("done",))
+        elif kind == "verify":
+            received = msg[1]
+            bad = [i for i, (p, s) in enumerate(zip(params, received))
+                   if not torch.equal(p.view(torch.int16), s.view(torch.int16))]
+            del received, msg
+            answers.put(("verified", len(bad), bad[:5]))
+
+
+def cuda_ipc(torch, args):
+    import torch.multiprocessing as tmp
+    cuda = args.device == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
+    count, nbytes = args.count, args.bytes
+    if count <= 0 or nbytes <= 0 or nbytes % 2:
+        raise ValueError("need count > 0 and bytes > 0 and even (bf16 tensors)")
+    numel = nbytes // 2
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        if m not in ("per_tensor", "bucket"):
+            raise ValueError("unknown method %r (per_tensor, bucket)" % m)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(4321)
+    tensors = [torch.empty((numel,), dtype=torch.bfloat16, device=device).normal_(generator=gen)
+               for _ in range(count)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+
+    ctx = tmp.get_context("spawn")
+    requests, answers = ctx.Queue(), ctx.Queue()
+    consumer = ctx.Process(target=_ipc_consumer,
+                           args=(args.device, count, numel, requests, answers), daemon=True)
+    consumer.start()
+
+    def answer(expected):
+        while True:
+            try:
+                msg = answers.get(timeout=5)
+                break
+            except Exception:  # queue.Empty: is the consumer still there?
+                if not consumer.is_alive():
+                    raise RuntimeError("the consumer process died (exit code %s)"
+                                       % consumer.exitcode)
+        if msg[0] != expected:
+            raise RuntimeError("the consumer answered %r, expected %r" % (msg[0], expected))
+        return msg
+
+    result = {"ok": True, "case": "cuda_ipc", "device": args.device, "count": count,
+              "bytes": nbytes, "total_bytes": count * nbytes, "repeat": args.repeat,
+              "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+              "python": platform.python_version(),
+              "device_name": torch.cuda.get_device_name() if cuda else platform.processor(),
+              "sharing_strategy": tmp.get_sharing_strategy(),
+              "timing": "time.perf_counter on the producer, from the handoff started to the "
+                        "consumer's answer after its copies and a synchronize"}
+    failures = []
+    try:
+        answer("ready")
+        offsets = [i * numel for i in range(count)]
+        for method in methods:
+            requests.put(("poison",))
+            answer("done")
+            runs = []
+            for call in range(1 + args.repeat):
+                for t in tensors:  # new weights for this call, outside the timing
+                    t.view(torch.int16).add_(1)
+                sync()
+                t0 = time.perf_counter()
+                if method == "per_tensor":
+                    requests.put(("per_tensor", tensors))
+                    answer("done")
+                else:
+                    bucket = torch.cat([t.view(-1) for t in tensors])
+                    requests.put(("bucket", bucket, offsets))
+                    answer("done")
+                runs.append(time.perf_counter() - t0)
+                if method == "bucket":
+                    del bucket
+            requests.put(("verify", tensors))
+            _, bad, first_bad = answer("verified")
+            if bad:
+                failures.append("%s: %d of %d parameters differ from the producer's tensors "
+                                "(first: %s)" % (method, bad, count, first_bad))
+            steady = runs[1:]
+            result[method] = {"first_s": runs[0], "median_s": statistics.median(steady),
+                              "best_s": min(steady), "runs_s": steady}
+        requests.put(("quit",))
+        consumer.join(timeout=30)
+    finally:
+        if consumer.is_alive():
+            consumer.kill()
+    result["verified"] = not failures
+    result["verification"] = "; ".join(failures) if failures else (
+        "after the last call of each method every consumer parameter equals the producer's "
+        "tensor byte for byte")
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description="PyTorch baselines for ferry bench")
-    parser.add_argument("--case", choices=["scatter", "disk", "fp8", "moe"], required=True)
+    parser.add_argument("--case", choices=["scatter", "disk", "fp8", "moe", "cuda_ipc"],
+                        required=True)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--count", type=int, help="tensors (scatter)")
     parser.add_argument("--bytes", type=int, help="bytes per tensor (scatter)")
@@ -305,13 +453,15 @@ def main():
     parser.add_argument("--experts", type=int, default=128, help="experts per layer (moe)")
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size (moe)")
     parser.add_argument("--inter", type=int, default=768, help="moe_intermediate_size (moe)")
+    parser.add_argument("--methods", default="per_tensor,bucket",
+                        help="comma-separated: per_tensor, bucket (cuda_ipc)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     if args.repeat <= 0 or args.warmup < 0:
         parser.error("--repeat must be positive and --warmup not negative")
-    if args.case == "scatter" and (args.count is None or args.bytes is None):
-        parser.error("--case scatter needs --count and --bytes")
+    if args.case in ("scatter", "cuda_ipc") and (args.count is None or args.bytes is None):
+        parser.error("--case %s needs --count and --bytes" % args.case)
     if args.case == "disk" and not args.path:
         parser.error("--case disk needs --path")
 
@@ -324,7 +474,8 @@ def main():
                     % torch.__version__)
 
     try:
-        result = {"scatter": scatter, "disk": disk, "fp8": fp8, "moe": moe}[args.case](torch, args)
+        result = {"scatter": scatter, "disk": disk, "fp8": fp8, "moe": moe,
+                  "cuda_ipc": cuda_ipc}[args.case](torch, args)
     except Exception as e:
         sys.stderr.write("torch_baselines: error: %s: %s\n" % (type(e).__name__, e))
         emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)

@@ -12,6 +12,7 @@
 
 #include "capi/capi_boundary.hpp"
 #include "capi/config_source.hpp"
+#include "capi/receiver_extension.hpp"
 #include "capi/tensor_input.hpp"
 #include "receiver/receiver.hpp"
 #if FERRY_CAPI_HAVE_SESSION
@@ -31,6 +32,7 @@ struct ferry_receiver {
 #if FERRY_CAPI_HAVE_SESSION
   std::unique_ptr<ferry::session::ReceiverEndpoint> endpoint;
 #endif
+  std::shared_ptr<void> nccl_groups;  // capi/nccl.cpp; last: destroyed before the receiver
 };
 
 struct ferry_fingerprints {
@@ -64,6 +66,29 @@ std::vector<std::string> read_tags(const char* const* tags, std::size_t count,
 #endif
 
 }  // namespace
+
+std::shared_ptr<void> ferry::capi::receiver_nccl_groups(
+    ferry_receiver_t* handle,
+    const std::function<std::shared_ptr<void>(ferry::receiver::Receiver&)>& make) {
+  const std::lock_guard lock(handle->mutex);
+  if (!handle->layout_fixed && !handle->pending.empty()) {
+    handle->receiver->register_params(handle->pending);
+    handle->pending.clear();
+  }
+  handle->layout_fixed = true;
+  if (!handle->nccl_groups) handle->nccl_groups = make(*handle->receiver);
+  return handle->nccl_groups;
+}
+
+ferry::receiver::Receiver& ferry::capi::receiver_with_layout(ferry_receiver_t* handle) {
+  const std::lock_guard lock(handle->mutex);
+  if (!handle->layout_fixed && !handle->pending.empty()) {
+    handle->receiver->register_params(handle->pending);
+    handle->pending.clear();
+  }
+  handle->layout_fixed = true;
+  return *handle->receiver;
+}
 
 extern "C" {
 

@@ -74,6 +74,8 @@ void check_cuda(cudaError_t e, const char* what) {
 // never needs libnccl to start).
 struct PlainNccl {
   decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommInitRankConfig) init_rank_config = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclCommDestroy) destroy = nullptr;
   decltype(&ncclGetUniqueId) unique_id = nullptr;
@@ -91,6 +93,8 @@ struct PlainNccl {
       return p;
     };
     init_rank = reinterpret_cast<decltype(init_rank)>(sym("ncclCommInitRank"));
+    init_rank_config = reinterpret_cast<decltype(init_rank_config)>(sym("ncclCommInitRankConfig"));
+    async_error = reinterpret_cast<decltype(async_error)>(sym("ncclCommGetAsyncError"));
     broadcast = reinterpret_cast<decltype(broadcast)>(sym("ncclBroadcast"));
     destroy = reinterpret_cast<decltype(destroy)>(sym("ncclCommDestroy"));
     unique_id = reinterpret_cast<decltype(unique_id)>(sym("ncclGetUniqueId"));
@@ -98,6 +102,11 @@ struct PlainNccl {
   }
   void check(ncclResult_t r, const char* what) const {
     if (r != ncclSuccess) fail(FERRY_STATUS_PEER_FAILED, "bench nccl: {}: {}", what, error_string(r));
+  }
+  // Polls a non-blocking communicator until its last call finished.
+  void settle(ncclComm_t comm, ncclResult_t r, const char* what) const {
+    while (r == ncclInProgress) async_error(comm, &r);
+    check(r, what);
   }
 };
 
@@ -174,8 +183,12 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
 
   struct Row {
     std::uint64_t bytes;
-    double ferry_s;
-    double plain_s;
+    double ferry_s;     // one bucket: issue, wait (through the plugin)
+    double plain_s;     // one plain ncclBroadcast + stream sync (blocking communicator)
+    double plain_nb_s;  // the same on a non-blocking communicator (as the plugin's)
+    int burst = 0;      // buckets per burst
+    double ferry_burst_s;  // a burst, two buckets in flight (as updates run), per bucket
+    double plain_burst_s;  // the burst enqueued back to back, one sync, per bucket
   };
   std::vector<Row> rows;
   int code = 0;
@@ -215,6 +228,31 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
     ncclComm_t comm = nullptr;
     plain.check(plain.init_rank(&comm, static_cast<int>(world), id, static_cast<int>(rank)),
                 "ncclCommInitRank");
+    // A non-blocking communicator like the plugin's, to tell NCCL's mode from ferry's overhead.
+    ncclComm_t comm_nb = nullptr;
+    {
+      ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+      nb.blocking = 0;
+      ncclUniqueId id_nb{};
+      nccl::GroupAddress address_nb{"127.0.0.1", static_cast<std::uint16_t>(options.master_port + 2),
+                                    "bench-plain-nb", world};
+      std::unique_ptr<nccl::RendezvousServer> server_nb;
+      if (rank == 0) {
+        plain.check(plain.unique_id(&id_nb), "ncclGetUniqueId");
+        std::vector<std::uint8_t> blob(reinterpret_cast<std::uint8_t*>(&id_nb),
+                                       reinterpret_cast<std::uint8_t*>(&id_nb) + sizeof id_nb);
+        server_nb = std::make_unique<nccl::RendezvousServer>(address_nb, blob);
+        server_nb->serve(Clock::now() + std::chrono::seconds(120));
+      } else {
+        nccl::RendezvousClient client;
+        auto blob = client.join(address_nb, rank, Clock::now() + std::chrono::seconds(120));
+        if (blob.size() != sizeof id_nb) fail(FERRY_STATUS_CORRUPT_DATA, "bench nccl: bad id size");
+        std::memcpy(&id_nb, blob.data(), sizeof id_nb);
+      }
+      const ncclResult_t r = plain.init_rank_config(&comm_nb, static_cast<int>(world), id_nb,
+                                                    static_cast<int>(rank), &nb);
+      plain.settle(comm_nb, r, "ncclCommInitRankConfig (non-blocking)");
+    }
     cudaStream_t stream = nullptr;
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
@@ -237,7 +275,48 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
           plain_runs.push_back(plain_s);
         }
       }
-      rows.push_back(Row{bytes, median_of(ferry_runs), median_of(plain_runs)});
+      // The same on the non-blocking communicator.
+      std::vector<double> nb_runs;
+      for (int i = 0; i < options.warmup + options.repeat; ++i) {
+        const auto t0 = Clock::now();
+        plain.settle(comm_nb, plain.broadcast(buffer, buffer, bytes, ncclUint8, 0, comm_nb, stream),
+                     "ncclBroadcast (non-blocking)");
+        check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        if (i >= options.warmup) {
+          nb_runs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      }
+      // Bursts as an update runs them: ferry keeps two buckets in flight (issue k+1, wait k);
+      // plain enqueues the whole burst and synchronizes once. Per bucket.
+      const int burst = static_cast<int>(
+          std::clamp<std::uint64_t>((std::uint64_t{2} << 30) / bytes, 2, 16));
+      std::vector<double> ferry_bursts, plain_bursts;
+      for (int i = 0; i < 1 + options.repeat / 2; ++i) {
+        const auto t0 = Clock::now();
+        nccl::BroadcastGroup::Pending pending[2];
+        pending[0] = group.issue(memory, 0, bytes, 0, std::chrono::seconds(60));
+        for (int k = 0; k < burst; ++k) {
+          if (k + 1 < burst) {
+            pending[(k + 1) % 2] = group.issue(memory, 0, bytes, static_cast<std::uint32_t>(k + 1),
+                                               std::chrono::seconds(60));
+          }
+          group.wait(pending[k % 2]);
+        }
+        const double ferry_s = std::chrono::duration<double>(Clock::now() - t0).count() / burst;
+        const auto t1 = Clock::now();
+        for (int k = 0; k < burst; ++k) {
+          plain.check(plain.broadcast(buffer, buffer, bytes, ncclUint8, 0, comm, stream),
+                      "ncclBroadcast");
+        }
+        check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        const double plain_s = std::chrono::duration<double>(Clock::now() - t1).count() / burst;
+        if (i > 0) {
+          ferry_bursts.push_back(ferry_s);
+          plain_bursts.push_back(plain_s);
+        }
+      }
+      rows.push_back(Row{bytes, median_of(ferry_runs), median_of(plain_runs), median_of(nb_runs),
+                         burst, median_of(ferry_bursts), median_of(plain_bursts)});
     }
     // Every rank checks what arrived: rank 0's 0x5a pattern.
     std::vector<std::uint8_t> probe(4096);
@@ -249,6 +328,7 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
     }
     cudaStreamDestroy(stream);
     plain.destroy(comm);
+    plain.destroy(comm_nb);
   } catch (...) {
     for (pid_t pid : children) kill(pid, SIGTERM);
     for (pid_t pid : children) waitpid(pid, nullptr, 0);
@@ -269,13 +349,26 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
   std::printf("ferry bench nccl: %u ranks (one GPU each), NCCL_NVLS_ENABLE=%s, median of %d\n",
               world, std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)",
               options.repeat);
-  Table table({"bucket", "ferry ms", "ferry GB/s", "plain ms", "plain GB/s", "ferry/plain"});
+  std::printf("one bucket at a time (issue, wait); plain nb = the same ncclBroadcast on a "
+              "non-blocking communicator like the plugin's\n");
+  Table table({"bucket", "ferry ms", "ferry GB/s", "plain ms", "plain GB/s", "ferry/plain",
+               "plain nb ms", "ferry/plain nb"});
+  Table bursts({"bucket", "buckets", "ferry ms/bucket", "ferry GB/s", "plain ms/bucket",
+                "plain GB/s", "ferry/plain"});
   for (const auto& r : rows) {
     const double ferry_bw = static_cast<double>(r.bytes) / r.ferry_s / 1e9;
     const double plain_bw = static_cast<double>(r.bytes) / r.plain_s / 1e9;
+    const double nb_bw = static_cast<double>(r.bytes) / r.plain_nb_s / 1e9;
+    const double ferry_burst_bw = static_cast<double>(r.bytes) / r.ferry_burst_s / 1e9;
+    const double plain_burst_bw = static_cast<double>(r.bytes) / r.plain_burst_s / 1e9;
     table.add_row({binary_size(r.bytes), number(r.ferry_s * 1e3, 2), number(ferry_bw, 1),
                    number(r.plain_s * 1e3, 2), number(plain_bw, 1),
-                   number(ferry_bw / plain_bw, 3)});
+                   number(ferry_bw / plain_bw, 3), number(r.plain_nb_s * 1e3, 2),
+                   number(ferry_bw / nb_bw, 3)});
+    bursts.add_row({binary_size(r.bytes), std::to_string(r.burst),
+                    number(r.ferry_burst_s * 1e3, 2), number(ferry_burst_bw, 1),
+                    number(r.plain_burst_s * 1e3, 2), number(plain_burst_bw, 1),
+                    number(ferry_burst_bw / plain_burst_bw, 3)});
     Json record = record_header("nccl", binary_size(r.bytes), Device::cuda);
     record["world_size"] = world;
     record["bytes"] = r.bytes;
@@ -284,9 +377,17 @@ int run_nccl_bench(const GlobalOptions& globals, const NcclBenchOptions& options
     record["ferry_bus_gbps"] = ferry_bw;  // broadcast: bus bandwidth equals algorithm bandwidth
     record["plain_bus_gbps"] = plain_bw;
     record["ratio"] = ferry_bw / plain_bw;
+    record["plain_nonblocking_seconds"] = r.plain_nb_s;
+    record["burst_buckets"] = r.burst;
+    record["ferry_burst_seconds_per_bucket"] = r.ferry_burst_s;
+    record["plain_burst_seconds_per_bucket"] = r.plain_burst_s;
+    record["burst_ratio"] = ferry_burst_bw / plain_burst_bw;
     records.push_back(record);
   }
   table.print();
+  std::printf("\nbursts as an update runs them (ferry: two buckets in flight; plain: enqueued "
+              "back to back, one sync), median per bucket\n");
+  bursts.print();
   return code;
 }
 

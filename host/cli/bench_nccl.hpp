@@ -1,6 +1,9 @@
 // cli/bench_nccl.hpp: `ferry bench nccl`: bucketed broadcast through the nccl transport plugin
 // (BroadcastGroup: rendezvous, non-blocking communicator, deadline-polled waits) against a plain
-// blocking ncclBroadcast of the same device buffers in the same run, bucket sizes 64 MiB..4 GiB.
+// blocking ncclBroadcast of the same device buffers in the same run, bucket sizes 64 MiB..4 GiB;
+// also the plain broadcast on a non-blocking communicator (the plugin's mode: it tells NCCL's
+// per-call cost in that mode from ferry's), and bursts of buckets as an update runs them (ferry
+// two in flight vs plain enqueued back to back).
 // One process per GPU: rank 0 (the command the user runs) starts ranks 1..N-1 as child processes
 // of the same executable. With fewer than two GPUs it says so and fails (NCCL refuses two ranks
 // on one GPU).

@@ -3,6 +3,7 @@
 // session protocol drives it (put + flush where the plugin allows put, else tagged buckets into
 // posted receives with two in flight), next to ucx_perftest on the same transport and sizes.
 #include "cli/bench_ucx.hpp"
+#include "cli/process_channel.hpp"
 
 #include <ferry/sdk/error.hpp>
 
@@ -87,51 +88,10 @@ struct Buffer {
   std::uint64_t size = 0;
 };
 
-// Length-prefixed messages over one end of a socketpair.
-class Channel {
+// Commands and rendezvous bytes between this process and the forked receiver.
+class Channel : public ProcessChannel {
  public:
-  explicit Channel(int fd) : fd_(fd) {}
-  void send(const Bytes& b) const {
-    const std::uint64_t n = b.size();
-    write_all(&n, sizeof n);
-    write_all(b.data(), b.size());
-  }
-  void send(const std::string& s) const { send(Bytes(s.begin(), s.end())); }
-  Bytes receive() const {
-    std::uint64_t n = 0;
-    read_all(&n, sizeof n);
-    if (n > (1ull << 24)) fail(FERRY_STATUS_IO, "ferry bench ucx: control message of {} bytes", n);
-    Bytes b(n);
-    read_all(b.data(), n);
-    return b;
-  }
-  std::string receive_text() const {
-    const Bytes b = receive();
-    return std::string(b.begin(), b.end());
-  }
-
- private:
-  void write_all(const void* p, std::size_t n) const {
-    const auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail(FERRY_STATUS_IO, "ferry bench ucx: the other process went away");
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  void read_all(void* p, std::size_t n) const {
-    auto* c = static_cast<char*>(p);
-    while (n > 0) {
-      const ssize_t r = ::read(fd_, c, n);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail(FERRY_STATUS_IO, "ferry bench ucx: the other process went away");
-      c += r;
-      n -= static_cast<std::size_t>(r);
-    }
-  }
-  int fd_;
+  explicit Channel(int fd) : ProcessChannel(fd, "ferry bench ucx") {}
 };
 
 // One transport instance driven through the C table; every failure throws ferry::Error.

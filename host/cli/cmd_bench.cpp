@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/bench_cuda_ipc.hpp"
 #include "cli/bench_disk.hpp"
 #include "cli/bench_fingerprint.hpp"
 #include "cli/bench_fp8.hpp"
@@ -40,6 +41,8 @@ void list_cases() {
       "               memory roofline (a flat D2D copy) and the obvious torch code\n"
       "  moe          a Qwen3-30B-A3B MoE update (48 layers x 128 experts) planned by the moe\n"
       "               plugin, one scatter per layer bucket, vs a copy_ loop and _foreach_copy_\n"
+      "  cuda_ipc     a 16 GiB update (256 and 4096 tensors) through CUDA IPC into a ferry serve\n"
+      "               child on the same GPU vs the D2D ceiling and torch.multiprocessing\n"
       "common options: --device cuda|cpu (default %s), --json FILE, --repeat N, --warmup N,\n"
       "                --timeout S\n",
       FERRY_HAVE_CUDA ? "cuda" : "cpu");
@@ -118,11 +121,13 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
 
   const bench::UcxBenchCommand ucx = bench::add_ucx_bench_command(bench_cmd, globals);
   const bench::NcclBenchCommand nccl = bench::add_nccl_bench_command(bench_cmd, globals);
+  const bench::CudaIpcBenchCommand cuda_ipc = bench::add_cuda_ipc_bench_command(bench_cmd, globals);
 
-  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, fp8, moe,
-          &globals]() -> int {
+  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc, fp8,
+          moe, &globals]() -> int {
     if (ucx.app->parsed()) return ucx.action();  // its own options, watchdog and JSON
     if (nccl.app->parsed()) return nccl.action();  // likewise
+    if (cuda_ipc.app->parsed()) return cuda_ipc.action();  // likewise
     if (!scatter->parsed() && !fingerprint->parsed() && !disk->parsed() && !fp8->parsed() &&
         !moe->parsed()) {
       list_cases();

@@ -7,6 +7,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "ferry_build_config.h"
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,36 +70,115 @@ double gb_per_s(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0;
 }
 
-// "auto" picks the best transport this build can drive from the demo: UCX (a push through the
-// session protocol) when its plugin loads, else disk (checkpoints the receiver reads). "inline"
-// pushes with the bytes on the session socket itself.
-std::string choose_transport(const std::string& requested, const registry::Registry& registry) {
+// "auto" picks the best transport this build can drive from the demo: with the receiver on a GPU,
+// CUDA IPC (the trainer's weights on the same GPU, a colocated push) when its plugin loads; else
+// UCX (a push through the session protocol) when its plugin loads; else disk (checkpoints the
+// receiver reads). "inline" pushes with the bytes on the session socket itself.
+std::string choose_transport(const std::string& requested, const std::string& device,
+                             const registry::Registry& registry) {
   if (requested == "disk" || requested == "inline") return requested;
-  if (requested == "auto" || requested == "ucx") {
-    std::string why;
+  const bool on_gpu = store::parse_store_device(device).cuda;
+  auto loadable = [&](const char* name, std::string& why) {
     try {
-      (void)registry.transport("ucx");
-      return "ucx";
+      (void)registry.transport(name);
+      return true;
     } catch (const Error& e) {
       why = e.what();
+      return false;
     }
+  };
+  if (requested == "cuda_ipc") {
+    if (!on_gpu) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "ferry demo: transport 'cuda_ipc' needs the receiver on a GPU (--device cuda or "
+           "cuda:N), not '{}'",
+           device);
+    }
+    std::string why;
+    if (!loadable("cuda_ipc", why)) {
+      fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport 'cuda_ipc' is not available: {}", why);
+    }
+    return "cuda_ipc";
+  }
+  if (requested == "auto" || requested == "ucx") {
+    std::string why;
+    if (requested == "auto" && on_gpu) {
+      if (loadable("cuda_ipc", why)) return "cuda_ipc";
+      logger("demo")->info("CUDA IPC transport not available ({})", why);
+    }
+    if (loadable("ucx", why)) return "ucx";
     if (requested == "ucx") {
       fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport 'ucx' is not available: {}", why);
     }
     logger("demo")->info("UCX transport not available ({}); using disk", why);
     return "disk";
   }
-  for (const char* later : {"nccl", "cuda_ipc", "ckpt_engine"}) {
+  for (const char* later : {"nccl", "ckpt_engine"}) {
     if (requested == later) {
       fail(FERRY_STATUS_UNIMPLEMENTED,
-           "ferry demo cannot drive transport '{}' yet (available: ucx, inline, disk; 'auto' "
-           "picks the best)",
+           "ferry demo cannot drive transport '{}' yet (available: cuda_ipc, ucx, inline, disk; "
+           "'auto' picks the best)",
            requested);
     }
   }
-  fail(FERRY_STATUS_INVALID_ARGUMENT, "unknown transport '{}' (use auto, ucx, inline or disk)",
-       requested);
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "unknown transport '{}' (use auto, cuda_ipc, ucx, inline or disk)", requested);
 }
+
+// The trainer's weights on the receiver's GPU (cuda_ipc: a colocated trainer): one device
+// allocation holding every tensor (256-byte aligned), refreshed from the host copy every step.
+class TrainerDeviceCopy {
+ public:
+  TrainerDeviceCopy(const demo::SyntheticModel& model, int device) : device_(device) {
+#if FERRY_HAVE_CUDA
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < model.tensors().size(); ++i) {
+      offsets_.push_back(total);
+      total += (model.published(i).size() + 255) / 256 * 256;
+    }
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMalloc(&base_, std::max<std::uint64_t>(total, 256)), "cudaMalloc");
+#else
+    (void)model;
+    fail(FERRY_STATUS_UNIMPLEMENTED, "ferry demo: the trainer's GPU copy needs a build with CUDA");
+#endif
+  }
+  ~TrainerDeviceCopy() {
+#if FERRY_HAVE_CUDA
+    if (base_ != nullptr) (void)cudaFree(base_);
+#endif
+  }
+  TrainerDeviceCopy(const TrainerDeviceCopy&) = delete;
+  TrainerDeviceCopy& operator=(const TrainerDeviceCopy&) = delete;
+
+  // Copies the model's current weights to the GPU (complete when it returns).
+  void refresh(const demo::SyntheticModel& model) {
+#if FERRY_HAVE_CUDA
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    for (std::size_t i = 0; i < offsets_.size(); ++i) {
+      const auto& bytes = model.published(i);
+      check(cudaMemcpy(data(i), bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+            "cudaMemcpy to the trainer's GPU copy");
+    }
+#else
+    (void)model;
+#endif
+  }
+  void* data(std::size_t i) const { return static_cast<std::byte*>(base_) + offsets_.at(i); }
+  int device() const { return device_; }
+
+ private:
+#if FERRY_HAVE_CUDA
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      fail(FERRY_STATUS_IO, "ferry demo: trainer's GPU copy: {}: {}", what, cudaGetErrorString(e));
+    }
+  }
+#endif
+  int device_ = 0;
+  void* base_ = nullptr;
+  std::vector<std::uint64_t> offsets_;
+};
 
 // The receiver's device: cpu, cuda or cuda:N; refused here (before any checkpoint is written)
 // when this build or machine cannot use it.
@@ -264,7 +349,8 @@ std::vector<std::string> forwarded_globals(const GlobalOptions& globals) {
 // at the first failure; `rows` holds every step attempted so far (the failed one included).
 // One step pushed from the trainer's published (BF16) weights, read in place; returns the bytes.
 std::uint64_t push_step(session::Sender& sender, demo::SyntheticModel& model, std::uint32_t step,
-                        const std::string& version) {
+                        const std::string& version, TrainerDeviceCopy* gpu) {
+  if (gpu != nullptr) gpu->refresh(model);
   std::vector<session::TensorView> views;
   views.reserve(model.tensors().size());
   for (std::size_t i = 0; i < model.tensors().size(); ++i) {
@@ -274,6 +360,11 @@ std::uint64_t push_step(session::Sender& sender, demo::SyntheticModel& model, st
     v.dtype = FERRY_DTYPE_BF16;
     v.shape = spec.shape;
     v.data = model.published(i).data();
+    if (gpu != nullptr) {
+      v.data = gpu->data(i);
+      v.memory_kind = FERRY_MEMORY_CUDA;
+      v.device = gpu->device();
+    }
     views.push_back(std::move(v));
   }
   const session::PushReport report = sender.push(views, step, version);
@@ -290,7 +381,7 @@ struct SyncLoop {
   const GlobalOptions& globals;
   const config::Config& config;
   const registry::Registry& registry;
-  std::string transport;  // "disk", or a push: "ucx" / "inline"
+  std::string transport;  // "disk", or a push: "cuda_ipc" / "ucx" / "inline"
   demo::SyntheticModel& model;
   fs::path work_dir;
   std::uint32_t steps = 0;
@@ -328,6 +419,11 @@ struct SyncLoop {
     // until the next update, so a colocated trainer borrows the memory before the update.
     const bool backup = config.memory.weights_policy == config::ReleasePolicy::backup;
     std::unique_ptr<session::Sender> sender;
+    std::unique_ptr<TrainerDeviceCopy> gpu;
+    if (transport == "cuda_ipc") {
+      gpu = std::make_unique<TrainerDeviceCopy>(model,
+                                                store::parse_store_device(config.demo.device).ordinal);
+    }
     if (transport != "disk") {
       session::SenderOptions so;
       so.receivers = {fmt::format("127.0.0.1:{}", receiver.port())};
@@ -359,7 +455,7 @@ struct SyncLoop {
       if (!backup) release_resume();
       const auto t = std::chrono::steady_clock::now();
       if (sender) {
-        row.bytes = push_step(*sender, model, s, row.version);
+        row.bytes = push_step(*sender, model, s, row.version, gpu.get());
       } else {
         const json report = expect_ok(
             receiver,
@@ -387,6 +483,7 @@ struct SyncLoop {
     if (!keep && !previous_dir.empty()) fs::remove_all(previous_dir);
     current_step_dir.clear();
     sender.reset();
+    gpu.reset();
     const std::string ended = receiver.stop();
     if (ended != "exited with status 0") {
       logger("demo")->warn("the receiver {} after SIGTERM", ended);
@@ -404,7 +501,7 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--hidden-size", opts->hidden_size, "model hidden size (default: [demo] hidden_size)");
   cmd->add_option("--layers", opts->layers, "transformer layers (default: [demo] layers)");
   cmd->add_option("--vocab-size", opts->vocab_size, "vocabulary size (default: [demo] vocab_size)");
-  cmd->add_option("--transport", opts->transport, "auto, ucx, inline or disk (default: [demo] transport; auto: ucx when available)");
+  cmd->add_option("--transport", opts->transport, "auto, cuda_ipc, ucx, inline or disk (default: [demo] transport; auto: cuda_ipc with a GPU receiver, else ucx, when available)");
   cmd->add_option("--device", opts->device, "receiver weights on cpu, cuda or cuda:N");
   cmd->add_option("--work-dir", opts->work_dir,
                   "cache and scratch folder (default: $XDG_CACHE_HOME or ~/.cache, /ferry/demo-<shape>)");
@@ -428,7 +525,7 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
     const bool verbose = globals.log_level == "debug" || globals.log_level == "trace";
     if (!verbose) set_log_level("warn");
     auto registry = make_registry(g, config);
-    const std::string transport = choose_transport(dc.transport, *registry);
+    const std::string transport = choose_transport(dc.transport, dc.device, *registry);
     const auto shape = demo::ModelShape::from_sizes(dc.hidden_size, dc.layers, dc.vocab_size);
     const fs::path work_dir = opts->work_dir ? fs::absolute(*opts->work_dir) : default_work_dir(shape);
     fs::create_directories(work_dir);

@@ -12,6 +12,7 @@
 
 #include "common/log.hpp"
 #include "receiver/receiver.hpp"
+#include "receiver/receiver_ckpt.hpp"
 #include "receiver/receiver_nccl.hpp"
 
 namespace ferry::control {
@@ -24,6 +25,7 @@ const std::vector<Route> kRoutes = {
     {"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)"},
     {"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast"},
     {"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group"},
+    {"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer"},
     {"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor"},
     {"POST", "/update_weight_version", true, "set the weight_version label"},
     {"GET", "/get_weight_version", false, "the published weight version"},
@@ -269,12 +271,25 @@ struct ControlServer::Impl {
         reply(res, 200, out);
       };
     }
+    if (path == "/update_weights_from_ipc") {
+      return [this](const httplib::Request& req, httplib::Response& res) {
+        auto report = receiver::update_weights_from_ipc(
+            receiver, receiver::parse_ipc_update(parse_body(req)));
+        json out = report_json(report);
+        out["success"] = true;
+        out["message"] = "updated from checkpoint-engine";
+        reply(res, 200, out);
+      };
+    }
     if (path == "/destroy_weights_update_group") {
       return [this](const httplib::Request& req, httplib::Response& res) {
-        const std::string name = receiver::parse_group_name(parse_body(req));
-        groups.destroy(name);
+        const json body = parse_body(req);
+        const std::string name = receiver::parse_group_name(body);
+        const std::string how = groups.destroy(name, receiver::parse_destroy_timeout(body));
         reply(res, 200, json{{"success", true},
-                             {"message", fmt::format("destroyed weight-update group '{}'", name)}});
+                             {"teardown", how},
+                             {"message", fmt::format("destroyed weight-update group '{}' ({})",
+                                                     name, how)}});
       };
     }
     if (path == "/metrics") {

@@ -645,6 +645,20 @@ std::vector<ferry_tensor_desc_t> Receiver::layout() const {
   return out;
 }
 
+std::vector<ferry_tensor_desc_t> Receiver::checkpoint_catalog() const {
+  auto& s = *state_;
+  {
+    std::lock_guard lock(s.update_mutex);
+    if (!s.catalog.empty()) {
+      std::vector<ferry_tensor_desc_t> out;
+      out.reserve(s.catalog.size());
+      for (const auto& [name, desc] : s.catalog) out.push_back(desc);
+      return out;
+    }
+  }
+  return layout();
+}
+
 std::string Receiver::metrics_text() const {
   auto& s = *state_;
   std::string out;

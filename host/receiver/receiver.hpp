@@ -165,6 +165,12 @@ class Receiver {
   // The target layout (parameter names, dtypes, shapes), empty before the first load.
   std::vector<ferry_tensor_desc_t> layout() const;
 
+  // The checkpoint tensors this receiver expects (names, dtypes, shapes of the checkpoint the
+  // layout was made from), for senders that name no tensors up front (checkpoint-engine). When
+  // the layout came from registered engine parameters there is no checkpoint: the layout stands
+  // in (the identity model family). Names stay valid until the layout changes.
+  std::vector<ferry_tensor_desc_t> checkpoint_catalog() const;
+
   // The config and plugin registry this receiver was made with (for components beside it, such
   // as the NCCL weight-update groups in receiver_nccl.hpp). Valid as long as the receiver.
   const config::Config& receiver_config() const;

@@ -114,6 +114,11 @@ std::vector<std::vector<std::uint64_t>> shape_list(const json& body) {
 
 std::string parse_group_name(const json& body) { return group_name_field(body); }
 
+std::chrono::milliseconds parse_destroy_timeout(const json& body) {
+  if (auto t = optional_seconds(body, "timeout_s")) return to_ms(*t);
+  return std::chrono::milliseconds(15000);
+}
+
 nccl::GroupInit parse_group_init(const json& body) {
   nccl::GroupInit init;
   init.master_address = string_field(body, "master_address");
@@ -178,17 +183,24 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
-// Two device buckets (double buffering) registered with the group, and a pinned host copy the
-// update engine applies from. Grows when an update needs larger buckets.
+// Two device buckets (double buffering) registered with the group, and, for a receiver whose
+// parameters live in host memory, a pinned host copy the update engine applies from. Grows when
+// an update needs larger buckets. Freed after the group's communicator is gone (close()).
 struct Staging {
   int device = 0;
   std::uint64_t bytes = 0;
   void* device_buffers[2] = {nullptr, nullptr};
   ferry_memory_t* registrations[2] = {nullptr, nullptr};
-  void* host = nullptr;
+  void* host = nullptr;  // only when the parameters are not on `device`
   cudaStream_t copy_stream = nullptr;
 
-  ~Staging() { release(); }
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    release();
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
+  }
   void release() noexcept {
     cudaSetDevice(device);
     for (auto& b : device_buffers) {
@@ -203,44 +215,57 @@ struct Staging {
 
 }  // namespace
 
-// One joined group of this receiver. Members are destroyed bottom-up: the group (which
-// deregisters and frees its communicator) before the staging memory it used.
+// One joined group of this receiver. The staging memory is freed only after the communicator
+// that wrote into it is gone: close() hands it to the group's teardown.
 struct ReceiverGroup {
   std::shared_ptr<const registry::LoadedPlugin> plugin;  // keeps the .so loaded
-  Staging staging;
+  std::shared_ptr<Staging> staging = std::make_shared<Staging>();
   std::unique_ptr<nccl::BroadcastGroup> group;
+  bool apply_from_device = false;  // the parameters live on the group's CUDA device
 
-  ~ReceiverGroup() {
-    group.reset();
-    if (staging.copy_stream != nullptr) cudaStreamDestroy(staging.copy_stream);
-  }
+  ~ReceiverGroup() { close(nccl::Clock::now() + nccl::kDefaultCloseTimeout, false); }
   void abort(const std::string& reason) noexcept {
     if (group) group->abort(reason);
   }
+  nccl::BroadcastGroup::CloseOutcome close(nccl::Clock::time_point deadline, bool healthy) {
+    if (!group) return nccl::BroadcastGroup::CloseOutcome::aborted;
+    // The teardown thread frees the staging and drops the plugin reference after the
+    // communicator, whenever it finishes.
+    auto outcome = group->close(deadline, healthy,
+                                [staging = std::move(staging), plugin = plugin]() mutable {
+                                  staging.reset();
+                                  plugin.reset();
+                                });
+    group.reset();
+    return outcome;
+  }
 
   void ensure_staging(std::uint64_t bytes) {
-    if (staging.bytes >= bytes) return;
+    Staging& st = *staging;
+    if (st.bytes >= bytes) return;
     // Old registrations stay with the group until it is destroyed; they are never used again.
-    staging.release();
-    staging.device = group->init().device;
-    check_cuda(cudaSetDevice(staging.device), "cudaSetDevice");
-    if (staging.copy_stream == nullptr) {
-      check_cuda(cudaStreamCreateWithFlags(&staging.copy_stream, cudaStreamNonBlocking),
+    st.release();
+    st.device = group->init().device;
+    check_cuda(cudaSetDevice(st.device), "cudaSetDevice");
+    if (st.copy_stream == nullptr && !apply_from_device) {
+      check_cuda(cudaStreamCreateWithFlags(&st.copy_stream, cudaStreamNonBlocking),
                  "cudaStreamCreate");
     }
     for (int i = 0; i < 2; ++i) {
-      check_cuda(cudaMalloc(&staging.device_buffers[i], bytes), "device staging (cudaMalloc)");
-      staging.registrations[i] = group->register_device(staging.device_buffers[i], bytes);
+      check_cuda(cudaMalloc(&st.device_buffers[i], bytes), "device staging (cudaMalloc)");
+      st.registrations[i] = group->register_device(st.device_buffers[i], bytes);
     }
-    check_cuda(cudaHostAlloc(&staging.host, bytes, cudaHostAllocDefault),
-               "pinned staging (cudaHostAlloc)");
-    staging.bytes = bytes;
+    if (!apply_from_device) {
+      check_cuda(cudaHostAlloc(&st.host, bytes, cudaHostAllocDefault),
+                 "pinned staging (cudaHostAlloc)");
+    }
+    st.bytes = bytes;
   }
 };
 
 struct WeightUpdateGroups::Impl {
   Receiver& receiver;
-  std::mutex mutex;  // serializes init / update / destroy
+  std::timed_mutex mutex;  // serializes init / update / destroy
   nccl::GroupTable<ReceiverGroup> groups;
 
   explicit Impl(Receiver& r) : receiver(r) {}
@@ -266,6 +291,7 @@ void WeightUpdateGroups::init(nccl::GroupInit init) {
   s.groups.init(init.group_name, [&] {
     auto entry = std::make_unique<ReceiverGroup>();
     entry->plugin = plugin;
+    entry->apply_from_device = device.cuda;
     entry->group = std::make_unique<nccl::BroadcastGroup>(plugin->transport(), host_api_table(),
                                                           init);
     return entry;
@@ -303,28 +329,37 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
     update->begin(s.receiver.version().number + 1, request.weight_version);
     phase = "allocate staging";
     entry.ensure_staging(nccl::largest_bucket(buckets));
-    Staging& st = entry.staging;
+    Staging& st = *entry.staging;
     const auto count = static_cast<std::uint32_t>(buckets.size());
     phase = "receive bucket 0";
     pending[0] = group.issue(st.registrations[0], 0, buckets[0].bucket_bytes, 0,
                              request.bucket_timeout);
     for (std::uint32_t k = 0; k < count; ++k) {
       const int slot = static_cast<int>(k % 2);
-      phase = fmt::format("receive bucket {}", k);
-      group.wait(pending[slot]);
       if (k + 1 < count) {
-        // Bucket k+1 arrives in the other buffer while bucket k is copied off and applied.
+        // Two receives in flight, as rank 0 sends them: bucket k+1 goes into the other buffer
+        // (applied at k-1, free) before bucket k is waited for, and arrives while k is applied.
+        phase = fmt::format("receive bucket {}", k + 1);
         pending[1 - slot] = group.issue(st.registrations[1 - slot], 0,
                                         buckets[k + 1].bucket_bytes, k + 1,
                                         request.bucket_timeout);
       }
+      phase = fmt::format("receive bucket {}", k);
+      group.wait(pending[slot]);
       phase = fmt::format("apply bucket {}", k);
       const std::uint64_t bytes = buckets[k].bucket_bytes;
-      check_cuda(cudaMemcpyAsync(st.host, st.device_buffers[slot], bytes, cudaMemcpyDeviceToHost,
-                                 st.copy_stream),
-                 "copy a bucket off the device");
-      check_cuda(cudaStreamSynchronize(st.copy_stream), "copy a bucket off the device");
-      update->apply_bucket({static_cast<const std::byte*>(st.host), bytes}, manifests[k]);
+      if (entry.apply_from_device) {
+        // The parameters live on this device: scatter straight from the received bucket (the
+        // engine returns once its scatter finished, so the buffer may receive bucket k+2).
+        update->apply_bucket({static_cast<const std::byte*>(st.device_buffers[slot]), bytes},
+                             manifests[k], FERRY_MEMORY_CUDA);
+      } else {
+        check_cuda(cudaMemcpyAsync(st.host, st.device_buffers[slot], bytes,
+                                   cudaMemcpyDeviceToHost, st.copy_stream),
+                   "copy a bucket off the device");
+        check_cuda(cudaStreamSynchronize(st.copy_stream), "copy a bucket off the device");
+        update->apply_bucket({static_cast<const std::byte*>(st.host), bytes}, manifests[k]);
+      }
     }
     phase = "commit";
     UpdateReport report = update->commit();
@@ -349,11 +384,23 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
   }
 }
 
-void WeightUpdateGroups::destroy(const std::string& group_name) {
+std::string WeightUpdateGroups::destroy(const std::string& group_name,
+                                        std::chrono::milliseconds timeout) {
   auto& s = *impl_;
-  std::lock_guard lock(s.mutex);
-  s.groups.destroy(group_name);
-  logger("receiver")->info("weight-update group '{}' destroyed", group_name);
+  const auto deadline = nccl::Clock::now() + timeout;
+  std::unique_lock lock(s.mutex, std::defer_lock);
+  if (!lock.try_lock_until(deadline)) {
+    fail(FERRY_STATUS_TIMEOUT,
+         "destroy of weight-update group '{}': an update of this receiver still runs after {} ms "
+         "(it ends at its bucket deadline; retry then)",
+         group_name, timeout.count());
+  }
+  auto [entry, state] = s.groups.take(group_name);
+  const auto outcome = entry->close(deadline, state == nccl::GroupState::ready);
+  entry.reset();
+  const char* how = nccl::close_outcome_name(outcome);
+  logger("receiver")->info("weight-update group '{}' destroyed ({})", group_name, how);
+  return how;
 }
 
 #else  // no NCCL in this build
@@ -373,7 +420,8 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate&) {
        "update_weights_from_distributed: this ferry was built without NCCL (-Dnccl, needs CUDA)");
 }
 
-void WeightUpdateGroups::destroy(const std::string& group_name) {
+std::string WeightUpdateGroups::destroy(const std::string& group_name,
+                                        std::chrono::milliseconds) {
   fail(FERRY_STATUS_NOT_FOUND, "no weight-update group '{}' (this ferry has no NCCL)",
        group_name);
 }

@@ -30,6 +30,10 @@ namespace ferry::receiver {
 // when present but not a non-empty string.
 std::string parse_group_name(const nlohmann::json& body);
 
+// POST /destroy_weights_update_group: ferry's optional timeout_s (how long the destroy may take,
+// default 15). INVALID_ARGUMENT when it is not a number of seconds in (0, 86400].
+std::chrono::milliseconds parse_destroy_timeout(const nlohmann::json& body);
+
 // POST /init_weights_update_group: master_address, master_port, rank_offset (>= 1: rank 0 is the
 // trainer), world_size, group_name, backend ("nccl", the default), and ferry's optional
 // timeout_s (rendezvous + init, default 120). INVALID_ARGUMENT naming the field. `rank` is
@@ -70,8 +74,13 @@ class WeightUpdateGroups {
   // bucket and the phase.
   UpdateReport update(const DistributedUpdate& request);
 
-  // NOT_FOUND for an unknown group.
-  void destroy(const std::string& group_name);
+  // Leaves and destroys the group within `timeout`: finalized when rank 0 (and every rank) is
+  // destroying at the same time, aborted locally when this destroy is one-sided (after at most
+  // nccl::kLeaveWindow) or the group failed. Returns how ("finalized", "aborted", or "continuing
+  // in the background" when NCCL's teardown outlived the timeout). NOT_FOUND for an unknown
+  // group; TIMEOUT when an update of this receiver holds the groups past the timeout.
+  std::string destroy(const std::string& group_name,
+                      std::chrono::milliseconds timeout = std::chrono::milliseconds(15000));
 
  private:
   struct Impl;

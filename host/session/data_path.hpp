@@ -3,6 +3,9 @@
 // available, the fallback) and a transport plugin (e.g. "ucx": put+flush into the receiver's
 // registered staging slots where RMA is native, or a send into a receive the receiver posted where
 // it is emulated). The session code (sender.cpp, receiver_session.cpp) drives both the same way:
+// (A plugin that reads and writes CUDA memory, e.g. "cuda_ipc", gets device staging slots on the
+// receiver's GPU, and the sender puts each CUDA tensor straight from its own memory into the
+// receiver's slot instead of packing it first: deliver_pieces().)
 //
 //   receiver: slots registered -> Welcome carries address + slot keys -> connect(sender address)
 //             -> per bucket: post(slot) [emulated RMA] ... receive(slot) -> apply -> Ack
@@ -11,6 +14,8 @@
 //
 // Threading: one session thread drives each object; abort() may be called from any thread.
 #pragma once
+
+#include <ferry/plugin.h>
 
 #include <chrono>
 #include <cstddef>
@@ -47,7 +52,10 @@ class ReceiverDataPath {
   virtual ~ReceiverDataPath() = default;
   virtual std::string name() const = 0;
   virtual std::size_t slot_count() const = 0;
+  // The slot's bytes: host memory, or device memory of the receiver's GPU when slot_kind() is
+  // FERRY_MEMORY_CUDA (never dereference those on the host).
   virtual std::span<std::byte> slot(std::uint32_t index) = 0;
+  virtual ferry_memory_kind_t slot_kind() const { return FERRY_MEMORY_HOST; }
   // The rendezvous blob of this side (empty for inline) and the packed remote key of a slot.
   virtual std::vector<std::uint8_t> address() { return {}; }
   virtual std::vector<std::uint8_t> slot_key(std::uint32_t) { return {}; }
@@ -69,6 +77,16 @@ class ReceiverDataPath {
   virtual void abort(const std::string& /*reason*/) noexcept {}
 };
 
+// One tensor of a bucket for deliver_pieces(): `size` bytes at `data` (host or CUDA memory of
+// `device`) go to byte `offset` of the bucket.
+struct TensorPiece {
+  const void* data = nullptr;
+  std::uint64_t size = 0;
+  std::uint64_t offset = 0;
+  ferry_memory_kind_t kind = FERRY_MEMORY_HOST;
+  int device = 0;
+};
+
 class SenderDataPath {
  public:
   virtual ~SenderDataPath() = default;
@@ -84,6 +102,16 @@ class SenderDataPath {
                        bool /*rma_native*/, const std::string& /*peer*/,
                        Clock::time_point /*deadline*/) {}
   virtual bool uses_put() const { return false; }
+  // True when deliver_pieces() may be used for a bucket whose tensors are all in memory of
+  // `kind` (decided after connect): the path then writes each tensor from its own memory into
+  // the receiver's slot, and the sender packs nothing into slot().
+  virtual bool delivers_pieces(ferry_memory_kind_t /*kind*/) const { return false; }
+  // Writes every piece into the receiver's slot `slot` at its offset; complete and visible to
+  // the receiver when it returns (before the BucketReady is sent). The pieces' memory must hold
+  // its final bytes (device work on it finished). Alignment padding is left as it was.
+  virtual void deliver_pieces(std::uint32_t /*slot*/, std::uint32_t /*bucket_index*/,
+                              std::span<const TensorPiece> /*pieces*/,
+                              Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // Moves `bytes` bytes of local slot `slot` into the receiver's slot `slot` (complete and
   // visible when it returns), before the BucketReady is sent. Inline: nothing.
   virtual void deliver(std::uint32_t /*slot*/, std::uint32_t /*bucket_index*/,
@@ -102,14 +130,19 @@ std::unique_ptr<SenderDataPath> make_inline_sender_path(std::uint64_t capacity, 
 
 // Transport plugins (data_path_plugin.cpp). `name` is the plugin's name ("ucx"). Throw
 // ferry::Error when the plugin cannot be loaded or set up (the caller may fall back to inline).
+// `device`: the CUDA ordinal this side works on, or -1. For a device transport (declares
+// FERRY_TRANSPORT_CAP_SAME_NODE_ONLY and FERRY_MEMORY_CUDA: cuda_ipc) the receiver's slots are
+// device memory of `device` (a receiver with device -1 is refused, INCOMPATIBLE) and the
+// sender's plugin instance works on `device` (its tensors' GPU); other plugins ignore it.
 std::unique_ptr<ReceiverDataPath> make_plugin_receiver_path(const registry::Registry& registry,
                                                             const config::Config& config,
                                                             const std::string& name,
                                                             std::uint64_t capacity,
-                                                            std::size_t slots);
+                                                            std::size_t slots, int device = -1);
 std::unique_ptr<SenderDataPath> make_plugin_sender_path(const registry::Registry& registry,
                                                         const config::Config& config,
                                                         const std::string& name,
-                                                        std::uint64_t capacity, std::size_t slots);
+                                                        std::uint64_t capacity, std::size_t slots,
+                                                        int device = -1);
 
 }  // namespace ferry::session

@@ -1,10 +1,20 @@
 // The data path through a transport plugin's C table (see session/data_path.hpp): staging slots
 // registered with the plugin; buckets move by put+flush into the receiver's slots when the plugin
 // writes remote memory natively, otherwise by send_bucket into a recv_bucket the receiver posted.
+// With a device transport (one that reads and writes CUDA memory, e.g. cuda_ipc) the receiver's
+// slots are device memory of its GPU and the sender puts CUDA tensors straight into them.
 #include <ferry/sdk/error.hpp>
 
+#include "ferry_build_config.h"
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include <algorithm>
 #include <map>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "common/host_api.hpp"
 #include "common/log.hpp"
@@ -40,13 +50,69 @@ ferry_blob_t borrow_blob(std::span<const std::uint8_t> bytes) {
   return b;
 }
 
-// One plugin instance with its registered slots; shared by both roles.
+// A staging slot: host memory (SlotBuffer) or device memory of one GPU (cudaMalloc, shared by
+// the plugin as a legacy CUDA IPC allocation).
+class StagingSlot {
+ public:
+  StagingSlot(std::uint64_t capacity, int device) : device_(device) {
+    if (device < 0) {
+      host_.emplace(capacity);
+      bytes_ = host_->bytes();
+      return;
+    }
+#if FERRY_HAVE_CUDA
+    int previous = 0;
+    cudaError_t e = cudaGetDevice(&previous);
+    if (e == cudaSuccess) e = cudaSetDevice(device);
+    void* p = nullptr;
+    if (e == cudaSuccess) e = cudaMalloc(&p, capacity);
+    (void)cudaSetDevice(previous);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(FERRY_STATUS_OUT_OF_MEMORY,
+           "staging slot of {} bytes on CUDA device {}: {}", capacity, device,
+           cudaGetErrorString(e));
+    }
+    bytes_ = {static_cast<std::byte*>(p), capacity};
+#else
+    fail(FERRY_STATUS_UNIMPLEMENTED, "device staging slots need a build with CUDA");
+#endif
+  }
+  ~StagingSlot() {
+#if FERRY_HAVE_CUDA
+    if (device_ >= 0 && bytes_.data() != nullptr) (void)cudaFree(bytes_.data());
+#endif
+  }
+  StagingSlot(StagingSlot&& o) noexcept
+      : device_(o.device_), host_(std::move(o.host_)), bytes_(std::exchange(o.bytes_, {})) {}
+  StagingSlot(const StagingSlot&) = delete;
+  StagingSlot& operator=(const StagingSlot&) = delete;
+  StagingSlot& operator=(StagingSlot&&) = delete;
+  std::span<std::byte> bytes() const noexcept { return bytes_; }
+
+ private:
+  int device_ = -1;
+  std::optional<SlotBuffer> host_;
+  std::span<std::byte> bytes_;
+};
+
+// A device transport: it shares CUDA memory between processes of one node (cuda_ipc); its
+// receivers need device slots.
+bool is_device_transport(const ferry_transport_caps_t& caps) {
+  return (caps.flags & FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) != 0 &&
+         (caps.memory_kinds & FERRY_MEMORY_CUDA) != 0;
+}
+
+// One plugin instance with its registered slots; shared by both roles. The receiver registers
+// its slots at once (their keys go into the Welcome); the sender registers its host slots on
+// first use (a sender that delivers CUDA tensors piece by piece never needs them) and the
+// memory of the tensors it puts from, once per session.
 class PluginInstance {
  public:
   PluginInstance(const registry::Registry& registry, const config::Config& config,
                  const std::string& name, ferry_role_t role, std::uint64_t capacity,
-                 std::size_t slots)
-      : plugin_(registry.transport(name)), name_(name) {
+                 std::size_t slots, int device)
+      : plugin_(registry.transport(name)), name_(name), capacity_(capacity), slots_(slots) {
     api_ = plugin_->transport();
     const auto& caps = plugin_->info().transport_caps;
     if (api_ == nullptr || !caps || api_->get_address == nullptr || api_->connect == nullptr ||
@@ -66,6 +132,17 @@ class PluginInstance {
     }
     rma_native_ = can_put;
     can_send_ = can_send;
+    device_transport_ = is_device_transport(caps_);
+    if (role == FERRY_ROLE_RECEIVER && device_transport_ && device < 0) {
+      fail(FERRY_STATUS_INCOMPATIBLE,
+           "transport '{}' moves CUDA memory only; this receiver keeps its weights on the cpu "
+           "(serve with --device cuda:N)",
+           name);
+    }
+    // Receiver slots live on the receiver's GPU for device transports. (Network transports
+    // keep host slots even where they could register device memory: their receivers apply
+    // host buckets, as before.)
+    slot_device_ = role == FERRY_ROLE_RECEIVER && device_transport_ ? device : -1;
     std::map<std::string, std::string> options;
     if (auto it = config.transports.find(name); it != config.transports.end()) options = it->second;
     std::vector<ferry_option_t> opts;
@@ -75,21 +152,11 @@ class PluginInstance {
     args.role = role;
     args.options = opts.data();
     args.num_options = opts.size();
-    args.device = -1;
+    args.device = device_transport_ ? device : -1;
     throw_if_error(api_->create(&args, &transport_), "transport '" + name + "' create");
     try {
-      for (std::size_t i = 0; i < slots; ++i) {
-        buffers_.emplace_back(capacity);
-        ferry_memory_desc_t desc{};
-        desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
-        desc.base = buffers_.back().bytes().data();
-        desc.size = capacity;
-        desc.kind = FERRY_MEMORY_HOST;
-        desc.device = -1;
-        ferry_memory_t* memory = nullptr;
-        throw_if_error(api_->register_memory(transport_, &desc, &memory),
-                       "transport '" + name + "' register_memory");
-        memory_.push_back(memory);
+      if (role == FERRY_ROLE_RECEIVER) {
+        for (std::size_t i = 0; i < slots; ++i) register_slot();
       }
     } catch (...) {
       destroy();
@@ -104,10 +171,52 @@ class PluginInstance {
     peer_ = nullptr;
     if (api_->deregister_memory != nullptr) {
       for (auto* m : memory_) api_->deregister_memory(transport_, m);
+      for (auto& [range, m] : local_) api_->deregister_memory(transport_, m);
     }
     memory_.clear();
+    local_.clear();
     api_->destroy(transport_);
     transport_ = nullptr;
+    buffers_.clear();  // after the plugin let go of them
+  }
+
+  ferry_memory_t* register_range(void* base, std::uint64_t size, ferry_memory_kind_t kind,
+                                 int device) {
+    ferry_memory_desc_t desc{};
+    desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+    desc.base = base;
+    desc.size = size;
+    desc.kind = kind;
+    desc.device = device;
+    ferry_memory_t* memory = nullptr;
+    throw_if_error(api_->register_memory(transport_, &desc, &memory), context("register_memory"));
+    return memory;
+  }
+
+  void register_slot() {
+    buffers_.emplace_back(capacity_, slot_device_);
+    memory_.push_back(register_range(buffers_.back().bytes().data(), capacity_,
+                                     slot_device_ >= 0 ? FERRY_MEMORY_CUDA : FERRY_MEMORY_HOST,
+                                     slot_device_));
+  }
+
+  // Slot `index`, registering the slots up to it on first use (sender).
+  std::span<std::byte> slot(std::uint32_t index) {
+    if (index >= slots_) fail(FERRY_STATUS_INVALID_ARGUMENT, "staging slot {} of {}", index, slots_);
+    while (buffers_.size() <= index) register_slot();
+    return buffers_.at(index).bytes();
+  }
+
+  // The registration of a tensor's memory the sender puts from; registered once per session.
+  ferry_memory_t* local(const void* data, std::uint64_t size, ferry_memory_kind_t kind,
+                        int device) {
+    const auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(data), size,
+                                     static_cast<int>(kind));
+    if (auto it = local_.find(key); it != local_.end()) return it->second;
+    auto* m = register_range(const_cast<void*>(data), size, kind,
+                             kind == FERRY_MEMORY_CUDA ? device : -1);
+    local_.emplace(key, m);
+    return m;
   }
 
   std::vector<std::uint8_t> address() {
@@ -163,9 +272,14 @@ class PluginInstance {
   }
 
   ferry_memory_range_t range(std::uint32_t slot, std::uint64_t bytes) {
+    (void)this->slot(slot);
+    return whole(memory_.at(slot), bytes);
+  }
+
+  static ferry_memory_range_t whole(ferry_memory_t* memory, std::uint64_t bytes) {
     ferry_memory_range_t r{};
     r.struct_size = FERRY_STRUCT_SIZE(ferry_memory_range_t, size);
-    r.memory = memory_.at(slot);
+    r.memory = memory;
     r.offset = 0;
     r.size = bytes;
     return r;
@@ -193,19 +307,26 @@ class PluginInstance {
   std::shared_ptr<registry::LoadedPlugin> plugin_;
   std::string name_;
   ferry_transport_caps_t caps_{};
+  std::uint64_t capacity_ = 0;
+  std::size_t slots_ = 0;
   ferry_transport_t* transport_ = nullptr;
   ferry_peer_t* peer_ = nullptr;
-  std::vector<SlotBuffer> buffers_;
-  std::vector<ferry_memory_t*> memory_;
-  bool rma_native_ = false;  // put + flush + pack_key exist
-  bool can_send_ = false;    // send_bucket + recv_bucket exist
+  std::vector<StagingSlot> buffers_;
+  std::vector<ferry_memory_t*> memory_;  // of buffers_, in order
+  // Tensor memory the sender put from: (address, bytes, kind) -> registration.
+  std::map<std::tuple<std::uintptr_t, std::uint64_t, int>, ferry_memory_t*> local_;
+  int slot_device_ = -1;           // receiver: the GPU its slots are on; -1: host slots
+  bool device_transport_ = false;  // see is_device_transport()
+  bool rma_native_ = false;        // put + flush + pack_key exist
+  bool can_send_ = false;          // send_bucket + recv_bucket exist
 };
 
 class PluginReceiverPath final : public ReceiverDataPath {
  public:
   PluginReceiverPath(const registry::Registry& registry, const config::Config& config,
-                     const std::string& name, std::uint64_t capacity, std::size_t slots)
-      : p_(registry, config, name, FERRY_ROLE_RECEIVER, capacity, slots),
+                     const std::string& name, std::uint64_t capacity, std::size_t slots,
+                     int device)
+      : p_(registry, config, name, FERRY_ROLE_RECEIVER, capacity, slots, device),
         posted_(slots, nullptr) {}
   ~PluginReceiverPath() override {
     for (auto* r : posted_) {
@@ -216,6 +337,9 @@ class PluginReceiverPath final : public ReceiverDataPath {
   std::size_t slot_count() const override { return p_.buffers_.size(); }
   std::span<std::byte> slot(std::uint32_t index) override {
     return p_.buffers_.at(index).bytes();
+  }
+  ferry_memory_kind_t slot_kind() const override {
+    return p_.slot_device_ >= 0 ? FERRY_MEMORY_CUDA : FERRY_MEMORY_HOST;
   }
   std::vector<std::uint8_t> address() override { return p_.address(); }
   std::vector<std::uint8_t> slot_key(std::uint32_t slot) override { return p_.slot_key(slot); }
@@ -265,13 +389,11 @@ class PluginReceiverPath final : public ReceiverDataPath {
 class PluginSenderPath final : public SenderDataPath {
  public:
   PluginSenderPath(const registry::Registry& registry, const config::Config& config,
-                   const std::string& name, std::uint64_t capacity, std::size_t slots)
-      : p_(registry, config, name, FERRY_ROLE_SENDER, capacity, slots) {}
+                   const std::string& name, std::uint64_t capacity, std::size_t slots, int device)
+      : p_(registry, config, name, FERRY_ROLE_SENDER, capacity, slots, device), device_(device) {}
   std::string name() const override { return p_.name_; }
-  std::size_t slot_count() const override { return p_.buffers_.size(); }
-  std::span<std::byte> slot(std::uint32_t index) override {
-    return p_.buffers_.at(index).bytes();
-  }
+  std::size_t slot_count() const override { return p_.slots_; }
+  std::span<std::byte> slot(std::uint32_t index) override { return p_.slot(index); }
   std::vector<std::uint8_t> address() override { return p_.address(); }
   void connect(std::span<const std::uint8_t> receiver_address,
                const std::vector<std::vector<std::uint8_t>>& slot_keys, bool rma_native,
@@ -286,8 +408,7 @@ class PluginSenderPath final : public SenderDataPath {
       // emulates RMA, e.g. over tcp): probe with a small put into the receiver's slot 0, which
       // holds no bucket yet.
       try {
-        put_and_flush(0, std::min<std::uint64_t>(256, p_.buffers_.at(0).bytes().size()), deadline,
-                      "put probe");
+        probe(deadline);
         rma_ = true;
       } catch (const Error& e) {
         if (e.code() != FERRY_STATUS_UNIMPLEMENTED || !p_.can_send_) throw;
@@ -303,22 +424,79 @@ class PluginSenderPath final : public SenderDataPath {
                                 : "tagged send into receives the receiver posted");
   }
   bool uses_put() const override { return rma_; }
-  void put_and_flush(std::uint32_t slot, std::uint64_t bytes, Clock::time_point deadline,
-                     const std::string& phase) {
+  bool delivers_pieces(ferry_memory_kind_t kind) const override {
+    return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_transport_;
+  }
+
+  // A put of 256 zero bytes from a small host buffer into the receiver's slot 0.
+  void probe(Clock::time_point deadline) {
+    if (!probe_buffer_) probe_buffer_.emplace(256);
+    std::fill(probe_buffer_->bytes().begin(), probe_buffer_->bytes().end(), std::byte{0});
+    auto* memory = p_.local(probe_buffer_->bytes().data(), 256, FERRY_MEMORY_HOST, -1);
+    const std::uint64_t bytes = std::min<std::uint64_t>(256, p_.capacity_);
+    ferry_request_t* request = put(PluginInstance::whole(memory, bytes), 0, 0, deadline, "put probe");
+    p_.finish(request, deadline, "put probe (put)");
+    flush(deadline, "put probe");
+  }
+
+  // Starts one put of `local` to byte `offset` of the receiver's slot `slot`.
+  ferry_request_t* put(const ferry_memory_range_t& local, std::uint32_t slot,
+                       std::uint64_t offset, Clock::time_point deadline,
+                       const std::string& phase) {
     ferry_blob_t key = borrow_blob(keys_.at(slot));
     ferry_put_args_t args{};
     args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
-    args.local = p_.range(slot, bytes);
+    args.local = local;
     args.remote_key = &key;
-    args.remote_offset = 0;
+    args.remote_offset = offset;
     args.deadline_ns = to_ns(deadline);
     ferry_request_t* request = nullptr;
     throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
-    p_.finish(request, deadline, phase + " (put)");
-    request = nullptr;
+    return request;
+  }
+
+  void flush(Clock::time_point deadline, const std::string& phase) {
+    ferry_request_t* request = nullptr;
     throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &request),
                    p_.context(phase));
     p_.finish(request, deadline, phase + " (flush)");
+  }
+
+  void put_and_flush(std::uint32_t slot, std::uint64_t bytes, Clock::time_point deadline,
+                     const std::string& phase) {
+    ferry_request_t* request = put(p_.range(slot, bytes), slot, 0, deadline, phase);
+    p_.finish(request, deadline, phase + " (put)");
+    flush(deadline, phase);
+  }
+
+  void deliver_pieces(std::uint32_t slot, std::uint32_t /*bucket_index*/,
+                      std::span<const TensorPiece> pieces, Clock::time_point deadline,
+                      const std::string& phase) override {
+    // Every put is enqueued before one flush waits for all of them: the copies run back to
+    // back on the plugin's stream. Requests are freed after the flush (complete by then), or
+    // on failure.
+    std::vector<ferry_request_t*> requests;
+    requests.reserve(pieces.size());
+    auto free_all = [&] {
+      for (auto* r : requests) {
+        if (r != nullptr && p_.api_->request_free != nullptr) p_.api_->request_free(p_.transport_, r);
+      }
+      requests.clear();
+    };
+    try {
+      for (const auto& piece : pieces) {
+        if (piece.size == 0) continue;
+        auto* memory = p_.local(piece.data, piece.size, piece.kind,
+                                piece.kind == FERRY_MEMORY_CUDA ? piece.device : device_);
+        requests.push_back(
+            put(PluginInstance::whole(memory, piece.size), slot, piece.offset, deadline, phase));
+      }
+      flush(deadline, phase);
+    } catch (...) {
+      free_all();
+      throw;
+    }
+    free_all();
   }
   void deliver(std::uint32_t slot, std::uint32_t bucket_index, std::uint64_t bytes,
                Clock::time_point deadline, const std::string& phase) override {
@@ -336,8 +514,10 @@ class PluginSenderPath final : public SenderDataPath {
 
  private:
   PluginInstance p_;
+  int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;
+  std::optional<SlotBuffer> probe_buffer_;
 };
 
 }  // namespace
@@ -346,15 +526,16 @@ std::unique_ptr<ReceiverDataPath> make_plugin_receiver_path(const registry::Regi
                                                             const config::Config& config,
                                                             const std::string& name,
                                                             std::uint64_t capacity,
-                                                            std::size_t slots) {
-  return std::make_unique<PluginReceiverPath>(registry, config, name, capacity, slots);
+                                                            std::size_t slots, int device) {
+  return std::make_unique<PluginReceiverPath>(registry, config, name, capacity, slots, device);
 }
 
 std::unique_ptr<SenderDataPath> make_plugin_sender_path(const registry::Registry& registry,
                                                         const config::Config& config,
                                                         const std::string& name,
-                                                        std::uint64_t capacity, std::size_t slots) {
-  return std::make_unique<PluginSenderPath>(registry, config, name, capacity, slots);
+                                                        std::uint64_t capacity, std::size_t slots,
+                                                        int device) {
+  return std::make_unique<PluginSenderPath>(registry, config, name, capacity, slots, device);
 }
 
 }  // namespace ferry::session

@@ -6,6 +6,7 @@
 #include <ferry/sdk/error.hpp>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -70,19 +71,34 @@ struct NcclTrainerGroup::Impl {
     }
   }
 
-  void free_buffers() noexcept {
-    cudaSetDevice(options.device);
-    for (auto& b : buffers) {
-      if (b != nullptr) cudaFree(b);
-      b = nullptr;
-    }
+  // Hands the staging buffers to whoever frees them after the communicator is gone.
+  std::function<void()> release_buffers() {
+    const int device = options.device;
+    void* owned[2] = {buffers[0], buffers[1]};
+    buffers[0] = buffers[1] = nullptr;
     buffer_bytes = 0;
     registrations[0] = registrations[1] = nullptr;
+    return [device, b0 = owned[0], b1 = owned[1], keep = plugin] {
+      cudaSetDevice(device);
+      if (b0 != nullptr) cudaFree(b0);
+      if (b1 != nullptr) cudaFree(b1);
+    };
+  }
+
+  // Leaves the group (see BroadcastGroup::close); the staging is freed after the communicator.
+  nccl::BroadcastGroup::CloseOutcome close_group(nccl::Clock::time_point deadline, bool healthy) {
+    if (!group) {
+      release_buffers()();
+      return nccl::BroadcastGroup::CloseOutcome::aborted;
+    }
+    auto outcome = group->close(deadline, healthy, release_buffers());
+    group.reset();
+    return outcome;
   }
 
   void join() {
-    group.reset();  // a stale communicator goes first
-    free_buffers();
+    // A stale communicator goes first (aborted: the receivers re-init too).
+    close_group(nccl::Clock::now() + nccl::kDefaultCloseTimeout, false);
     nccl::GroupInit init;
     init.master_address = options.master_address;
     init.master_port = options.master_port;
@@ -100,7 +116,9 @@ struct NcclTrainerGroup::Impl {
 
   void ensure_buffers(std::uint64_t bytes) {
     if (buffer_bytes >= bytes) return;
-    free_buffers();
+    // Registrations of the old buffers stay with the group (never used again); the buffers are
+    // idle here (every broadcast was waited for).
+    release_buffers()();
     check_cuda(cudaSetDevice(options.device), "cudaSetDevice");
     if (pack_stream == nullptr) {
       check_cuda(cudaStreamCreateWithFlags(&pack_stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -122,9 +140,26 @@ NcclTrainerGroup::NcclTrainerGroup(const registry::Registry& registry, NcclTrain
 }
 
 NcclTrainerGroup::~NcclTrainerGroup() {
-  impl_->group.reset();
-  impl_->free_buffers();
+  try {
+    close(std::chrono::duration_cast<std::chrono::milliseconds>(nccl::kDefaultCloseTimeout));
+  } catch (...) {
+    // A destructor must not throw; close() throws only when no thread can start.
+  }
   if (impl_->pack_stream != nullptr) cudaStreamDestroy(impl_->pack_stream);
+}
+
+std::string NcclTrainerGroup::close(std::chrono::milliseconds timeout) {
+  auto& s = *impl_;
+  if (!s.group) return "closed";
+  const auto outcome = s.close_group(nccl::Clock::now() + timeout, !s.failed.load());
+  s.failed.store(true);
+  {
+    std::lock_guard lock(s.reason_mutex);
+    s.failure = "the group was destroyed (close())";
+  }
+  const char* how = nccl::close_outcome_name(outcome);
+  logger("session")->info("weight-update group '{}' destroyed ({})", s.options.group_name, how);
+  return how;
 }
 
 void NcclTrainerGroup::reinit() { impl_->join(); }
@@ -174,27 +209,33 @@ BroadcastReport NcclTrainerGroup::broadcast(const std::vector<TensorView>& tenso
     };
     const std::size_t count = buckets.size();
     check_cuda(cudaSetDevice(s.options.device), "cudaSetDevice");
+    // Two broadcasts in flight: bucket k+1 is enqueued before bucket k is waited for, so the
+    // host's per-bucket work (the wait's return, the next issue) never leaves the GPU idle; the
+    // buffer a finished bucket frees is packed with bucket k+2 while k+1 travels.
     phase = "pack bucket 0";
     pack(0, 0);
     check_cuda(cudaStreamSynchronize(s.pack_stream), "pack bucket 0");
     pending[0] = group.issue(s.registrations[0], 0, buckets[0].bucket_bytes, 0,
                              s.options.bucket_timeout);
+    if (count > 1) {
+      phase = "pack bucket 1";
+      pack(1, 1);
+    }
     for (std::size_t k = 0; k < count; ++k) {
       const int slot = static_cast<int>(k % 2);
-      if (k + 1 < count) {
-        // The other buffer's broadcast (bucket k-1) was waited for: pack k+1 while k travels.
-        phase = fmt::format("pack bucket {}", k + 1);
-        pack(k + 1, 1 - slot);
-      }
-      phase = fmt::format("broadcast bucket {}", k);
-      group.wait(pending[slot]);
-      report.bytes += buckets[k].bucket_bytes;
       if (k + 1 < count) {
         phase = fmt::format("pack bucket {}", k + 1);
         check_cuda(cudaStreamSynchronize(s.pack_stream), "pack a bucket");
         pending[1 - slot] = group.issue(s.registrations[1 - slot], 0, buckets[k + 1].bucket_bytes,
                                         static_cast<std::uint32_t>(k + 1),
                                         s.options.bucket_timeout);
+      }
+      phase = fmt::format("broadcast bucket {}", k);
+      group.wait(pending[slot]);
+      report.bytes += buckets[k].bucket_bytes;
+      if (k + 2 < count) {
+        phase = fmt::format("pack bucket {}", k + 2);
+        pack(k + 2, slot);  // into the buffer bucket k just freed
       }
     }
   } catch (const std::exception& e) {
@@ -230,6 +271,7 @@ NcclTrainerGroup::NcclTrainerGroup(const registry::Registry&, NcclTrainerOptions
        impl_->options.group_name);
 }
 NcclTrainerGroup::~NcclTrainerGroup() = default;
+std::string NcclTrainerGroup::close(std::chrono::milliseconds) { return "closed"; }
 BroadcastReport NcclTrainerGroup::broadcast(const std::vector<TensorView>&) { return {}; }
 void NcclTrainerGroup::reinit() {}
 void NcclTrainerGroup::abort(const std::string&) noexcept {}

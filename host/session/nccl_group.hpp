@@ -4,7 +4,7 @@
 // while bucket k is broadcast). Receivers join with /init_weights_update_group and receive with
 // /update_weights_from_distributed carrying update_request() of the same tensors.
 //
-// The C API and the Python package are to wrap this class (ferry_nccl_group_*); not done yet.
+// The C API (host/capi/nccl.cpp, ferry_nccl_group_*) and Python (ferry.NcclGroup) wrap it.
 // Threading: one thread drives a group; abort() may be called from any thread.
 #pragma once
 
@@ -48,8 +48,7 @@ class NcclTrainerGroup {
   // init_timeout passed (TIMEOUT naming the missing ranks). FAILED_PRECONDITION without a GPU.
   // `registry` (which provides the nccl transport) must outlive the group.
   NcclTrainerGroup(const registry::Registry& registry, NcclTrainerOptions options);
-  // destroy_weights_update_group on rank 0: finalizes (or, after a failure, aborts) the
-  // communicator and closes the rendezvous links.
+  // close(15 s) unless close() ran.
   ~NcclTrainerGroup();
   NcclTrainerGroup(const NcclTrainerGroup&) = delete;
   NcclTrainerGroup& operator=(const NcclTrainerGroup&) = delete;
@@ -69,6 +68,13 @@ class NcclTrainerGroup {
   void abort(const std::string& reason) noexcept;
 
   bool failed() const;
+
+  // destroy_weights_update_group on rank 0, bounded by `timeout`: finalizes the communicator
+  // when every receiver destroys its side at the same time (POST /destroy_weights_update_group
+  // concurrently, as SGLang's trainer does), aborts it locally otherwise (one-sided, after at
+  // most 2 s) or after a failure. Returns "finalized", "aborted", "continuing in the background"
+  // (NCCL's teardown outlived the timeout) or "closed" (already). The group is unusable after.
+  std::string close(std::chrono::milliseconds timeout);
 
   // The JSON body of POST /update_weights_from_distributed for `tensors` (names, dtypes, shapes,
   // group_name, bucket_bytes, timeout_s, weight_version when given).

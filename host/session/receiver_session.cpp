@@ -7,6 +7,13 @@
 #include <ferry/sdk/manifest.hpp>
 #include <kj/exception.h>
 
+#include "ferry_build_config.h"
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <ferry/kernels/cuda.hpp>
+#endif
+
 #include <future>
 #include <optional>
 #include <vector>
@@ -15,6 +22,7 @@
 #include "config/config.hpp"
 #include "receiver/receiver.hpp"
 #include "session/data_path.hpp"
+#include "store/store_device.hpp"
 
 namespace ferry::session {
 namespace {
@@ -43,6 +51,56 @@ const char* message_name(Which which) {
 }
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// Fingerprints of the entries of a bucket in device memory of `device`: one kernel per entry,
+// enqueued back to back on one stream, read back once. Entries were validated against the
+// bucket's size by the manifest decoder.
+std::vector<std::uint64_t> device_fingerprints(int device, std::span<const std::byte> bucket,
+                                               const manifest::Manifest& m) {
+#if FERRY_HAVE_CUDA
+  auto check = [&](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(FERRY_STATUS_IO, "fingerprints of bucket {} on CUDA device {}: {}: {}",
+           m.bucket_index, device, what, cudaGetErrorString(e));
+    }
+  };
+  std::vector<std::uint64_t> prints(m.tensors.size(), 0);
+  if (prints.empty()) return prints;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::uint64_t* results = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&results),
+                                  prints.size() * sizeof(std::uint64_t), stream);
+  try {
+    check(e, "cudaMallocAsync");
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+      const auto& entry = m.tensors[i];
+      kernels::fingerprint_cuda_async(bucket.data() + entry.offset, entry.size, results + i,
+                                      stream);
+    }
+    check(cudaMemcpyAsync(prints.data(), results, prints.size() * sizeof(std::uint64_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    check(cudaFreeAsync(results, stream), "cudaFreeAsync");
+    results = nullptr;
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  } catch (...) {
+    if (results != nullptr) (void)cudaFreeAsync(results, stream);
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
+    throw;
+  }
+  (void)cudaStreamDestroy(stream);
+  return prints;
+#else
+  (void)device;
+  (void)bucket;
+  fail(FERRY_STATUS_UNIMPLEMENTED, "bucket {} is in device memory (no CUDA in this build)",
+       m.bucket_index);
+#endif
+}
 
 // The bucket being applied on a worker thread while the next one arrives.
 struct Inflight {
@@ -168,7 +226,10 @@ class Session {
     const std::string wanted = text(hello.getTransport());
     if (wanted != "inline") {
       try {
-        data_ = make_plugin_receiver_path(registry_, config_, wanted, capacity_, slots);
+        // Device transports get staging slots on the GPU the weights are on.
+        const auto where = store::parse_store_device(config_.receiver.device);
+        device_ = where.cuda ? where.ordinal : -1;
+        data_ = make_plugin_receiver_path(registry_, config_, wanted, capacity_, slots, device_);
         data_->connect(
             std::span<const std::uint8_t>(hello.getTransportAddress().begin(),
                                           hello.getTransportAddress().size()),
@@ -260,13 +321,31 @@ class Session {
              phase, decoded.bucket_index, decoded.bucket_count, index, bucket_count_);
       }
       const auto data = data_->slot(slot).first(bytes);
+      const ferry_memory_kind_t kind = data_->slot_kind();
       std::vector<std::uint64_t> prints;
-      prints.reserve(decoded.tensors.size());
-      for (const auto& e : decoded.tensors) {
-        prints.push_back(kernels::fingerprint_cpu(data.data() + e.offset, e.size,
-                                                  config_.update.apply_threads));
+      bool echo = false;
+      if (kind == FERRY_MEMORY_CUDA) {
+        // A device bucket (cuda_ipc): the sender's flush finished before its BucketReady, so
+        // the bytes are complete; apply_bucket returns once the scatter out of the slot is
+        // done, so the Ack below frees the slot for the sender's next bucket. When the update
+        // engine verifies every entry's fingerprint against the manifest before writing, the
+        // bytes as received have exactly the manifest's fingerprints: the Ack repeats them
+        // instead of reading the bucket once more.
+        echo = config_.update.verify_fingerprints;
+        for (const auto& e : decoded.tensors) echo = echo && e.fingerprint.has_value();
+        if (echo) {
+          for (const auto& e : decoded.tensors) prints.push_back(*e.fingerprint);
+        } else {
+          prints = device_fingerprints(device_, data, decoded);
+        }
+      } else {
+        prints.reserve(decoded.tensors.size());
+        for (const auto& e : decoded.tensors) {
+          prints.push_back(kernels::fingerprint_cpu(data.data() + e.offset, e.size,
+                                                    config_.update.apply_threads));
+        }
       }
-      update_->apply_bucket(data, manifest_bytes);
+      update_->apply_bucket(data, manifest_bytes, kind);
       capnp::MallocMessageBuilder m;
       auto ack = m.initRoot<wire::Message>().initAck();
       ack.setIndex(index);
@@ -384,6 +463,7 @@ class Session {
   std::string sender_;
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
   std::unique_ptr<ReceiverDataPath> data_;
+  int device_ = -1;  // the GPU of the data path's device slots; -1: host slots
   std::uint64_t capacity_ = 0;
   std::uint64_t version_ = 0;
   std::uint32_t bucket_count_ = 0;

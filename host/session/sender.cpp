@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -30,6 +31,7 @@
 #include "registry/registry.hpp"
 #include "session/channel.hpp"
 #include "session/data_path.hpp"
+#include "session/transport_choice.hpp"
 
 namespace ferry::session {
 namespace {
@@ -48,6 +50,58 @@ std::uint64_t fingerprint_tensor(const TensorView& t, unsigned threads) {
 #else
   fail(FERRY_STATUS_UNIMPLEMENTED, "push: tensor '{}' is in CUDA memory (no CUDA in this build)",
        t.name);
+#endif
+}
+
+// Fingerprints of every CUDA tensor, into `prints` at its index: per device, one kernel per
+// tensor enqueued back to back on one stream and one read-back (thousands of tensors cost no
+// per-tensor synchronization). Host tensors are left alone.
+void fingerprint_device_tensors(std::span<const TensorView> tensors,
+                                std::vector<std::uint64_t>& prints) {
+#if FERRY_HAVE_CUDA
+  std::map<int, std::vector<std::size_t>> by_device;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].memory_kind == FERRY_MEMORY_CUDA) by_device[tensors[t].device].push_back(t);
+  }
+  for (const auto& [device, indices] : by_device) {
+    auto check = [&](cudaError_t e, const char* what) {
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(FERRY_STATUS_IO, "push: fingerprints on CUDA device {}: {}: {}", device, what,
+             cudaGetErrorString(e));
+      }
+    };
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    std::uint64_t* results = nullptr;
+    std::vector<std::uint64_t> values(indices.size());
+    try {
+      check(cudaMallocAsync(reinterpret_cast<void**>(&results), values.size() * 8, stream),
+            "cudaMallocAsync");
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        const auto& t = tensors[indices[k]];
+        kernels::fingerprint_cuda_async(t.data, byte_size(t.dtype, t.shape).value_or(0),
+                                        results + k, stream);
+      }
+      check(cudaMemcpyAsync(values.data(), results, values.size() * 8, cudaMemcpyDeviceToHost,
+                            stream),
+            "cudaMemcpyAsync");
+      check(cudaFreeAsync(results, stream), "cudaFreeAsync");
+      results = nullptr;
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    } catch (...) {
+      if (results != nullptr) (void)cudaFreeAsync(results, stream);
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+      throw;
+    }
+    (void)cudaStreamDestroy(stream);
+    for (std::size_t k = 0; k < indices.size(); ++k) prints[indices[k]] = values[k];
+  }
+#else
+  (void)tensors;
+  (void)prints;
 #endif
 }
 
@@ -124,12 +178,15 @@ struct PlannedBucket {
   std::uint64_t bytes = 0;
   std::vector<std::uint8_t> manifest;
   std::vector<std::uint64_t> fingerprints;  // per item
+  bool cuda = true;  // every item is in CUDA memory (a device transport may put it in place)
 };
 
 struct PushPlan {
   std::vector<PlannedBucket> buckets;
   std::uint64_t capacity = 0;
   std::uint64_t total = 0;
+  bool cuda_tensors = false;  // every tensor is in CUDA memory
+  int device = -1;            // the GPU of the first CUDA tensor; -1: none
 };
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
@@ -160,20 +217,31 @@ struct Sender::Impl {
   Impl(const config::Config& c, const registry::Registry& r, SenderOptions o)
       : config(c), registry(r), options(std::move(o)) {}
 
-  // "inline", or a plugin name; `required` false when "auto" chose it.
-  std::pair<std::string, bool> choose_transport() const {
-    if (options.transport == "inline") return {"inline", true};
-    if (options.transport == "auto") {
+  // The data transport for one receiver (session/transport_choice.hpp): "inline" or a plugin
+  // name, `required` false when "auto" chose it. Throws INCOMPATIBLE for a same-node-only
+  // transport and a receiver on another host.
+  TransportChoice choose_transport(const std::string& address, bool cuda_tensors) const {
+    TransportQuery q;
+    q.requested = options.transport;
+    q.receiver = address;
+    q.receiver_on_this_host = is_this_host(parse_address(address).host);
+    q.cuda_tensors = cuda_tensors;
+    auto choice = session::choose_transport(q, [&](const std::string& name) {
+      TransportFacts f;
       try {
-        registry.transport("ucx");
-        logger("sender")->info("transport auto: ucx (loadable)");
-        return {"ucx", false};
+        auto plugin = registry.transport(name);
+        f.loadable = true;
+        if (const auto& caps = plugin->info().transport_caps) {
+          f.flags = caps->flags;
+          f.memory_kinds = caps->memory_kinds;
+        }
       } catch (const Error& e) {
-        logger("sender")->info("transport auto: inline (ucx not loadable: {})", e.what());
-        return {"inline", false};
+        f.error = e.what();
       }
-    }
-    return {options.transport, true};
+      return f;
+    });
+    logger("sender")->info("receiver {}: transport {}", address, choice.why);
+    return choice;
   }
 
   void set_result(std::size_t i, const ReceiverResult& r) {
@@ -188,8 +256,7 @@ struct Sender::Impl {
   }
 
   void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
-                    std::uint64_t version, const std::string& label,
-                    const std::pair<std::string, bool>& transport) {
+                    std::uint64_t version, const std::string& label) {
     const std::string address = options.receivers[index];
     ReceiverResult result;
     result.address = address;
@@ -202,6 +269,7 @@ struct Sender::Impl {
       if (data) data_paths.erase(data.get());
     };
     try {
+      const TransportChoice transport = choose_transport(address, plan.cuda_tensors);
       channel = open_channel(address);
       {
         std::lock_guard lock(mutex);
@@ -320,15 +388,16 @@ struct Sender::Impl {
   // receives the data path.
   void session(Channel& ch, std::size_t index, std::span<const TensorView> tensors,
                const PushPlan& plan, std::uint64_t version, const std::string& label,
-               const std::pair<std::string, bool>& transport,
-               std::unique_ptr<SenderDataPath>& data, ReceiverResult& result) {
+               const TransportChoice& transport, std::unique_ptr<SenderDataPath>& data,
+               ReceiverResult& result) {
     const std::string& address = options.receivers[index];
-    if (transport.first != "inline") {
+    if (transport.name != "inline") {
       try {
-        data = make_plugin_sender_path(registry, config, transport.first, plan.capacity, kSlots);
+        data = make_plugin_sender_path(registry, config, transport.name, plan.capacity, kSlots,
+                                       plan.device);
       } catch (const Error& e) {
-        if (transport.second) throw;
-        logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.first,
+        if (transport.required) throw;
+        logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.name,
                                e.what());
       }
     }
@@ -356,8 +425,8 @@ struct Sender::Impl {
         for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
       }
       hello.setConfigJson(options.config_json);
-      hello.setTransport(data ? transport.first : std::string("inline"));
-      hello.setTransportRequired(transport.second);
+      hello.setTransport(data ? transport.name : std::string("inline"));
+      hello.setTransportRequired(transport.required);
       const auto addr = data ? data->address() : std::vector<std::uint8_t>{};
       hello.setTransportAddress(kj::arrayPtr(addr.data(), addr.size()));
       hello.setBucketBytes(plan.capacity);
@@ -381,7 +450,7 @@ struct Sender::Impl {
       if (chosen == "inline") {
         if (data) {
           logger("sender")->warn("receiver {} has no '{}'; using inline", address,
-                                 transport.first);
+                                 transport.name);
           std::lock_guard lock(mutex);
           data_paths.erase(data.get());
         }
@@ -441,17 +510,33 @@ struct Sender::Impl {
         ++acked;
       }
       const auto& b = plan.buckets[k];
-      auto dst = data->slot(slot);
-      std::uint64_t cursor = 0;
-      for (const auto& [t, offset] : b.items) {
-        // Zero the alignment padding so the bytes on the wire are deterministic.
-        if (offset > cursor) std::memset(dst.data() + cursor, 0, offset - cursor);
-        const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
-        copy_to_host(dst.data() + offset, tensors[t], size);
-        cursor = offset + size;
-      }
       const auto deadline = deadline_in(options.bucket_timeout);
-      data->deliver(slot, k, b.bytes, deadline, phase);
+      if (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA)) {
+        // Device transport: each tensor goes from its own memory into the receiver's slot.
+        std::vector<TensorPiece> pieces;
+        pieces.reserve(b.items.size());
+        for (const auto& [t, offset] : b.items) {
+          TensorPiece p;
+          p.data = tensors[t].data;
+          p.size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+          p.offset = offset;
+          p.kind = tensors[t].memory_kind;
+          p.device = tensors[t].device;
+          pieces.push_back(p);
+        }
+        data->deliver_pieces(slot, k, pieces, deadline, phase);
+      } else {
+        auto dst = data->slot(slot);
+        std::uint64_t cursor = 0;
+        for (const auto& [t, offset] : b.items) {
+          // Zero the alignment padding so the bytes on the wire are deterministic.
+          if (offset > cursor) std::memset(dst.data() + cursor, 0, offset - cursor);
+          const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+          copy_to_host(dst.data() + offset, tensors[t], size);
+          cursor = offset + size;
+        }
+        data->deliver(slot, k, b.bytes, deadline, phase);
+      }
       capnp::MallocMessageBuilder m;
       auto br = m.initRoot<wire::Message>().initBucket();
       br.setIndex(k);
@@ -566,11 +651,22 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   // bucket_bytes: the capacity grows to hold it), manifests encoded once for every receiver.
   PushPlan plan;
   plan.total = total;
+  plan.cuda_tensors = true;
+  for (const auto& t : tensors) {
+    if (t.memory_kind != FERRY_MEMORY_CUDA) {
+      plan.cuda_tensors = false;
+    } else if (plan.device < 0) {
+      plan.device = t.device;
+    }
+  }
   plan.capacity = align_up(std::max<std::uint64_t>(
       std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
   std::vector<std::uint64_t> prints(tensors.size());
+  fingerprint_device_tensors(tensors, prints);
   for (std::size_t t = 0; t < tensors.size(); ++t) {
-    prints[t] = fingerprint_tensor(tensors[t], i.options.threads);
+    if (tensors[t].memory_kind != FERRY_MEMORY_CUDA) {
+      prints[t] = fingerprint_tensor(tensors[t], i.options.threads);
+    }
   }
   {
     PlannedBucket current;
@@ -585,6 +681,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
       }
       current.items.emplace_back(t, offset);
       current.fingerprints.push_back(prints[t]);
+      current.cuda = current.cuda && tensors[t].memory_kind == FERRY_MEMORY_CUDA;
       cursor = offset + size;
       current.bytes = cursor;
     }
@@ -613,11 +710,10 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     b.manifest = manifest::encode(m);
   }
 
-  const auto transport = i.choose_transport();
   std::vector<std::thread> threads;
   threads.reserve(i.options.receivers.size());
   for (std::size_t r = 0; r < i.options.receivers.size(); ++r) {
-    threads.emplace_back([&, r] { i.run_receiver(r, tensors, plan, version, version_label, transport); });
+    threads.emplace_back([&, r] { i.run_receiver(r, tensors, plan, version, version_label); });
   }
   for (auto& t : threads) t.join();
 

@@ -1,5 +1,6 @@
 // The dense model family's mapping and planning logic (see dense_model.hpp).
 #include "dense_model.hpp"
+#include "shard_block.hpp"
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
@@ -18,13 +19,6 @@
 
 namespace ferry::dense {
 namespace {
-
-// How tensor parallelism splits a checkpoint tensor across ranks.
-enum class Shard {
-  kReplicated,  // every rank holds all of it (norms)
-  kDim0,        // column-parallel / vocab-parallel: rank r holds rows [r*R/n, (r+1)*R/n)
-  kDim1,        // row-parallel: rank r holds columns [r*C/n, (r+1)*C/n)
-};
 
 struct LayerRule {
   std::string_view suffix;  // after "model.layers.<N>."
@@ -153,63 +147,6 @@ struct Placement {
   std::uint64_t part_offset = 0;
   Tensor source;  // the checkpoint tensor as cataloged
 };
-
-// This rank's block of a checkpoint tensor, seen as a [R, C] matrix (a 1-D tensor is [N, 1]).
-struct Block {
-  std::uint64_t src_offset = 0;
-  std::uint64_t src_row_stride = 0;
-  std::uint64_t dst_offset = 0;
-  std::uint64_t dst_row_stride = 0;
-  std::uint64_t rows = 0;
-  std::uint64_t cols = 0;
-};
-
-Block block_of(const Placement& p, std::uint32_t rank, std::uint32_t size) {
-  const std::uint64_t r = p.source.shape[0];
-  const std::uint64_t c = p.source.shape.size() > 1 ? p.source.shape[1] : 1;
-  Block b;
-  switch (p.shard) {
-    case Shard::kReplicated:
-      b.rows = 1;
-      b.cols = r * c;
-      break;
-    case Shard::kDim0:
-      // A run of whole rows is contiguous on both sides: one row of (R/n)*C elements.
-      b.rows = 1;
-      b.cols = (r / size) * c;
-      b.src_offset = rank * b.cols;
-      break;
-    case Shard::kDim1:
-      b.rows = r;
-      b.cols = c / size;
-      b.src_offset = rank * b.cols;
-      break;
-  }
-  b.src_row_stride = p.shard == Shard::kDim1 ? c : b.cols;
-  b.dst_row_stride = b.cols;
-  b.dst_offset = p.part_offset;
-  return b;
-}
-
-ferry_plan_op_t make_op(const Block& b, std::uint32_t src_tensor, ferry_dtype_t src_dtype,
-                        std::uint32_t dst_param, ferry_dtype_t dst_dtype) {
-  ferry_plan_op_t op{};
-  op.struct_size = FERRY_STRUCT_SIZE(ferry_plan_op_t, scale_param);
-  op.src_tensor = src_tensor;
-  op.src_dtype = src_dtype;
-  op.src_offset = b.src_offset;
-  op.src_row_stride = b.src_row_stride;
-  op.dst_param = dst_param;
-  op.dst_dtype = dst_dtype;
-  op.dst_offset = b.dst_offset;
-  op.dst_row_stride = b.dst_row_stride;
-  op.rows = b.rows;
-  op.cols = b.cols;
-  op.transform = src_dtype == dst_dtype ? FERRY_TRANSFORM_COPY : FERRY_TRANSFORM_CAST;
-  op.flags = 0;
-  op.scale_param = 0;
-  return op;
-}
 
 using Dim = std::optional<std::uint64_t>;  // nullopt: any positive size
 
@@ -552,6 +489,21 @@ std::vector<Tensor> DenseModel::target_layout(const std::vector<Tensor>& catalog
   return params;
 }
 
+void check_entry(const char* who, const Tensor& entry, const std::vector<std::uint64_t>& cataloged,
+                 std::unordered_set<std::string_view>& seen) {
+  if (entry.shape != cataloged) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: manifest entry '{}' has shape {}, the catalog said {}",
+         who, entry.name, shape_text(entry.shape), shape_text(cataloged));
+  }
+  if (dtype_size(entry.dtype) == 0) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: manifest entry '{}' has invalid dtype {}", who,
+         entry.name, static_cast<int>(entry.dtype));
+  }
+  if (!seen.insert(entry.name).second) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: manifest entry '{}' appears twice", who, entry.name);
+  }
+}
+
 std::shared_ptr<const DenseModel::Mapping> DenseModel::mapping(const char* caller) const {
   std::lock_guard lock(mutex_);
   if (!mapping_) {
@@ -578,21 +530,10 @@ std::vector<ferry_plan_op_t> DenseModel::plan(const std::vector<Tensor>& entries
            i, e.name);
     }
     const Placement& p = it->second;
-    if (e.shape != p.source.shape) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "dense model: manifest entry '{}' has shape {}, the catalog said {}", e.name,
-           shape_text(e.shape), shape_text(p.source.shape));
-    }
-    if (dtype_size(e.dtype) == 0) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "dense model: manifest entry '{}' has invalid dtype {}",
-           e.name, static_cast<int>(e.dtype));
-    }
-    if (!seen.insert(e.name).second) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "dense model: manifest entry '{}' appears twice",
-           e.name);
-    }
+    check_entry("dense model", e, p.source.shape, seen);
     if (p.param == kNoParam) continue;
-    const Block b = block_of(p, config_.tp_rank, config_.tp_size);
+    const Block b = block_of(p.source.shape, p.shard, p.part_offset, config_.tp_rank,
+                             config_.tp_size);
     ops.push_back(make_op(b, static_cast<std::uint32_t>(i), e.dtype, p.param,
                           m->params[p.param].dtype));
   }
@@ -615,12 +556,9 @@ ferry_plan_op_t DenseModel::locate(const Tensor& tensor) const {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "dense model: '{}' has shape {}, the catalog said {}",
          tensor.name, shape_text(tensor.shape), shape_text(p->source.shape));
   }
-  Block b = block_of(*p, config_.tp_rank, config_.tp_size);
-  b.src_offset = 0;
-  b.src_row_stride = b.cols;
-  const ferry_dtype_t src_dtype =
-      dtype_size(tensor.dtype) != 0 ? tensor.dtype : p->source.dtype;
-  return make_op(b, 0, src_dtype, p->param, m->params[p->param].dtype);
+  return locate_op(
+      block_of(p->source.shape, p->shard, p->part_offset, config_.tp_rank, config_.tp_size),
+      tensor.dtype, p->source.dtype, p->param, m->params[p->param].dtype);
 }
 
 }  // namespace ferry::dense

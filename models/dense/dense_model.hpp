@@ -10,7 +10,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -47,6 +49,13 @@ using Options = std::vector<std::pair<std::string, std::string>>;
 // key, config field or TP rank/size.
 ModelConfig make_config(const char* layout, std::uint32_t tp_rank, std::uint32_t tp_size,
                         const Options& options, const char* config_json);
+
+// The checks every family's plan() makes on manifest entry `entry` of a placed tensor: the shape
+// the catalog gave it (`cataloged`), a valid dtype, and not twice in one bucket (`seen`: the names
+// of this bucket's entries so far; the entry's name is added and must outlive `seen`). Throws
+// INVALID_ARGUMENT prefixed with `who` ("moe model").
+void check_entry(const char* who, const Tensor& entry, const std::vector<std::uint64_t>& cataloged,
+                 std::unordered_set<std::string_view>& seen);
 
 // One rank's view of a dense checkpoint. target_layout() fixes the catalog; plan() and locate()
 // then read it. Threading: target_layout is serialized by the caller; plan and locate may run on

@@ -4,6 +4,7 @@
 // (its MLP, or its q/k/v/o for MLA layers) so that its layer rules hold; the stand-ins'
 // parameters are dropped from the layout.
 #include "moe_model.hpp"
+#include "shard_block.hpp"
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
@@ -24,7 +25,8 @@
 namespace ferry::moe {
 namespace {
 
-enum class Shard { kReplicated, kDim0, kDim1 };
+using dense::Block;
+using dense::Shard;
 
 // A MoE-specific per-layer tensor (other than the routed experts).
 struct Rule {
@@ -150,56 +152,6 @@ struct Placement {
   std::uint32_t owner_ep_rank = 0;  // for experts of other ranks: who holds them
   bool expert = false;
 };
-
-struct Block {
-  std::uint64_t src_offset = 0, src_row_stride = 0, dst_offset = 0, dst_row_stride = 0;
-  std::uint64_t rows = 0, cols = 0;
-};
-
-// This rank's block of a [R, C] (or [N]) tensor under `shard` (the dense plugin's convention).
-Block block_of(const Placement& p, std::uint32_t rank, std::uint32_t size) {
-  const std::uint64_t r = p.source.shape[0];
-  const std::uint64_t c = p.source.shape.size() > 1 ? p.source.shape[1] : 1;
-  Block b;
-  switch (p.shard) {
-    case Shard::kReplicated:
-      b.rows = 1;
-      b.cols = r * c;
-      break;
-    case Shard::kDim0:
-      b.rows = 1;
-      b.cols = (r / size) * c;
-      b.src_offset = rank * b.cols;
-      break;
-    case Shard::kDim1:
-      b.rows = r;
-      b.cols = c / size;
-      b.src_offset = rank * b.cols;
-      break;
-  }
-  b.src_row_stride = p.shard == Shard::kDim1 ? c : b.cols;
-  b.dst_row_stride = b.cols;
-  b.dst_offset = p.part_offset;
-  return b;
-}
-
-ferry_plan_op_t make_op(const Block& b, std::uint32_t src_tensor, ferry_dtype_t src_dtype,
-                        std::uint32_t dst_param, ferry_dtype_t dst_dtype) {
-  ferry_plan_op_t op{};
-  op.struct_size = FERRY_STRUCT_SIZE(ferry_plan_op_t, scale_param);
-  op.src_tensor = src_tensor;
-  op.src_dtype = src_dtype;
-  op.src_offset = b.src_offset;
-  op.src_row_stride = b.src_row_stride;
-  op.dst_param = dst_param;
-  op.dst_dtype = dst_dtype;
-  op.dst_offset = b.dst_offset;
-  op.dst_row_stride = b.dst_row_stride;
-  op.rows = b.rows;
-  op.cols = b.cols;
-  op.transform = src_dtype == dst_dtype ? FERRY_TRANSFORM_COPY : FERRY_TRANSFORM_CAST;
-  return op;
-}
 
 Tensor stand_in(std::string name, ferry_dtype_t dtype, std::uint64_t rows, std::uint64_t cols) {
   return Tensor{std::move(name), dtype, {rows, cols}};
@@ -653,21 +605,11 @@ std::vector<ferry_plan_op_t> MoeModel::plan(const std::vector<Tensor>& entries) 
       continue;
     }
     const Placement& p = it->second;
-    if (e.shape != p.source.shape) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "moe model: manifest entry '{}' has shape {}, the catalog said {}", e.name,
-           shape_string(e.shape), shape_string(p.source.shape));
-    }
-    if (dtype_size(e.dtype) == 0) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "moe model: manifest entry '{}' has invalid dtype {}",
-           e.name, static_cast<int>(e.dtype));
-    }
-    if (!seen.insert(e.name).second) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "moe model: manifest entry '{}' appears twice", e.name);
-    }
+    dense::check_entry("moe model", e, p.source.shape, seen);
     if (p.param == kNoParam) continue;
-    const Block b = block_of(p, config_.dense.tp_rank, config_.dense.tp_size);
-    ops.push_back(make_op(b, static_cast<std::uint32_t>(i), e.dtype, p.param,
+    const Block b = dense::block_of(p.source.shape, p.shard, p.part_offset,
+                                    config_.dense.tp_rank, config_.dense.tp_size);
+    ops.push_back(dense::make_op(b, static_cast<std::uint32_t>(i), e.dtype, p.param,
                           m->params[p.param].dtype));
   }
   if (!dense_entries.empty()) {
@@ -712,11 +654,9 @@ ferry_plan_op_t MoeModel::locate(const Tensor& tensor) const {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "moe model: '{}' has shape {}, the catalog said {}",
          tensor.name, shape_string(tensor.shape), shape_string(p.source.shape));
   }
-  Block b = block_of(p, config_.dense.tp_rank, config_.dense.tp_size);
-  b.src_offset = 0;
-  b.src_row_stride = b.cols;
-  const ferry_dtype_t src_dtype = dtype_size(tensor.dtype) != 0 ? tensor.dtype : p.source.dtype;
-  return make_op(b, 0, src_dtype, p.param, m->params[p.param].dtype);
+  return dense::locate_op(dense::block_of(p.source.shape, p.shard, p.part_offset,
+                                          config_.dense.tp_rank, config_.dense.tp_size),
+                          tensor.dtype, p.source.dtype, p.param, m->params[p.param].dtype);
 }
 
 }  // namespace ferry::moe

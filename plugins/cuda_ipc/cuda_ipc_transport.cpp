@@ -237,7 +237,6 @@ ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) 
   } else {
     ensure_cuda();
     DeviceScope scope(device_);
-    const Driver& d = Driver::get();
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, desc.base) == cudaSuccess) {
       if (attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeUnregistered) {
@@ -253,73 +252,86 @@ ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) 
     } else {
       (void)cudaGetLastError();
     }
-    const auto base = reinterpret_cast<CUdeviceptr>(desc.base);
-    const CUdeviceptr end = base + desc.size;
-    CUmemGenericAllocationHandle handle = 0;
-    if (d.retain(&handle, desc.base) == CUDA_SUCCESS) {
-      // VMM memory (ferry's CUDA store): one retained handle per mapped chunk in the range.
-      m->share = ShareKind::Vmm;
-      try {
-        CUdeviceptr at = base;
-        CUdeviceptr span_start = 0;
-        bool first = true;
-        while (at < end) {
-          if (!first) {
-            check_cu(d.retain(&handle, reinterpret_cast<void*>(at)),
-                     "cuMemRetainAllocationHandle (a hole in the registered range?)");
-          }
-          m->chunks.push_back({handle, 0, 0});
-          CUdeviceptr segment = 0;
-          std::size_t segment_size = 0;
-          check_cu(d.address_range(&segment, &segment_size, at), "cuMemGetAddressRange");
-          if (first) span_start = segment;
-          first = false;
-          m->chunks.back().offset = segment - span_start;
-          m->chunks.back().size = segment_size;
-          CUmemAllocationProp prop{};
-          check_cu(d.properties(&prop, handle), "cuMemGetAllocationPropertiesFromHandle");
-          if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 &&
-              m->not_shareable.empty()) {
-            m->not_shareable = fmt::format(
-                "the VMM allocation at {:#x} was created without POSIX file descriptor export "
-                "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); create the store with exportable "
-                "chunks",
-                segment);
-          }
-          at = segment + segment_size;
-        }
-        m->base_offset = base - span_start;
-      } catch (...) {
-        for (auto& c : m->chunks) (void)d.release(c.handle);
-        throw;
-      }
-    } else {
-      // Not VMM: a cudaMalloc allocation (e.g. PyTorch's caching allocator): legacy cudaIpc.
-      m->share = ShareKind::Legacy;
-      CUdeviceptr allocation = 0;
-      std::size_t allocation_size = 0;
-      check_cu(d.address_range(&allocation, &allocation_size, base),
-               "cuMemGetAddressRange (is the range CUDA device memory?)");
-      if (end > allocation + allocation_size) {
-        fail(FERRY_STATUS_INVALID_ARGUMENT,
-             "cuda_ipc register_memory: [{}, +{}) runs past the end of its CUDA allocation "
-             "({:#x}, {} bytes)",
-             desc.base, desc.size, allocation, allocation_size);
-      }
-      m->base_offset = base - allocation;
-      const cudaError_t err =
-          cudaIpcGetMemHandle(&m->ipc, reinterpret_cast<void*>(allocation));
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        m->not_shareable = fmt::format("cudaIpcGetMemHandle refused the allocation at {:#x}: {}",
-                                       allocation, cudaGetErrorName(err));
-      }
-    }
+    // How it is shared (VMM chunks or a legacy allocation) is found out on first need
+    // (pack_key, a peer's import, send_bucket): memory that is only the local side of puts
+    // (a sender's tensors, thousands per update) costs no driver calls beyond the check above.
+    m->resolved = false;
   }
   std::lock_guard lock(memory_mutex_);
   m->id = next_memory_id_++;
   memory_[m->id] = m.get();
   return m.release();
+}
+
+void ferry_transport::resolve_share(ferry_memory& m) {
+  std::lock_guard share_lock(share_mutex_);
+  if (m.resolved) return;
+  DeviceScope scope(device_);
+  const Driver& d = Driver::get();
+  const auto base = reinterpret_cast<CUdeviceptr>(m.base);
+  const CUdeviceptr end = base + m.size;
+  CUmemGenericAllocationHandle handle = 0;
+  if (d.retain(&handle, static_cast<void*>(m.base)) == CUDA_SUCCESS) {
+    // VMM memory (ferry's CUDA store): one retained handle per mapped chunk in the range.
+    m.share = ShareKind::Vmm;
+    try {
+      CUdeviceptr at = base;
+      CUdeviceptr span_start = 0;
+      bool first = true;
+      while (at < end) {
+        if (!first) {
+          check_cu(d.retain(&handle, reinterpret_cast<void*>(at)),
+                   "cuMemRetainAllocationHandle (a hole in the registered range?)");
+        }
+        m.chunks.push_back({handle, 0, 0});
+        CUdeviceptr segment = 0;
+        std::size_t segment_size = 0;
+        check_cu(d.address_range(&segment, &segment_size, at), "cuMemGetAddressRange");
+        if (first) span_start = segment;
+        first = false;
+        m.chunks.back().offset = segment - span_start;
+        m.chunks.back().size = segment_size;
+        CUmemAllocationProp prop{};
+        check_cu(d.properties(&prop, handle), "cuMemGetAllocationPropertiesFromHandle");
+        if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 &&
+            m.not_shareable.empty()) {
+          m.not_shareable = fmt::format(
+              "the VMM allocation at {:#x} was created without POSIX file descriptor export "
+              "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); create the store with exportable "
+              "chunks",
+              segment);
+        }
+        at = segment + segment_size;
+      }
+      m.base_offset = base - span_start;
+    } catch (...) {
+      for (auto& c : m.chunks) (void)d.release(c.handle);
+      m.chunks.clear();
+      throw;
+    }
+  } else {
+    // Not VMM: a cudaMalloc allocation (e.g. PyTorch's caching allocator): legacy cudaIpc.
+    m.share = ShareKind::Legacy;
+    CUdeviceptr allocation = 0;
+    std::size_t allocation_size = 0;
+    check_cu(d.address_range(&allocation, &allocation_size, base),
+             "cuMemGetAddressRange (is the range CUDA device memory?)");
+    if (end > allocation + allocation_size) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "cuda_ipc register_memory: [{}, +{}) runs past the end of its CUDA allocation "
+           "({:#x}, {} bytes)",
+           static_cast<void*>(m.base), m.size, allocation, allocation_size);
+    }
+    m.base_offset = base - allocation;
+    const cudaError_t err =
+        cudaIpcGetMemHandle(&m.ipc, reinterpret_cast<void*>(allocation));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      m.not_shareable = fmt::format("cudaIpcGetMemHandle refused the allocation at {:#x}: {}",
+                                     allocation, cudaGetErrorName(err));
+    }
+  }
+  m.resolved = true;
 }
 
 std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
@@ -330,6 +342,7 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc pack_key: memory is not registered here");
     }
   }
+  resolve_share(*memory);
   if (!memory->not_shareable.empty()) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "cuda_ipc pack_key: {}", memory->not_shareable);
   }
@@ -357,6 +370,7 @@ void ferry_transport::deregister_memory(ferry_memory* memory) noexcept {
       }
     }
   }
+  std::lock_guard share_lock(share_mutex_);
   if (!memory->chunks.empty()) {
     try {
       const Driver& d = Driver::get();
@@ -376,7 +390,8 @@ Endpoint::ImportAnswer ferry_transport::answer_import(std::uint64_t memory_id) {
          "stale key: memory {} is not registered (deregistered since the key was packed)",
          memory_id);
   }
-  const ferry_memory& m = *it->second;
+  ferry_memory& m = *it->second;
+  resolve_share(m);
   if (!m.not_shareable.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "{}", m.not_shareable);
   Endpoint::ImportAnswer answer;
   PayloadWriter w;
@@ -614,6 +629,7 @@ ferry_request* ferry_transport::send_bucket(ferry_peer* peer, const ferry_bucket
   check_not_aborted();
   if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc send_bucket: peer is NULL");
   (void)local_range(bucket.data, "send_bucket");
+  resolve_share(*bucket.data.memory);
   if (!bucket.data.memory->not_shareable.empty()) {
     fail(FERRY_STATUS_FAILED_PRECONDITION, "cuda_ipc send_bucket: {}",
          bucket.data.memory->not_shareable);

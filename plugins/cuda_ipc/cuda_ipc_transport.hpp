@@ -69,6 +69,8 @@ struct ferry_memory {
   ferry_memory_kind_t kind = FERRY_MEMORY_CUDA;
   ferry::cuda_ipc::ShareKind share = ferry::cuda_ipc::ShareKind::Vmm;
   std::string not_shareable;  // non-empty: why pack_key refuses (still usable as a local range)
+  // False until resolve_share() found the fields below (CUDA memory, on first need).
+  bool resolved = true;
   std::vector<Chunk> chunks;  // VMM
   std::uint64_t base_offset = 0;  // VMM: base - span start; legacy: base - allocation base
   cudaIpcMemHandle_t ipc{};       // legacy
@@ -137,6 +139,10 @@ struct ferry_transport {
   void unmap(ferry::cuda_ipc::Imported& imported) noexcept;
   ferry::cuda_ipc::Endpoint::ImportAnswer answer_import(std::uint64_t memory_id);
   std::uint8_t* local_range(const ferry_memory_range_t& range, const char* what);
+  // Finds how CUDA memory is shared (VMM chunks retained, or the legacy allocation's handle);
+  // once per registration. Throws for memory the driver does not know (not device memory, or
+  // past the end of its allocation).
+  void resolve_share(ferry_memory& memory);
   // Throws ABORTED after abort().
   void check_not_aborted();
 
@@ -152,6 +158,7 @@ struct ferry_transport {
   std::uint64_t granularity_ = 0;
 
   std::mutex memory_mutex_;  // registrations (the service thread reads them)
+  std::mutex share_mutex_;   // resolve_share; taken after memory_mutex_, never before
   std::map<std::uint64_t, ferry_memory*> memory_;
   std::uint64_t next_memory_id_ = 1;
 

@@ -5,6 +5,8 @@
 #include <ferry/sdk/error.hpp>
 
 #include <algorithm>
+#include <future>
+#include <thread>
 
 namespace ferry::nccl {
 namespace {
@@ -113,12 +115,67 @@ BroadcastGroup::BroadcastGroup(const ferry_transport_api_t* api, const ferry_hos
 }
 
 BroadcastGroup::~BroadcastGroup() {
-  if (transport_ == nullptr) return;
-  if (api_->deregister_memory != nullptr) {
-    for (ferry_memory_t* m : registrations_) api_->deregister_memory(transport_, m);
+  try {
+    close(Clock::now() + kDefaultCloseTimeout, !aborted_.load());
+  } catch (...) {
+    // close() only throws when a thread cannot start: then the teardown is lost (logged by no
+    // one); a destructor must not throw.
   }
-  if (peer_ != nullptr && api_->disconnect != nullptr) api_->disconnect(transport_, peer_);
-  api_->destroy(transport_);
+}
+
+const char* close_outcome_name(BroadcastGroup::CloseOutcome outcome) {
+  switch (outcome) {
+    case BroadcastGroup::CloseOutcome::finalized: return "finalized";
+    case BroadcastGroup::CloseOutcome::aborted: return "aborted";
+    case BroadcastGroup::CloseOutcome::background: return "continuing in the background";
+  }
+  return "unknown";
+}
+
+BroadcastGroup::CloseOutcome BroadcastGroup::close(Clock::time_point deadline, bool healthy,
+                                                   std::function<void()> after) {
+  if (closed_ || transport_ == nullptr) {
+    if (after) after();
+    return CloseOutcome::aborted;
+  }
+  closed_ = true;
+  bool together = false;
+  if (healthy && !aborted_.load()) {
+    const auto window_end = std::min(deadline, Clock::now() + kLeaveWindow);
+    together = server_ ? server_->leave_together(window_end)
+                       : (client_ && client_->leave_together(window_end));
+  }
+  if (server_) server_->announce_leave(together);
+  if (client_) client_->announce_leave(together);
+  if (!together && api_->abort != nullptr) {
+    // Local: the plugin's disconnect aborts a communicator with an abort request pending.
+    api_->abort(transport_, "destroy_weights_update_group without every rank leaving together");
+  }
+  // Everything the teardown touches moves into it: this object may be gone when it runs.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  std::thread([api = api_, transport = transport_, peer = peer_, registrations = registrations_,
+               server = std::move(server_), client = std::move(client_),
+               after = std::move(after), done]() mutable {
+    if (api->deregister_memory != nullptr) {
+      for (ferry_memory_t* m : registrations) api->deregister_memory(transport, m);
+    }
+    if (peer != nullptr && api->disconnect != nullptr) api->disconnect(transport, peer);
+    api->destroy(transport);
+    server.reset();
+    client.reset();
+    try {
+      if (after) after();
+    } catch (...) {
+      // `after` frees memory; a failure there leaks it, nothing more.
+    }
+    done->set_value();
+  }).detach();
+  transport_ = nullptr;
+  peer_ = nullptr;
+  registrations_.clear();
+  if (finished.wait_until(deadline) != std::future_status::ready) return CloseOutcome::background;
+  return together ? CloseOutcome::finalized : CloseOutcome::aborted;
 }
 
 std::string BroadcastGroup::where() const {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,7 +49,7 @@ class BroadcastGroup {
   // the group. TIMEOUT / PEER_FAILED naming the phase and the missing ranks; FAILED_PRECONDITION
   // without a usable GPU (the plugin's create refuses it).
   BroadcastGroup(const ferry_transport_api_t* api, const ferry_host_api_t* host, GroupInit init);
-  // Disconnects (the plugin finalizes or aborts the communicator) and destroys the instance.
+  // close(now + kDefaultCloseTimeout, healthy: not aborted) unless close() ran.
   ~BroadcastGroup();
   BroadcastGroup(const BroadcastGroup&) = delete;
   BroadcastGroup& operator=(const BroadcastGroup&) = delete;
@@ -75,6 +76,20 @@ class BroadcastGroup {
   // rendezvous links are shut down, so the other ranks name this one within a wait slice.
   void abort(const std::string& reason) noexcept;
 
+  // How a close() went.
+  enum class CloseOutcome {
+    finalized,   // every rank left together: the communicator was finalized and destroyed
+    aborted,     // one-sided, failed or unhealthy: aborted locally
+    background,  // the deadline passed first: the teardown goes on on a detached thread
+  };
+  // destroy_weights_update_group. A healthy group (`healthy` and never aborted) runs the leave
+  // handshake with its peers (rendezvous.hpp) for at most kLeaveWindow: when every peer is
+  // leaving too the plugin finalizes the communicator (collective), otherwise it aborts it
+  // (local). The teardown (deregister, disconnect, destroy, then `after`, e.g. freeing the
+  // registered memory) runs on a detached thread that this call waits for until `deadline`, so
+  // NCCL can never hold the caller past it. Idempotent: a second call returns `aborted` at once.
+  CloseOutcome close(Clock::time_point deadline, bool healthy, std::function<void()> after = {});
+
   const GroupInit& init() const { return init_; }
   std::uint32_t rank() const { return init_.rank; }
   // Ranks whose rendezvous link closed (rank 0: any joiner; others: 0 when rank 0 is gone).
@@ -94,6 +109,12 @@ class BroadcastGroup {
   std::unique_ptr<RendezvousServer> server_;  // rank 0
   std::unique_ptr<RendezvousClient> client_;  // ranks > 0
   std::atomic<bool> aborted_{false};
+  bool closed_ = false;
 };
+
+inline constexpr auto kLeaveWindow = std::chrono::seconds(2);
+inline constexpr auto kDefaultCloseTimeout = std::chrono::seconds(15);
+
+const char* close_outcome_name(BroadcastGroup::CloseOutcome outcome);
 
 }  // namespace ferry::nccl

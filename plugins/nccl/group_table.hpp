@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace ferry::nccl {
 
@@ -71,12 +72,19 @@ class GroupTable {
     }
   }
 
-  void destroy(const std::string& name) {
+  void destroy(const std::string& name) { take(name); }
+
+  // Removes group `name` from the table and hands it over (with whether it was ready), so the
+  // caller can close it with a deadline. NOT_FOUND for an unknown name.
+  std::pair<std::unique_ptr<Group>, GroupState> take(const std::string& name) {
     auto it = slots_.find(name);
     if (it == slots_.end()) {
       fail(FERRY_STATUS_NOT_FOUND, "no weight-update group '{}'", name);
     }
+    std::pair<std::unique_ptr<Group>, GroupState> out{std::move(it->second.group),
+                                                      it->second.state};
     slots_.erase(it);
+    return out;
   }
 
   bool contains(const std::string& name) const { return slots_.count(name) != 0; }

@@ -11,10 +11,11 @@
 namespace ferry::nccl {
 namespace {
 
-// How long a healthy communicator may take to finalize before it is aborted instead.
-constexpr std::int64_t kFinalizeGraceNs = 10'000'000'000;
+// How long a healthy communicator may take to finalize before it is aborted instead. The host
+// disconnects without an abort request only when every rank is leaving together
+// (broadcast_group.hpp, close()), so the finalize normally completes in milliseconds.
+constexpr std::int64_t kFinalizeGraceNs = 5'000'000'000;
 
-void pause_briefly() { std::this_thread::sleep_for(std::chrono::microseconds(20)); }
 
 std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
   std::string text = ncclGetErrorString(r);
@@ -32,6 +33,14 @@ std::int64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+void poll_pause(std::int64_t waiting_since_ns) {
+  if (monotonic_ns() - waiting_since_ns < kSpinNs) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 Communicator::Communicator(const ncclUniqueId& id, int rank, int world_size, int device,
@@ -63,6 +72,7 @@ Communicator::Communicator(const ncclUniqueId& id, int rank, int world_size, int
          where(), text);
   }
   try {
+    const std::int64_t since = monotonic_ns();
     while (true) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
@@ -79,7 +89,7 @@ Communicator::Communicator(const ncclUniqueId& id, int rank, int world_size, int
                                    "(phase 'init': not every rank of {} joined)",
                                    where(), world_size_));
       }
-      pause_briefly();
+      poll_pause(since);
     }
   } catch (...) {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -94,7 +104,8 @@ Communicator::~Communicator() {
     bool finalized = false;
     const ncclResult_t r = ncclCommFinalize(comm_);
     if (r == ncclSuccess || r == ncclInProgress) {
-      const std::int64_t deadline = monotonic_ns() + kFinalizeGraceNs;
+      const std::int64_t since = monotonic_ns();
+      const std::int64_t deadline = since + kFinalizeGraceNs;
       while (monotonic_ns() < deadline) {
         ncclResult_t state = ncclSuccess;
         ncclCommGetAsyncError(comm_, &state);
@@ -103,7 +114,7 @@ Communicator::~Communicator() {
           break;
         }
         if (state != ncclInProgress) break;
-        pause_briefly();
+        poll_pause(since);
       }
     }
     if (finalized) {
@@ -184,6 +195,7 @@ void Communicator::broadcast(void* data, std::uint64_t bytes, std::uint32_t buck
                                bucket_index, bytes, nccl_text(r, comm_)));
   }
   // A non-blocking communicator may still be enqueueing: wait until it accepted the call.
+  const std::int64_t since = monotonic_ns();
   while (true) {
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm_, &state);
@@ -196,7 +208,7 @@ void Communicator::broadcast(void* data, std::uint64_t bytes, std::uint32_t buck
                                  "before the deadline (phase 'broadcast')",
                                  where(), bucket_index));
     }
-    pause_briefly();
+    poll_pause(since);
   }
   if (cudaError_t e = cudaEventRecord(done, stream_); e != cudaSuccess) {
     fail_and_abort(FERRY_STATUS_INTERNAL, fmt::format("{}: cudaEventRecord failed: {}", where(),

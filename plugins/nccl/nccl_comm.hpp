@@ -22,6 +22,13 @@ namespace ferry::nccl {
 // CLOCK_MONOTONIC nanoseconds (the ABI's deadline clock).
 std::int64_t monotonic_ns();
 
+// One pause of a polling loop that started waiting at `waiting_since_ns`: a yield during the
+// first kSpinNs (a bucket of tens of MiB completes in a few hundred microseconds, and a sleep
+// rounds up to the kernel's timer slack, ~50-80 us: that alone cost 0.1 ms per 64 MiB bucket),
+// a 20 us sleep after that (long waits do not burn a core).
+inline constexpr std::int64_t kSpinNs = 2'000'000;
+void poll_pause(std::int64_t waiting_since_ns);
+
 class Communicator {
  public:
   // Creates the communicator of rank `rank` of `world_size` on CUDA device `device` and waits,

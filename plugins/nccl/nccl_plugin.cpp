@@ -36,6 +36,14 @@
 
 struct ferry_peer {
   std::unique_ptr<ferry::nccl::Communicator> comm;
+  // Completion events of freed requests, reused: creating and destroying one per bucket costs
+  // microseconds on every broadcast. Used by the serialized thread only.
+  std::vector<cudaEvent_t> spare_events;
+
+  ~ferry_peer() {
+    if (comm) cudaSetDevice(comm->device());
+    for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
+  }
 };
 
 struct ferry_transport {
@@ -275,8 +283,11 @@ ferry_error_t* issue(ferry_transport_t* transport, ferry_peer_t* peer,
     request->bucket_index = bucket->bucket_index;
     request->hard_deadline_ns = bucket->deadline_ns;
     cudaSetDevice(comm.device());
-    if (cudaError_t e = cudaEventCreateWithFlags(&request->done, cudaEventDisableTiming);
-        e != cudaSuccess) {
+    if (!peer->spare_events.empty()) {
+      request->done = peer->spare_events.back();
+      peer->spare_events.pop_back();
+    } else if (cudaError_t e = cudaEventCreateWithFlags(&request->done, cudaEventDisableTiming);
+               e != cudaSuccess) {
       fail(FERRY_STATUS_INTERNAL, "nccl {}: cudaEventCreate failed: {}", what,
            cudaGetErrorString(e));
     }
@@ -323,6 +334,7 @@ ferry_error_t* nccl_request_wait(ferry_transport_t* transport, ferry_request_t* 
       fail(FERRY_STATUS_INVALID_ARGUMENT, "nccl request_wait: an argument is NULL");
     }
     auto& comm = *request->peer->comm;
+    const std::int64_t since = ferry::nccl::monotonic_ns();
     while (!request->complete) {
       request->complete = comm.test(request->done, request->bucket_index,
                                     request->hard_deadline_ns);
@@ -333,7 +345,7 @@ ferry_error_t* nccl_request_wait(ferry_transport_t* transport, ferry_request_t* 
              "request stays valid)",
              comm.name(), comm.rank(), request->bucket_index);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      ferry::nccl::poll_pause(since);
     }
   });
 }
@@ -350,7 +362,15 @@ void nccl_request_free(ferry_transport_t*, ferry_request_t* request) {
     }
     if (!done) request->peer->comm->abort("a request was freed before it completed");
   }
-  cudaEventDestroy(request->done);
+  if (request->complete) {
+    try {
+      request->peer->spare_events.push_back(request->done);  // completed: safe to record again
+      request->done = nullptr;
+    } catch (...) {
+      // No room to keep it: destroyed below.
+    }
+  }
+  if (request->done != nullptr) cudaEventDestroy(request->done);
   delete request;
 }
 

@@ -157,8 +157,8 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// True once the peer's end of a connection closed or failed (the peer never sends after the
-// handshake, so readable means end of stream).
+// True once the peer's end of a connection closed or failed, or the peer sent a leave byte
+// (after the handshake a peer sends nothing else, so readable means it is leaving or gone).
 bool link_closed(int fd) {
   if (fd < 0) return true;
   pollfd p{fd, POLLIN, 0};
@@ -166,8 +166,71 @@ bool link_closed(int fd) {
   if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
   std::uint8_t byte = 0;
   const ssize_t r = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (r == 0) return true;
-  return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  if (r >= 0) return true;  // end of stream, or a leave byte
+  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+constexpr std::uint8_t kLeaving = 'L';
+constexpr std::uint8_t kFinalizing = 'F';
+constexpr std::uint8_t kAborting = 'A';
+
+// The leave handshake over `fds` (see rendezvous.hpp). A joiner (`root` false) says 'L' first
+// and waits for rank 0's 'L'; rank 0 waits for every joiner's 'L' and only then says 'L', so a
+// joiner's 'L' from rank 0 means "every rank is leaving". True when every fd delivered 'L' and
+// none 'A' before `window_end`; false at once when one closed, failed or said 'A'.
+bool exchange_leave(const std::vector<int>& fds, Clock::time_point window_end, bool root) {
+  auto say_leaving = [&] {
+    for (int fd : fds) {
+      const std::uint8_t byte = kLeaving;
+      (void)::send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  };
+  if (!root) say_leaving();
+  std::vector<bool> leaving(fds.size(), false);
+  while (true) {
+    bool all = true;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      std::uint8_t bytes[8];
+      while (true) {
+        const ssize_t r = ::recv(fds[i], bytes, sizeof bytes, MSG_DONTWAIT);
+        if (r == 0) {
+          // End of stream: after its 'L' the peer decided (its 'F' came first) and shut its
+          // sending side; before it, the peer closed or died: not together.
+          if (leaving[i]) break;
+          return false;
+        }
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          return false;
+        }
+        for (ssize_t k = 0; k < r; ++k) {
+          if (bytes[k] == kLeaving) {
+            leaving[i] = true;
+          } else if (bytes[k] != kFinalizing) {
+            return false;  // 'A' or garbage
+          }
+        }
+      }
+      all = all && leaving[i];
+    }
+    if (all) {
+      if (root) say_leaving();
+      return true;
+    }
+    if (Clock::now() >= window_end) return false;
+    std::vector<pollfd> polls;
+    for (int fd : fds) polls.push_back(pollfd{fd, POLLIN, 0});
+    (void)::poll(polls.data(), polls.size(), std::min(ms_left(window_end), 50));
+  }
+}
+
+void announce(const std::vector<int>& fds, bool finalize) noexcept {
+  for (int fd : fds) {
+    const std::uint8_t byte = finalize ? kFinalizing : kAborting;
+    (void)::send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(fd, SHUT_WR);
+  }
 }
 
 std::string endpoint(const GroupAddress& a) {
@@ -378,6 +441,23 @@ void RendezvousServer::shutdown_links() noexcept {
   }
 }
 
+bool RendezvousServer::leave_together(Clock::time_point window_end) {
+  std::vector<int> fds;
+  for (std::uint32_t r = 1; r < links_.size(); ++r) {
+    if (links_[r] < 0) return false;
+    fds.push_back(links_[r]);
+  }
+  return exchange_leave(fds, window_end, true);
+}
+
+void RendezvousServer::announce_leave(bool finalize) noexcept {
+  std::vector<int> fds;
+  for (std::uint32_t r = 1; r < links_.size(); ++r) {
+    if (links_[r] >= 0) fds.push_back(links_[r]);
+  }
+  announce(fds, finalize);
+}
+
 // ---- joining ranks ------------------------------------------------------------------------
 
 RendezvousClient::~RendezvousClient() { close_fd(fd_); }
@@ -492,6 +572,15 @@ bool RendezvousClient::root_alive() const { return !link_closed(fd_); }
 
 void RendezvousClient::shutdown_link() noexcept {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool RendezvousClient::leave_together(Clock::time_point window_end) {
+  if (fd_ < 0) return false;
+  return exchange_leave({fd_}, window_end, false);
+}
+
+void RendezvousClient::announce_leave(bool finalize) noexcept {
+  if (fd_ >= 0) announce({fd_}, finalize);
 }
 
 }  // namespace ferry::nccl

@@ -12,6 +12,18 @@
 // unknown type or a payload longer than its type allows is garbage and closed. Neither counts
 // as a joined rank: rank 0 keeps waiting for the real one until its deadline.
 //
+// Leaving (destroy_weights_update_group), after the handshake, single bytes on each link:
+//   joiner -> rank 0: 'L' this rank is leaving;
+//   rank 0 -> joiners: 'L' once every joiner said 'L' (so every rank is leaving);
+//   then each side's decision, 'F' (it finalizes) or 'A' (it aborts locally), and the sending
+//   side is shut down.
+// A rank finalizes only when the leave window brought agreement (rank 0: every joiner's 'L';
+// a joiner: rank 0's 'L') and no 'A': the
+// NCCL finalize of a communicator completes only when every rank finalizes, so a one-sided
+// destroy (or one whose peers gave up) aborts instead and returns at the window's end. These are
+// the only bytes sent after the handshake, so any readable byte (or end of stream) on a link
+// means that peer is leaving or gone: a rank still broadcasting names it at once.
+//
 // Threading: a RendezvousServer and a RendezvousClient are each used by one thread; dead_ranks()
 // / root_alive() may be called from another thread than the one that made the object.
 #pragma once
@@ -62,6 +74,12 @@ class RendezvousServer {
   // root_alive() turns false: how rank 0 tells the group it gave up.
   void shutdown_links() noexcept;
 
+  // Leave handshake with every joined rank (see the file comment): sends 'L', waits until each
+  // joiner sent 'L' (true) or `window_end` passes / one said 'A' or closed (false, at once).
+  bool leave_together(Clock::time_point window_end);
+  // Sends 'F' (finalize) or 'A' (abort) to every joiner and shuts the sending side down.
+  void announce_leave(bool finalize) noexcept;
+
   // Frames refused or dropped as garbage while serving (for logs and tests).
   const std::vector<std::string>& refusals() const { return refusals_; }
 
@@ -96,6 +114,10 @@ class RendezvousClient {
 
   // Any thread: shuts the link down, so rank 0's dead_ranks() names this rank.
   void shutdown_link() noexcept;
+
+  // The leave handshake with rank 0 (as RendezvousServer's).
+  bool leave_together(Clock::time_point window_end);
+  void announce_leave(bool finalize) noexcept;
 
  private:
   int fd_ = -1;

@@ -11,6 +11,7 @@ from .errors import (AbortedError, CorruptDataError, Error, FailedPreconditionEr
                      IncompatibleError, InternalError, InvalidArgumentError, IoError,
                      NotFoundError, OutOfMemoryError, PeerFailedError, PushError, TimeoutError,
                      UnimplementedError)
+from .nccl import NcclGroup
 from .receiver import Health, Receiver, Version
 from .sender import PushReport, ReceiverOutcome, Sender
 
@@ -29,7 +30,8 @@ def api_version():
 
 __all__ = [
     "AbortedError", "CorruptDataError", "Error", "FailedPreconditionError", "Health",
-    "IncompatibleError", "InternalError", "InvalidArgumentError", "IoError", "NotFoundError",
+    "IncompatibleError", "InternalError", "InvalidArgumentError", "IoError", "NcclGroup",
+    "NotFoundError",
     "OutOfMemoryError", "PeerFailedError", "PushError", "PushReport", "Receiver",
     "ReceiverOutcome", "Sender", "TimeoutError", "UnimplementedError", "Version", "api_version",
     "errors", "library_path",

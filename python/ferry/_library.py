@@ -121,7 +121,7 @@ def struct_size(struct_type):
 # ---- loading -------------------------------------------------------------------------------
 
 API_MAJOR = 1
-API_MINOR = 0
+API_MINOR = 1
 
 _lock = threading.Lock()
 _lib = None
@@ -167,6 +167,8 @@ _FUNCTIONS = {
                                         ctypes.POINTER(ctypes.c_uint64)]),
     "ferry_fingerprints_free": (None, [_p]),
     "ferry_receiver_destroy": (None, [_p]),
+    "ferry_receiver_update_weights_from_ipc": (_err, [_p, ctypes.c_char_p,
+                                                      ctypes.POINTER(ctypes.c_uint64)]),
 }
 
 

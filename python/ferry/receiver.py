@@ -128,6 +128,48 @@ class Receiver:
         array = (ctypes.c_char_p * max(1, len(encoded)))(*encoded)
         check(fn(self._handle, array, len(encoded)))
 
+    # NCCL weight-update groups (ferry/nccl.py; SGLang's names and fields).
+    def init_weights_update_group(self, master_address, master_port, rank_offset, world_size,
+                                  group_name="weight_update_group", backend="nccl", timeout=None):
+        """Joins rank 0's group (blocks until every rank joined); fixes the parameter layout."""
+        self._require_open()
+        from . import nccl
+        nccl.init_weights_update_group(self._handle, master_address, master_port, rank_offset,
+                                       world_size, group_name, backend, timeout)
+
+    def update_weights_from_distributed(self, request=None, **fields):
+        """Receives one broadcast update: `request` is NcclGroup.update_request()'s dict (or
+        names=, dtypes=, shapes=, group_name=, weight_version=). Returns the version number."""
+        self._require_open()
+        from . import nccl
+        return nccl.update_weights_from_distributed(self._handle, request, **fields)
+
+    def destroy_weights_update_group(self, group_name="weight_update_group", timeout=None):
+        """Leaves the group: "finalized" when rank 0 destroys at the same time, else "aborted"."""
+        self._require_open()
+        from . import nccl
+        return nccl.destroy_weights_update_group(self._handle, group_name, timeout)
+
+    def update_weights_from_ipc(self, zmq_handles, weight_version=None, flush_cache=True,
+                                timeout=None):
+        """Receives one update from a checkpoint-engine ParameterServer on this node (SGLang's
+        update_weights_from_ipc): `zmq_handles` maps GPU UUIDs to the ParameterServer's ZMQ
+        addresses (its req_func's socket_paths, as a dict or a list of pairs); the entry of this
+        receiver's GPU (receiver.device cuda:N) is used. `timeout`: seconds to wait for any one
+        message (default 120). Blocks until the update is committed; returns the version number.
+        The previous version stays on any failure."""
+        self._require_open()
+        import json
+        request = {"zmq_handles": dict(zmq_handles), "flush_cache": bool(flush_cache)}
+        if weight_version is not None:
+            request["weight_version"] = str(weight_version)
+        if timeout is not None:
+            request["timeout_s"] = float(timeout)
+        version = ctypes.c_uint64()
+        check(lib().ferry_receiver_update_weights_from_ipc(
+            self._handle, json.dumps(request).encode(), ctypes.byref(version)))
+        return version.value
+
     def close(self):
         """Stops serving and frees the receiver; registered tensors are left as they are."""
         if self._handle:

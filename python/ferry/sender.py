@@ -75,8 +75,10 @@ class Sender:
     """Pushes named tensors to receivers, each given as the HOST:PORT its user knows (`ferry
     serve --port`, or an embedded Receiver's serve() port).
 
-    `transport`: "auto" (UCX when its plugin loads, else inline on the session socket), "ucx",
-    "inline" or another transport plugin's name. `config` is a TOML file, `config_text` TOML
+    `transport`: "auto" (per receiver: "cuda_ipc" for CUDA tensors and a receiver on this host,
+    else UCX when its plugin loads, else inline on the session socket), "cuda_ipc" (same host
+    only; the receiver keeps its weights on a GPU; CUDA tensors are copied device to device),
+    "ucx", "inline" or another transport plugin's name. `config` is a TOML file, `config_text` TOML
     text; every other keyword is a config override with `__` for the dots
     (`update__bucket_bytes=1 << 26`). Timeouts are seconds.
 

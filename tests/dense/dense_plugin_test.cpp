@@ -1,14 +1,13 @@
 // Tests of the built libferry_model_dense.so through its C table: dlopen, negotiate with the
 // host's table, create, target_layout, plan, locate, and errors as ferry_error_t objects.
 #include "common/host_api.hpp"
+#include "tests/common/plugin_loader.hpp"
 
 #include <ferry/plugin.h>
 
-#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,29 +18,9 @@ using ::testing::HasSubstr;
 class DensePluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* path = std::getenv("FERRY_DENSE_PLUGIN");
-    ASSERT_NE(path, nullptr) << "FERRY_DENSE_PLUGIN must name the built plugin (meson test sets it)";
-    handle_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(handle_, nullptr) << dlerror();
-    auto negotiate =
-        reinterpret_cast<ferry_plugin_negotiate_fn>(dlsym(handle_, FERRY_PLUGIN_ENTRY_SYMBOL));
-    ASSERT_NE(negotiate, nullptr);
-    ferry_plugin_negotiation_t n{};
-    n.struct_size = FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, api);
-    n.host_abi_major = FERRY_PLUGIN_ABI_MAJOR;
-    n.host_abi_minor = FERRY_PLUGIN_ABI_MINOR;
-    n.host = ferry::host_api_table();
-    ferry::ErrorPtr error(negotiate(&n));
-    ASSERT_EQ(error, nullptr) << ferry::error_message(error.get());
-    EXPECT_EQ(n.kind, FERRY_PLUGIN_MODEL);
-    EXPECT_STREQ(n.name, "dense");
-    EXPECT_EQ(n.plugin_abi_major, static_cast<uint32_t>(FERRY_PLUGIN_ABI_MAJOR));
-    api_ = static_cast<const ferry_model_api_t*>(n.api);
+    api_ = ferry::test::load_model_plugin("FERRY_DENSE_PLUGIN", "dense");
     ASSERT_NE(api_, nullptr);
     ASSERT_GE(api_->struct_size, FERRY_STRUCT_SIZE(ferry_model_api_t, locate));
-  }
-  void TearDown() override {
-    if (handle_ != nullptr) dlclose(handle_);
   }
 
   ferry_model_t* create(const char* layout, uint32_t rank, uint32_t size,
@@ -60,7 +39,6 @@ class DensePluginTest : public ::testing::Test {
     return model;
   }
 
-  void* handle_ = nullptr;
   const ferry_model_api_t* api_ = nullptr;
   ferry::ErrorPtr last_error_;
 };

@@ -1,7 +1,6 @@
 // tests/disk/disk_plugin_test.cpp: libferry_transport_disk.so through its C table (dlopen'ed
 // directly): a sharded checkpoint of every dtype read back in small buckets is byte-identical,
 // and bad input comes back as error objects with the right code and message.
-#include <dlfcn.h>
 #include <ferry/plugin.h>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/manifest.hpp>
@@ -16,6 +15,7 @@
 
 #include "common/host_api.hpp"
 #include "disk/safetensors.hpp"
+#include "tests/common/plugin_loader.hpp"
 #include "temp_dir.hpp"
 
 namespace ferry {
@@ -23,37 +23,6 @@ namespace {
 
 using test::pattern_bytes;
 using test::TempDir;
-
-// The plugin loaded once for the whole program (dlclose would invalidate the tables).
-const ferry_transport_api_t* load_plugin() {
-  static const ferry_transport_api_t* api = [] () -> const ferry_transport_api_t* {
-    const char* path = std::getenv("FERRY_DISK_PLUGIN");
-    if (path == nullptr) return nullptr;
-    void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      ADD_FAILURE() << dlerror();
-      return nullptr;
-    }
-    auto negotiate =
-        reinterpret_cast<ferry_plugin_negotiate_fn>(dlsym(handle, FERRY_PLUGIN_ENTRY_SYMBOL));
-    if (negotiate == nullptr) return nullptr;
-    static ferry_plugin_negotiation_t n{};
-    n.struct_size = FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, api);
-    n.host_abi_major = FERRY_PLUGIN_ABI_MAJOR;
-    n.host_abi_minor = FERRY_PLUGIN_ABI_MINOR;
-    n.host = host_api_table();
-    ErrorPtr error(negotiate(&n));
-    if (error) {
-      ADD_FAILURE() << error_message(error.get());
-      return nullptr;
-    }
-    EXPECT_EQ(n.kind, FERRY_PLUGIN_TRANSPORT);
-    EXPECT_STREQ(n.name, "disk");
-    EXPECT_EQ(n.plugin_abi_major, FERRY_PLUGIN_ABI_MAJOR);
-    return static_cast<const ferry_transport_api_t*>(n.api);
-  }();
-  return api;
-}
 
 std::int64_t now_ns() {
   timespec ts{};
@@ -70,7 +39,7 @@ struct Expected {
 class DiskPluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    api_ = load_plugin();
+    api_ = test::load_transport_plugin("FERRY_DISK_PLUGIN", "disk");
     ASSERT_NE(api_, nullptr) << "set FERRY_DISK_PLUGIN to libferry_transport_disk.so";
     ASSERT_GE(api_->struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, source_close));
     transport_ = create({});

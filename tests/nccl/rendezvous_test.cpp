@@ -1,7 +1,7 @@
 // tests/nccl/rendezvous_test.cpp: the TCP rendezvous of a weight-update group over real sockets
 // on 127.0.0.1: the id reaches every rank, a wrong version / garbage / wrong group is refused
 // without stopping rank 0, a deadline names the missing rank or the phase, and a closed link
-// names the rank that left.
+// names the rank that left; leaving together is agreed only when every rank leaves.
 #include <arpa/inet.h>
 #include <ferry/sdk/error.hpp>
 #include <gtest/gtest.h>
@@ -319,6 +319,95 @@ TEST(Rendezvous, ShuttingLinksDownTellsTheOtherSide) {
     if (alive) std::this_thread::sleep_for(10ms);
   }
   EXPECT_FALSE(alive);
+}
+
+// A served group of rank 0 and two joiners.
+struct JoinedGroup {
+  RendezvousServer server{address(0, 3), test_id()};
+  RendezvousClient one, two;
+  JoinedGroup() {
+    const auto port = server.port();
+    auto j1 = std::async(std::launch::async,
+                         [&] { one.join(address(port, 3), 1, Clock::now() + 20s); });
+    auto j2 = std::async(std::launch::async,
+                         [&] { two.join(address(port, 3), 2, Clock::now() + 20s); });
+    server.serve(Clock::now() + 20s);
+    j1.get();
+    j2.get();
+  }
+};
+
+TEST(Rendezvous, EveryRankLeavingTogetherAgreesToFinalize) {
+  JoinedGroup g;
+  auto l1 = std::async(std::launch::async, [&] { return g.one.leave_together(Clock::now() + 20s); });
+  auto l2 = std::async(std::launch::async, [&] { return g.two.leave_together(Clock::now() + 20s); });
+  EXPECT_TRUE(g.server.leave_together(Clock::now() + 20s));
+  EXPECT_TRUE(l1.get());
+  EXPECT_TRUE(l2.get());
+  g.server.announce_leave(true);
+  g.one.announce_leave(true);
+  g.two.announce_leave(true);
+}
+
+TEST(Rendezvous, AOneSidedLeaveAbortsAndTheOthersLearnIt) {
+  JoinedGroup g;
+  // Rank 1 leaves alone: nobody else is leaving, so its window ends without agreement.
+  EXPECT_FALSE(g.one.leave_together(Clock::now() + 200ms));
+  g.one.announce_leave(false);
+  // Rank 0, still in the group, names rank 1 (its leave bytes count as leaving).
+  std::vector<std::uint32_t> dead;
+  for (int i = 0; i < 500 && dead.empty(); ++i) {
+    dead = g.server.dead_ranks();
+    if (dead.empty()) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(dead, std::vector<std::uint32_t>{1});
+  // When rank 0 and rank 2 leave later, rank 1's 'A' makes rank 0 abort too, and rank 2 (which
+  // hears only rank 0) is told so.
+  auto l2 = std::async(std::launch::async, [&] { return g.two.leave_together(Clock::now() + 20s); });
+  const bool together = g.server.leave_together(Clock::now() + 20s);
+  EXPECT_FALSE(together);
+  g.server.announce_leave(together);
+  EXPECT_FALSE(l2.get());
+}
+
+TEST(Rendezvous, ARankThatDiedIsNeverLeftTogetherWith) {
+  JoinedGroup g;
+  g.two.shutdown_link();  // as if its process had died
+  auto l1 = std::async(std::launch::async, [&] { return g.one.leave_together(Clock::now() + 20s); });
+  const bool together = g.server.leave_together(Clock::now() + 20s);
+  EXPECT_FALSE(together);
+  g.server.announce_leave(together);
+  EXPECT_FALSE(l1.get());
+}
+
+// A rank 0 spoken by hand: accepts one joiner, answers its HELLO with the id, then sends
+// `after` (leave bytes) and shuts its sending side, all before the joiner starts leaving.
+bool joiner_leaves_together_after(const std::string& after) {
+  std::uint16_t port = 0;
+  const int listener = listen_raw(&port);
+  RendezvousClient client;
+  auto joined = std::async(std::launch::async,
+                           [&] { return client.join(address(port, 2), 1, Clock::now() + 20s); });
+  const int fd = ::accept(listener, nullptr, nullptr);
+  char hello[512];
+  EXPECT_GT(::recv(fd, hello, sizeof hello, 0), 0);  // HELLO: one small frame
+  send_bytes(fd, encode_frame(FrameType::welcome, test_id()));
+  EXPECT_EQ(joined.get(), test_id());
+  send_bytes(fd, std::vector<std::uint8_t>(after.begin(), after.end()));
+  ::shutdown(fd, SHUT_WR);
+  const bool together = client.leave_together(Clock::now() + 20s);
+  ::close(fd);
+  ::close(listener);
+  return together;
+}
+
+TEST(Rendezvous, AJoinerReadsRankZerosAgreementEvenAfterItsSendingSideClosed) {
+  // Rank 0 agreed ('L'), decided to finalize ('F') and shut its side before the joiner read.
+  EXPECT_TRUE(joiner_leaves_together_after("LF"));
+  // Rank 0 gave up, or closed without agreeing.
+  EXPECT_FALSE(joiner_leaves_together_after("A"));
+  EXPECT_FALSE(joiner_leaves_together_after("LA"));
+  EXPECT_FALSE(joiner_leaves_together_after(""));
 }
 
 TEST(Rendezvous, DescribesRanks) {

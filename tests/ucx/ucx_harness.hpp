@@ -4,7 +4,6 @@
 // socketpair, and a forked peer process whose exit status carries its verdict.
 #pragma once
 
-#include <dlfcn.h>
 #include <ferry/plugin.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -22,7 +21,9 @@
 #include <utility>
 #include <vector>
 
+#include "cli/process_channel.hpp"
 #include "common/host_api.hpp"
+#include "tests/common/plugin_loader.hpp"
 
 namespace ferry::ucx_test {
 
@@ -36,26 +37,10 @@ inline std::int64_t now_ns() {
 }
 inline std::int64_t in_ms(std::int64_t ms) { return now_ns() + ms * 1'000'000; }
 
-// The plugin loaded once for the whole program (never dlclosed: the tables must stay valid).
+// The plugin, loaded once for the whole program (tests/common/plugin_loader.hpp); NULL after a
+// test failure when it cannot be loaded.
 inline const ferry_transport_api_t* api() {
-  static const ferry_transport_api_t* table = []() -> const ferry_transport_api_t* {
-    const char* path = std::getenv("FERRY_UCX_PLUGIN");
-    if (path == nullptr) return nullptr;
-    void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return nullptr;
-    auto negotiate =
-        reinterpret_cast<ferry_plugin_negotiate_fn>(dlsym(handle, FERRY_PLUGIN_ENTRY_SYMBOL));
-    if (negotiate == nullptr) return nullptr;
-    static ferry_plugin_negotiation_t n{};
-    n.struct_size = FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, api);
-    n.host_abi_major = FERRY_PLUGIN_ABI_MAJOR;
-    n.host_abi_minor = FERRY_PLUGIN_ABI_MINOR;
-    n.host = host_api_table();
-    ErrorPtr error(negotiate(&n));
-    if (error) return nullptr;
-    return static_cast<const ferry_transport_api_t*>(n.api);
-  }();
-  return table;
+  return test::load_transport_plugin("FERRY_UCX_PLUGIN", "ucx");
 }
 
 // A finished call: OK, or an error's code and message.
@@ -223,48 +208,10 @@ class Side {
   ferry_transport_t* t_ = nullptr;
 };
 
-// A bidirectional, length-prefixed message channel (one end per process).
-class Channel {
+// A bidirectional, length-prefixed message channel (one end per process); throws ferry::Error.
+class Channel : public cli::ProcessChannel {
  public:
-  explicit Channel(int fd) : fd_(fd) {}
-  void send(const Bytes& bytes) const {
-    const std::uint64_t n = bytes.size();
-    write_all(&n, sizeof n);
-    write_all(bytes.data(), bytes.size());
-  }
-  void send(const std::string& text) const { send(Bytes(text.begin(), text.end())); }
-  Bytes receive() const {
-    std::uint64_t n = 0;
-    read_all(&n, sizeof n);
-    Bytes bytes(n);
-    read_all(bytes.data(), n);
-    return bytes;
-  }
-  std::string receive_text() const {
-    const Bytes b = receive();
-    return std::string(b.begin(), b.end());
-  }
-
- private:
-  void write_all(const void* p, std::size_t n) const {
-    const auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, c, n);
-      if (w <= 0) throw std::runtime_error("channel write failed");
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  }
-  void read_all(void* p, std::size_t n) const {
-    auto* c = static_cast<char*>(p);
-    while (n > 0) {
-      const ssize_t r = ::read(fd_, c, n);
-      if (r <= 0) throw std::runtime_error("channel closed by the peer process");
-      c += r;
-      n -= static_cast<std::size_t>(r);
-    }
-  }
-  int fd_;
+  explicit Channel(int fd) : ProcessChannel(fd, "ucx test channel") {}
 };
 
 // A forked peer process running `body` with its channel end. Its exit status is 0 when body

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 0
+#define FERRY_API_MINOR 1
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -137,7 +137,10 @@ typedef struct ferry_sender_create_args {
    * --port`, or what ferry_receiver_serve returned). At least one. */
   const char* const* receivers;
   size_t num_receivers;
-  const char* transport;       /* data transport plugin ("ucx", ...); NULL or "auto": the best */
+  /* Data transport plugin ("ucx", "cuda_ipc": same host only, the receiver on a GPU); NULL or
+   * "auto": the best per receiver (cuda_ipc for CUDA tensors and a receiver on this host, else
+   * ucx, else inline). */
+  const char* transport;
   uint64_t bucket_bytes;       /* 0: the config's update.bucket_bytes */
   const char* token;           /* receivers' bearer token; NULL: the config's receiver.token */
   int64_t connect_timeout_ms;  /* 0: 10000 */
@@ -277,6 +280,121 @@ FERRY_API void ferry_fingerprints_free(ferry_fingerprints_t* fingerprints);
 /* Stops serving and frees the receiver. Registered parameter memory is left as it is (the engine
  * owns it). NULL is a no-op. */
 FERRY_API void ferry_receiver_destroy(ferry_receiver_t* receiver);
+
+/* ------------------------------------------------------------------------------------------ */
+/* NCCL weight-update groups (SGLang's init_weights_update_group,                              */
+/* update_weights_from_distributed, destroy_weights_update_group; plugins/nccl/README.md)     */
+/* ------------------------------------------------------------------------------------------ */
+/* A library built without NCCL has every function below; they return UNIMPLEMENTED. A machine
+ * without a usable GPU gets FAILED_PRECONDITION from the create / init calls. */
+
+typedef struct ferry_nccl_group ferry_nccl_group_t;
+
+/* Rank 0 (the trainer) of a group. */
+typedef struct ferry_nccl_group_create_args {
+  size_t struct_size;
+  const ferry_config_source_t* config; /* plugin_dirs etc.; NULL: the defaults */
+  const char* master_address;  /* where rank 0 listens and receivers connect; NULL: "127.0.0.1" */
+  uint16_t master_port;        /* 1..65535; the receivers' init names the same */
+  uint32_t world_size;         /* the trainer plus every receiver rank, >= 1 */
+  const char* group_name;      /* NULL: "weight_update_group" (SGLang's default) */
+  int32_t device;              /* CUDA device of rank 0 */
+  uint64_t bucket_bytes;       /* 0: 256 MiB; the receivers are told it in each request */
+  int64_t init_timeout_ms;     /* rendezvous + communicator init; 0: 120000 */
+  int64_t bucket_timeout_ms;   /* per bucket; 0: 120000 */
+} ferry_nccl_group_create_args_t;
+
+/* Creates the group as rank 0 and blocks until every rank joined (each receiver's
+ * init_weights_update_group, HTTP or ferry_receiver_init_weights_update_group, must run
+ * concurrently) or the init timeout passed (TIMEOUT naming the missing ranks). *out freed with
+ * ferry_nccl_group_destroy. Any thread. */
+FERRY_API ferry_error_t* ferry_nccl_group_create(const ferry_nccl_group_create_args_t* args,
+                                                 ferry_nccl_group_t** out);
+
+/* The request every receiver must get for one update (the JSON body of POST
+ * /update_weights_from_distributed: names, dtypes, shapes, group_name, bucket_bytes, timeout_s,
+ * weight_version when not NULL) for these tensors in this order. *json freed with
+ * ferry_string_free. */
+FERRY_API ferry_error_t* ferry_nccl_group_update_request(ferry_nccl_group_t* group,
+                                                         const ferry_tensor_t* const* tensors,
+                                                         size_t num_tensors,
+                                                         const char* weight_version, char** json);
+
+/* Broadcasts one update (tensors in CUDA memory of the group's device, or in host memory; read in
+ * place, unchanged until the call returns) while every receiver receives the same request. On
+ * failure every rank aborts; the error names the bucket, the phase and any rank that left, and the
+ * group needs ferry_nccl_group_reinit. *bytes / *seconds (may be NULL) get what was broadcast.
+ * One broadcast at a time per group. */
+FERRY_API ferry_error_t* ferry_nccl_group_broadcast(ferry_nccl_group_t* group,
+                                                    const ferry_tensor_t* const* tensors,
+                                                    size_t num_tensors, uint64_t* bytes,
+                                                    double* seconds);
+
+/* Re-creates the group after a failure (the stale communicator goes first); the receivers init
+ * again. Blocks like ferry_nccl_group_create. */
+FERRY_API ferry_error_t* ferry_nccl_group_reinit(ferry_nccl_group_t* group);
+
+/* Any thread: a broadcast in flight fails with ABORTED and every receiver's wait names rank 0. */
+FERRY_API ferry_error_t* ferry_nccl_group_abort(ferry_nccl_group_t* group, const char* reason);
+
+/* destroy_weights_update_group on rank 0, within timeout_ms (0: 15000): finalized when every
+ * receiver destroys at the same time, aborted locally otherwise. *how (may be NULL; freed with
+ * ferry_string_free): "finalized", "aborted", "continuing in the background" or "closed". */
+FERRY_API ferry_error_t* ferry_nccl_group_close(ferry_nccl_group_t* group, int64_t timeout_ms,
+                                                char** how);
+
+/* Closes (if not closed) and frees the group. NULL is a no-op. */
+FERRY_API void ferry_nccl_group_destroy(ferry_nccl_group_t* group);
+
+/* An embedded receiver joining a group (SGLang's init_weights_update_group fields). */
+typedef struct ferry_weights_update_group_args {
+  size_t struct_size;
+  const char* master_address;  /* rank 0's address */
+  uint16_t master_port;
+  uint32_t rank_offset;        /* >= 1: this receiver's first rank (rank 0 is the trainer) */
+  uint32_t world_size;
+  const char* group_name;      /* NULL: "weight_update_group" */
+  const char* backend;         /* NULL or "nccl" */
+  int64_t timeout_ms;          /* rendezvous + init; 0: 120000 */
+} ferry_weights_update_group_args_t;
+
+/* Joins the group on the receiver's CUDA device (fixes the parameter layout as
+ * ferry_receiver_serve does). Blocks until every rank joined or the timeout passed. A group of that
+ * name that failed earlier is destroyed first; a ready one is FAILED_PRECONDITION. Serialized with
+ * the receiver's other group calls. */
+FERRY_API ferry_error_t* ferry_receiver_init_weights_update_group(
+    ferry_receiver_t* receiver, const ferry_weights_update_group_args_t* args);
+
+/* Receives one update by broadcast and applies it as one transaction. `request_json` is the body
+ * of POST /update_weights_from_distributed (what ferry_nccl_group_update_request returns). On any
+ * failure the previous version stays and the group is marked failed (init it again). *version
+ * (may be NULL) gets the committed version number. */
+FERRY_API ferry_error_t* ferry_receiver_update_weights_from_distributed(ferry_receiver_t* receiver,
+                                                                        const char* request_json,
+                                                                        uint64_t* version);
+
+/* Leaves and destroys group `group_name` (NULL: "weight_update_group") within timeout_ms (0:
+ * 15000); *how as ferry_nccl_group_close's. NOT_FOUND for an unknown group. */
+FERRY_API ferry_error_t* ferry_receiver_destroy_weights_update_group(ferry_receiver_t* receiver,
+                                                                    const char* group_name,
+                                                                    int64_t timeout_ms, char** how);
+
+/* ------------------------------------------------------------------------------------------ */
+/* checkpoint-engine (SGLang's update_weights_from_ipc; plugins/ckpt_engine/README.md)         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Receives one update from an unmodified checkpoint-engine ParameterServer (ZMQ + CUDA IPC, same
+ * node) and applies it as one transaction (fixes the parameter layout as ferry_receiver_serve
+ * does). `request_json` is the body of POST /update_weights_from_ipc: {"zmq_handles": {GPU UUID:
+ * address}, "weight_version": ..., "flush_cache": ..., "timeout_s": ...}; the address of this
+ * receiver's GPU (receiver.device cuda:N) is used. Blocks until the ParameterServer's last
+ * message; on any failure the previous version stays, the ParameterServer is told the error and
+ * the returned error names the phase. *version (may be NULL) gets the committed version number.
+ * FAILED_PRECONDITION on a CPU receiver, UNIMPLEMENTED in a build without CUDA, NOT_FOUND when
+ * the ckpt_engine transport plugin is missing (a build without ZeroMQ). */
+FERRY_API ferry_error_t* ferry_receiver_update_weights_from_ipc(ferry_receiver_t* receiver,
+                                                               const char* request_json,
+                                                               uint64_t* version);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,277 @@
+// receiver/receiver_ckpt.cpp: one checkpoint-engine update (SGLang's /update_weights_from_ipc)
+// received through the ckpt_engine transport plugin and applied as a transaction
+// (receiver_ckpt.hpp).
+#include "receiver/receiver_ckpt.hpp"
+
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "ckpt_engine/device_address.hpp"
+#include "common/host_api.hpp"
+#include "common/log.hpp"
+#include "config/config.hpp"
+#include "ferry_build_config.h"
+#include "registry/registry.hpp"
+#include "store/store_device.hpp"
+
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace ferry::receiver {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kTransport = "ckpt_engine";
+
+// The transport plugin's source table, driven for one update.
+class PluginSource final : public CkptBucketSource {
+ public:
+  PluginSource(std::shared_ptr<const registry::LoadedPlugin> plugin,
+               const std::map<std::string, std::string>& options, int device,
+               const std::string& address)
+      : plugin_(std::move(plugin)), api_(plugin_->transport()) {
+    const auto& caps = plugin_->info().transport_caps;
+    if (api_ == nullptr || !caps || (caps->flags & FERRY_TRANSPORT_CAP_SOURCE) == 0 ||
+        api_->source_open == nullptr || api_->source_catalog == nullptr ||
+        api_->source_read == nullptr || api_->source_close == nullptr || api_->abort == nullptr) {
+      ferry::fail(FERRY_STATUS_INCOMPATIBLE,
+           "transport '{}' does not offer the checkpoint-engine worker (CAP_SOURCE and abort)",
+           kTransport);
+    }
+    std::vector<ferry_option_t> opts;
+    for (const auto& [k, v] : options) opts.push_back({k.c_str(), v.c_str()});
+    ferry_transport_create_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_transport_create_args_t, device);
+    args.role = FERRY_ROLE_RECEIVER;
+    args.options = opts.data();
+    args.num_options = opts.size();
+    args.device = device;
+    throw_if_error(api_->create(&args, &transport_), "transport 'ckpt_engine' create");
+    ferry_error_t* error = api_->source_open(transport_, address.c_str(), &source_);
+    if (error != nullptr) {
+      api_->destroy(transport_);
+      transport_ = nullptr;
+      throw_if_error(error, "transport 'ckpt_engine' connect");
+    }
+  }
+  ~PluginSource() override { close(); }
+
+  std::uint64_t open() override {
+    ferry_blob_t blob{};
+    blob.struct_size = FERRY_STRUCT_SIZE(ferry_blob_t, release_ctx);
+    throw_if_error(api_->source_catalog(source_, &blob), "");
+    std::vector<std::uint8_t> bytes;
+    if (blob.data != nullptr) bytes.assign(blob.data, blob.data + blob.size);
+    if (blob.release != nullptr) blob.release(blob.data, blob.release_ctx);
+    return manifest::decode(bytes).bucket_bytes;
+  }
+
+  bool read(void* dst, std::uint64_t capacity, std::vector<std::uint8_t>& manifest,
+            std::uint64_t& bytes) override {
+    ferry_source_read_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_source_read_args_t, bytes_written);
+    args.dst = dst;
+    args.dst_capacity = capacity;
+    args.manifest.struct_size = FERRY_STRUCT_SIZE(ferry_blob_t, release_ctx);
+    ferry_error_t* error = api_->source_read(source_, &args);
+    if (error != nullptr && error_code(error) == FERRY_STATUS_END_OF_STREAM) {
+      ErrorPtr owned(error);
+      return false;
+    }
+    throw_if_error(error, "");
+    manifest.assign(args.manifest.data, args.manifest.data + args.manifest.size);
+    if (args.manifest.release != nullptr) {
+      args.manifest.release(args.manifest.data, args.manifest.release_ctx);
+    }
+    bytes = args.bytes_written;
+    return true;
+  }
+
+  void fail(const std::string& reason) noexcept override {
+    if (transport_ != nullptr) api_->abort(transport_, reason.c_str());
+  }
+
+  void close() noexcept override {
+    if (source_ != nullptr) api_->source_close(source_);
+    source_ = nullptr;
+    if (transport_ != nullptr) api_->destroy(transport_);
+    transport_ = nullptr;
+  }
+
+ private:
+  std::shared_ptr<const registry::LoadedPlugin> plugin_;  // keeps the .so loaded
+  const ferry_transport_api_t* api_ = nullptr;
+  ferry_transport_t* transport_ = nullptr;
+  ferry_source_t* source_ = nullptr;
+};
+
+}  // namespace
+
+IpcUpdateRequest parse_ipc_update(const json& body) {
+  IpcUpdateRequest request;
+  auto it = body.find("zmq_handles");
+  if (it == body.end() || it->is_null()) {
+    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'zmq_handles' is required");
+  }
+  if (!it->is_object() || it->empty()) {
+    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
+                "field 'zmq_handles' must be a non-empty object of GPU UUID -> ZMQ address");
+  }
+  for (const auto& [uuid, address] : it->items()) {
+    if (uuid.empty() || !address.is_string() || address.get<std::string>().empty()) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
+                  "zmq_handles['{}'] must be a non-empty address string", uuid);
+    }
+    request.zmq_handles[uuid] = address.get<std::string>();
+  }
+  for (const char* flag : {"flush_cache", "torch_empty_cache", "abort_all_requests"}) {
+    if (auto f = body.find(flag); f != body.end() && !f->is_null() && !f->is_boolean()) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
+    }
+  }
+  if (auto f = body.find("flush_cache"); f != body.end() && f->is_boolean()) {
+    request.flush_cache = f->get<bool>();
+  }
+  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
+    if (v->is_string()) {
+      request.weight_version = v->get<std::string>();
+    } else if (v->is_number_integer()) {
+      request.weight_version = std::to_string(v->get<long long>());
+    } else {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
+    }
+  }
+  if (auto t = body.find("timeout_s"); t != body.end() && !t->is_null()) {
+    if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
+                  "field 'timeout_s' must be a number of seconds in (0, 86400]");
+    }
+    request.timeout_s = t->get<double>();
+  }
+  return request;
+}
+
+UpdateReport apply_ckpt_engine_update(Receiver& receiver, CkptBucketSource& source,
+                                      const std::optional<std::string>& label,
+                                      const CkptStaging& staging) {
+  std::unique_ptr<Receiver::StreamingUpdate> update;
+  std::vector<std::byte> host_staging;
+  std::string phase = "receive the IPC handle";
+  std::uint64_t tensors = 0;
+  try {
+    // The handle first: once it is answered (success or error) the sender never hangs.
+    const std::uint64_t max_bucket = source.open();
+    phase = "open the update";
+    const auto catalog = receiver.checkpoint_catalog();
+    if (catalog.empty()) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "the receiver has no model loaded: checkpoint-engine names no tensors before it sends "
+           "them, so load the checkpoint first (update_weights_from_disk) or register the "
+           "engine's parameters");
+    }
+    update = receiver.open_session(catalog, "");
+    update->begin(receiver.version().number + 1, label);
+    phase = "allocate staging";
+    void* dst = nullptr;
+    if (staging.allocate) {
+      dst = staging.allocate(max_bucket);
+    } else {
+      host_staging.resize(max_bucket);
+      dst = host_staging.data();
+    }
+    std::vector<std::uint8_t> manifest;
+    for (std::uint32_t k = 0;; ++k) {
+      phase = fmt::format("receive bucket {}", k);
+      std::uint64_t bytes = 0;
+      if (!source.read(dst, max_bucket, manifest, bytes)) break;
+      phase = fmt::format("apply bucket {}", k);
+      update->apply_bucket({static_cast<const std::byte*>(dst), bytes}, manifest, staging.kind);
+      tensors += manifest::decode(manifest).tensors.size();
+    }
+    phase = "commit";
+    UpdateReport report = update->commit();
+    report.tensors = tensors;
+    source.close();  // the final answer: success
+    logger("receiver")->info("update {} ('{}') from checkpoint-engine: {} tensors in {} buckets, "
+                             "{:.3f} s",
+                             report.version.number, report.version.label, tensors, report.buckets,
+                             report.seconds);
+    return report;
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const Error*>(&e);
+    const ferry_status_code_t code = error != nullptr ? error->code() : FERRY_STATUS_INTERNAL;
+    const std::string reason =
+        fmt::format("checkpoint-engine update failed during phase '{}': {}", phase, e.what());
+    if (update) update->abort(reason);
+    update.reset();
+    source.fail(reason);
+    source.close();
+    logger("receiver")->warn("{}", reason);
+    throw Error(code, reason);
+  }
+}
+
+UpdateReport update_weights_from_ipc(Receiver& receiver, const IpcUpdateRequest& request) {
+  const auto& config = receiver.receiver_config();
+  const auto device = store::parse_store_device(config.receiver.device);
+  if (!device.cuda) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "update_weights_from_ipc needs a CUDA receiver (receiver.device = cuda:N): "
+         "checkpoint-engine shares its buffer by CUDA IPC, and this receiver runs on '{}'",
+         config.receiver.device);
+  }
+#if FERRY_HAVE_CUDA
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, device.ordinal) != cudaSuccess) {
+    fail(FERRY_STATUS_NOT_FOUND, "update_weights_from_ipc: cannot read CUDA device {}'s UUID",
+         device.ordinal);
+  }
+  unsigned char uuid_bytes[16];
+  std::memcpy(uuid_bytes, props.uuid.bytes, sizeof(uuid_bytes));
+  const std::string uuid = ckpt_engine::format_gpu_uuid(uuid_bytes);
+  const std::string address = ckpt_engine::pick_address(request.zmq_handles, uuid);
+
+  std::map<std::string, std::string> options;
+  if (auto it = config.transports.find(kTransport); it != config.transports.end()) {
+    options = it->second;
+  }
+  if (request.timeout_s) options["receive_timeout_s"] = fmt::format("{}", *request.timeout_s);
+  auto plugin = receiver.plugin_registry().transport(kTransport);
+  logger("receiver")->info("checkpoint-engine update from {} (this GPU: {})", address, uuid);
+  PluginSource source(plugin, options, device.ordinal, address);
+
+  struct DeviceStaging {
+    void* ptr = nullptr;
+    ~DeviceStaging() {
+      if (ptr != nullptr) cudaFree(ptr);
+    }
+  } memory;
+  CkptStaging staging;
+  staging.kind = FERRY_MEMORY_CUDA;
+  staging.allocate = [&memory, ordinal = device.ordinal](std::uint64_t bytes) -> void* {
+    cudaSetDevice(ordinal);
+    const cudaError_t e = cudaMalloc(&memory.ptr, bytes == 0 ? 1 : bytes);
+    if (e != cudaSuccess) {
+      fail(e == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_INTERNAL,
+           "device staging of {} bytes for checkpoint-engine buckets: {}", bytes,
+           cudaGetErrorString(e));
+    }
+    return memory.ptr;
+  };
+  return apply_ckpt_engine_update(receiver, source, request.weight_version, staging);
+#else
+  fail(FERRY_STATUS_UNIMPLEMENTED,
+       "update_weights_from_ipc: this ferry was built without CUDA (-Dcuda), which "
+       "checkpoint-engine's CUDA IPC buffer needs");
+#endif
+}
+
+}  // namespace ferry::receiver

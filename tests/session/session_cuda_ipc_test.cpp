@@ -1,0 +1,361 @@
+// Pushes over cuda_ipc between two processes on one GPU: this process is the trainer (its
+// tensors in its own device memory, pushed by an in-process session::Sender), the receiver is a
+// real `ferry serve --device cuda:0` child. Checked: bit-identical round trips with 1, 256 and
+// 4096 tensors and for the tiny dense checkpoint; 100 consecutive updates grow neither open
+// fds, nor mapped memory (/proc/<pid>/maps lines) in either process, nor used device memory; a
+// sender killed (SIGKILL) mid-update makes the receiver abort within its deadline with its
+// version and weights unchanged; a receiver killed mid-update is reported by its address and a
+// restarted receiver imports afresh and commits. Exits 77 (skip) without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <ferry/kernels/cpu.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "config/config.hpp"
+#include "registry/registry.hpp"
+#include "session_fixture.hpp"
+
+namespace ferry::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// Tensors in this process's device memory (one cudaMalloc, 256-byte aligned, like a trainer's
+// flattened parameters) with a host copy of their bytes for the expected fingerprints. Sizes
+// differ per tensor (not multiples of 256) so that bucket offsets and padding are exercised.
+class DeviceTensors {
+ public:
+  DeviceTensors(std::size_t count, std::uint64_t base_elements) {
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      Item it;
+      it.name = fmt::format("model.layers.{}.weight", i);
+      it.elements = base_elements + 3 * (i % 97);
+      it.offset = total;
+      total += (it.elements * 4 + 255) / 256 * 256;
+      items_.push_back(it);
+    }
+    bytes_ = total;
+    if (cudaMalloc(&base_, total) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+  }
+  ~DeviceTensors() { (void)cudaFree(base_); }
+  DeviceTensors(const DeviceTensors&) = delete;
+  DeviceTensors& operator=(const DeviceTensors&) = delete;
+
+  // New random F32 contents for every tensor (complete on the device when it returns).
+  void fill(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    host_.assign(bytes_, std::byte{0});
+    for (auto& it : items_) {
+      auto* p = reinterpret_cast<float*>(host_.data() + it.offset);
+      std::normal_distribution<float> d(0.f, 1.f);
+      for (std::uint64_t e = 0; e < it.elements; ++e) p[e] = d(rng);
+    }
+    if (cudaMemcpy(base_, host_.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess) {
+      throw std::runtime_error("cudaMemcpy");
+    }
+  }
+
+  std::vector<session::TensorView> views() const {
+    std::vector<session::TensorView> out;
+    for (const auto& it : items_) {
+      out.push_back({it.name, FERRY_DTYPE_F32, {it.elements},
+                     static_cast<const std::byte*>(base_) + it.offset, FERRY_MEMORY_CUDA, 0});
+    }
+    return out;
+  }
+
+  // Parameter name -> fingerprint text, as /get_fingerprints answers (identity layout).
+  std::map<std::string, std::string> expected() const {
+    std::map<std::string, std::string> out;
+    for (const auto& it : items_) {
+      out[it.name] = fmt::format(
+          "{:016x}", kernels::fingerprint_cpu(host_.data() + it.offset, it.elements * 4, 1));
+    }
+    return out;
+  }
+  std::uint64_t payload() const {
+    std::uint64_t n = 0;
+    for (const auto& it : items_) n += it.elements * 4;
+    return n;
+  }
+
+ private:
+  struct Item {
+    std::string name;
+    std::uint64_t elements = 0;
+    std::uint64_t offset = 0;
+  };
+  std::vector<Item> items_;
+  void* base_ = nullptr;
+  std::uint64_t bytes_ = 0;
+  std::vector<std::byte> host_;
+};
+
+// A checkpoint's tensors copied to this process's GPU.
+class DeviceCheckpoint {
+ public:
+  explicit DeviceCheckpoint(const Checkpoint& c) {
+    for (const auto& t : c.tensors) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, std::max<std::size_t>(t.bytes.size(), 1)) != cudaSuccess ||
+          cudaMemcpy(p, t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        throw std::runtime_error("cudaMalloc/cudaMemcpy");
+      }
+      memory_.push_back(p);
+      views_.push_back({t.name, t.dtype, t.shape, p, FERRY_MEMORY_CUDA, 0});
+    }
+  }
+  ~DeviceCheckpoint() {
+    for (void* p : memory_) (void)cudaFree(p);
+  }
+  DeviceCheckpoint(const DeviceCheckpoint&) = delete;
+  DeviceCheckpoint& operator=(const DeviceCheckpoint&) = delete;
+  const std::vector<session::TensorView>& views() const { return views_; }
+
+ private:
+  std::vector<void*> memory_;
+  std::vector<session::TensorView> views_;
+};
+
+// A GPU receiver: `ferry serve --device cuda:0`, an identity layout made by the first session
+// (model_path empty) or the dense checkpoint at `model_path`.
+ServeOptions gpu_receiver(const std::string& model_path = "",
+                          std::uint64_t bucket_timeout_ms = 5000) {
+  ServeOptions o = receiver_options(model_path, 0, 1, bucket_timeout_ms);
+  o.model_family = model_path.empty() ? "identity" : "dense";
+  o.sets.push_back("receiver.device=cuda:0");
+  return o;
+}
+
+fs::path plugin_dir() {
+  const char* path = std::getenv("FERRY_CUDA_IPC_PLUGIN");
+  if (path == nullptr) throw std::runtime_error("set FERRY_CUDA_IPC_PLUGIN");
+  return fs::path(path).parent_path();
+}
+
+session::SenderOptions sender_options(const std::vector<std::string>& receivers,
+                                      std::uint64_t bucket_bytes) {
+  session::SenderOptions o;
+  o.receivers = receivers;
+  o.transport = "cuda_ipc";
+  o.bucket_bytes = bucket_bytes;
+  o.bucket_timeout = std::chrono::milliseconds(20000);
+  o.commit_timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+std::size_t count_entries(const fs::path& dir) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+std::size_t count_lines(const fs::path& file) {
+  std::ifstream in(file);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// The mappings of a process without their addresses ("perms size path"), to name what grew.
+std::multiset<std::string> mapping_kinds(const fs::path& maps) {
+  std::multiset<std::string> out;
+  std::ifstream in(maps);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, dev, inode, path;
+    fields >> range >> perms >> offset >> dev >> inode;
+    std::getline(fields, path);
+    const auto dash = range.find('-');
+    const auto size = std::stoull(range.substr(dash + 1), nullptr, 16) -
+                      std::stoull(range.substr(0, dash), nullptr, 16);
+    out.insert(fmt::format("{} {} {}", perms, size, path.empty() ? "[anon]" : path));
+  }
+  return out;
+}
+
+// The mappings in `after` that `before` did not have (at most 20), one per line.
+std::string new_mappings(const std::multiset<std::string>& before,
+                         const std::multiset<std::string>& after) {
+  std::vector<std::string> added;
+  std::set_difference(after.begin(), after.end(), before.begin(), before.end(),
+                      std::back_inserter(added));
+  std::string text;
+  for (std::size_t i = 0; i < added.size() && i < 20; ++i) text += "\n  " + added[i];
+  return text;
+}
+
+std::uint64_t device_used() {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return total - free;
+}
+
+void expect_committed(const session::PushReport& report, std::uint64_t version) {
+  ASSERT_EQ(report.receivers.size(), 1u);
+  const auto& r = report.receivers[0];
+  EXPECT_TRUE(r.committed) << r.error;
+  EXPECT_EQ(r.transport, "cuda_ipc");
+  EXPECT_EQ(report.version, version);
+}
+
+class SessionCudaIpc : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
+  static void TearDownTestSuite() { versions_.reset(); }
+  static std::unique_ptr<TwoVersions> versions_;
+  config::Config config_;
+  registry::Registry registry_{{plugin_dir()}};
+};
+std::unique_ptr<TwoVersions> SessionCudaIpc::versions_;
+
+TEST_F(SessionCudaIpc, DenseCheckpointFromDeviceMemoryIsBitIdentical) {
+  ServeProcess serve(gpu_receiver(versions_->v1_path()));
+  ASSERT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  DeviceCheckpoint v2(versions_->v2);
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1024));
+  expect_committed(sender.push(v2.views(), 2), 2);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  EXPECT_EQ(version_of(serve), 2);
+}
+
+class SessionCudaIpcTensorCount : public SessionCudaIpc,
+                                  public ::testing::WithParamInterface<std::size_t> {};
+
+TEST_P(SessionCudaIpcTensorCount, TwoUpdatesAreBitIdentical) {
+  const std::size_t count = GetParam();
+  // About 16 MiB in all, in 2 MiB buckets: both slots are reused several times.
+  const std::uint64_t elements = std::max<std::uint64_t>(1, (4ull << 20) / count);
+  DeviceTensors tensors(count, elements);
+  ServeProcess serve(gpu_receiver());
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 2ull << 20));
+  for (std::uint64_t version = 1; version <= 2; ++version) {
+    SCOPED_TRACE(fmt::format("{} tensors, version {}", count, version));
+    tensors.fill(version * 1000 + count);
+    const auto views = tensors.views();
+    expect_committed(sender.push(views, version), version);
+    EXPECT_EQ(serve.fingerprints(), tensors.expected());
+    EXPECT_EQ(version_of(serve), static_cast<long long>(version));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, SessionCudaIpcTensorCount, ::testing::Values(1, 256, 4096));
+
+TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
+  DeviceTensors tensors(64, 16384);  // 4 MiB in 1 MiB buckets
+  tensors.fill(1);
+  // One malloc arena in the receiver: glibc adds arenas (each a new mapping) as more threads
+  // contend, up to 8 per core, which is allocator behaviour and not a leak; with one arena a
+  // mapping that appears is ours. (The child reads it at exec; this process is not affected.)
+  ::setenv("MALLOC_ARENA_MAX", "1", 1);
+  ServeProcess serve(gpu_receiver());
+  ::unsetenv("MALLOC_ARENA_MAX");
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
+  const auto views = tensors.views();
+  // Warm-up: contexts, pools, the receiver's layout and plan cache exist afterwards.
+  for (std::uint64_t v = 1; v <= 3; ++v) expect_committed(sender.push(views, v), v);
+  const fs::path receiver_proc = fs::path("/proc") / std::to_string(serve.pid());
+  const std::size_t fds = count_entries("/proc/self/fd");
+  const std::size_t maps = count_lines("/proc/self/maps");
+  const std::size_t receiver_fds = count_entries(receiver_proc / "fd");
+  const std::size_t receiver_maps = count_lines(receiver_proc / "maps");
+  const auto maps_kinds = mapping_kinds("/proc/self/maps");
+  const auto receiver_maps_kinds = mapping_kinds(receiver_proc / "maps");
+  const std::uint64_t used = device_used();
+  for (std::uint64_t v = 4; v < 104; ++v) {
+    const auto report = sender.push(views, v);
+    ASSERT_TRUE(report.all_committed()) << report.receivers[0].error;
+  }
+  EXPECT_EQ(version_of(serve), 103);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  EXPECT_EQ(count_entries("/proc/self/fd"), fds);
+  EXPECT_EQ(count_lines("/proc/self/maps"), maps)
+      << "new mappings:" << new_mappings(maps_kinds, mapping_kinds("/proc/self/maps"));
+  EXPECT_EQ(count_entries(receiver_proc / "fd"), receiver_fds);
+  EXPECT_EQ(count_lines(receiver_proc / "maps"), receiver_maps)
+      << "new mappings:"
+      << new_mappings(receiver_maps_kinds, mapping_kinds(receiver_proc / "maps"));
+  EXPECT_EQ(device_used(), used);
+}
+
+TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {
+  // `ferry push` of host tensors through cuda_ipc (host slots put into the receiver's device
+  // slots), SIGKILLed by its test hook after bucket 2 of about ten.
+  ServeProcess serve(gpu_receiver(versions_->v1_path(), 3000));
+  PushProcess push({"--log-level", "warn", "push", "--to", address_of(serve), "--transport",
+                    "cuda_ipc", "--model-path", versions_->v2_path(), "--version", "2",
+                    "--bucket-bytes", "512"},
+                   {{"FERRY_PUSH_TEST_EXIT_AFTER_BUCKET", "2"}});
+  ChildResult result;
+  ASSERT_TRUE(push.wait(60, result));
+  EXPECT_FALSE(result.exited) << result.output;
+  EXPECT_EQ(result.status, SIGKILL);
+  // Within the receiver's 3 s bucket deadline (plus process start-up slack).
+  EXPECT_TRUE(eventually([&] {
+    return serve.get("/metrics").text.find("ferry_updates_aborted_total 1") != std::string::npos;
+  }, 10)) << serve.log();
+  EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
+  EXPECT_EQ(version_of(serve), 1);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
+TEST_F(SessionCudaIpc, ReceiverKilledMidUpdateIsNamedAndARestartedOneImportsAfresh) {
+  DeviceTensors tensors(32, 32768);  // 4 MiB in 512 KiB buckets
+  tensors.fill(7);
+  const auto views = tensors.views();
+  auto first = std::make_unique<ServeProcess>(gpu_receiver());
+  const std::string first_address = address_of(*first);
+  const pid_t first_pid = first->pid();
+  {
+    session::Sender sender(config_, registry_, sender_options({first_address}, 512ull << 10));
+    expect_committed(sender.push(views, 1), 1);
+  }
+  session::SenderOptions options = sender_options({first_address}, 512ull << 10);
+  options.after_bucket = [&](const std::string&, std::uint32_t bucket) {
+    if (bucket == 1) ::kill(first_pid, SIGKILL);
+  };
+  {
+    session::Sender sender(config_, registry_, options);
+    const auto report = sender.push(views, 2);
+    ASSERT_EQ(report.receivers.size(), 1u);
+    const auto& r = report.receivers[0];
+    EXPECT_FALSE(r.committed);
+    EXPECT_NE(r.error.find(first_address), std::string::npos) << r.error;
+  }
+  first.reset();
+  ServeProcess second(gpu_receiver());
+  tensors.fill(8);
+  session::Sender sender(config_, registry_, sender_options({address_of(second)}, 512ull << 10));
+  expect_committed(sender.push(views, 3), 3);
+  EXPECT_EQ(second.fingerprints(), tensors.expected());
+}
+
+}  // namespace
+}  // namespace ferry::test
+
+int main(int argc, char** argv) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("SKIP: cuda_ipc session tests need a CUDA device (none visible)\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
