@@ -65,28 +65,30 @@ std::vector<std::string> read_tags(const char* const* tags, std::size_t count,
 }
 #endif
 
+// Registers the parameters registered so far (the first serve, NCCL group or checkpoint-engine
+// update fixes the layout; later registrations are refused). Caller holds handle.mutex.
+void fix_layout(ferry_receiver& handle) {
+  if (!handle.layout_fixed && !handle.pending.empty()) {
+    handle.receiver->register_params(handle.pending);
+    handle.pending.clear();
+  }
+  handle.layout_fixed = true;
+}
+
 }  // namespace
 
 std::shared_ptr<void> ferry::capi::receiver_nccl_groups(
     ferry_receiver_t* handle,
     const std::function<std::shared_ptr<void>(ferry::receiver::Receiver&)>& make) {
   const std::lock_guard lock(handle->mutex);
-  if (!handle->layout_fixed && !handle->pending.empty()) {
-    handle->receiver->register_params(handle->pending);
-    handle->pending.clear();
-  }
-  handle->layout_fixed = true;
+  fix_layout(*handle);
   if (!handle->nccl_groups) handle->nccl_groups = make(*handle->receiver);
   return handle->nccl_groups;
 }
 
 ferry::receiver::Receiver& ferry::capi::receiver_with_layout(ferry_receiver_t* handle) {
   const std::lock_guard lock(handle->mutex);
-  if (!handle->layout_fixed && !handle->pending.empty()) {
-    handle->receiver->register_params(handle->pending);
-    handle->pending.clear();
-  }
-  handle->layout_fixed = true;
+  fix_layout(*handle);
   return *handle->receiver;
 }
 
@@ -151,11 +153,7 @@ FERRY_API ferry_error_t* ferry_receiver_serve(ferry_receiver_t* receiver, const 
       ferry::fail(FERRY_STATUS_FAILED_PRECONDITION, "{}: the receiver is already serving on {}",
                   kFn, receiver->endpoint->port());
     }
-    if (!receiver->layout_fixed && !receiver->pending.empty()) {
-      receiver->receiver->register_params(receiver->pending);
-      receiver->pending.clear();
-    }
-    receiver->layout_fixed = true;
+    fix_layout(*receiver);
     if (host != nullptr) receiver->config.receiver.host = host;
     if (port >= 0) receiver->config.receiver.port = static_cast<std::uint16_t>(port);
     auto endpoint = std::make_unique<ferry::session::ReceiverEndpoint>(

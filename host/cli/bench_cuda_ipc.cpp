@@ -506,7 +506,9 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
               cuda ? "cuda:0" : "cpu", o.transport.c_str(), binary_size(o.bucket_bytes).c_str(),
               o.repeat);
   print_tables(o, results);
-  if (code == 0) {
+  // With --log-level debug or trace the receivers' logs (their phase timings) are kept too.
+  const bool keep_logs = globals.log_level == "debug" || globals.log_level == "trace";
+  if (code == 0 && !keep_logs) {
     std::error_code ec;
     fs::remove_all(run_dir, ec);
   } else {

@@ -22,6 +22,7 @@
 #include "config/config.hpp"
 #include "receiver/receiver.hpp"
 #include "session/data_path.hpp"
+#include "session/device_fingerprints.hpp"
 #include "store/store_device.hpp"
 
 namespace ferry::session {
@@ -52,54 +53,21 @@ const char* message_name(Which which) {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
-// Fingerprints of the entries of a bucket in device memory of `device`: one kernel per entry,
-// enqueued back to back on one stream, read back once. Entries were validated against the
-// bucket's size by the manifest decoder.
+// Fingerprints of the entries of a bucket in device memory of `device`, their kernels side by
+// side (session/device_fingerprints.hpp). Entries were validated against the bucket's size by
+// the manifest decoder.
 std::vector<std::uint64_t> device_fingerprints(int device, std::span<const std::byte> bucket,
                                                const manifest::Manifest& m) {
-#if FERRY_HAVE_CUDA
-  auto check = [&](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      fail(FERRY_STATUS_IO, "fingerprints of bucket {} on CUDA device {}: {}: {}",
-           m.bucket_index, device, what, cudaGetErrorString(e));
-    }
-  };
-  std::vector<std::uint64_t> prints(m.tensors.size(), 0);
-  if (prints.empty()) return prints;
-  check(cudaSetDevice(device), "cudaSetDevice");
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::uint64_t* results = nullptr;
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&results),
-                                  prints.size() * sizeof(std::uint64_t), stream);
-  try {
-    check(e, "cudaMallocAsync");
-    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-      const auto& entry = m.tensors[i];
-      kernels::fingerprint_cuda_async(bucket.data() + entry.offset, entry.size, results + i,
-                                      stream);
-    }
-    check(cudaMemcpyAsync(prints.data(), results, prints.size() * sizeof(std::uint64_t),
-                          cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync");
-    check(cudaFreeAsync(results, stream), "cudaFreeAsync");
-    results = nullptr;
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  } catch (...) {
-    if (results != nullptr) (void)cudaFreeAsync(results, stream);
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaStreamDestroy(stream);
-    throw;
+  std::vector<const void*> data;
+  std::vector<std::uint64_t> bytes;
+  data.reserve(m.tensors.size());
+  bytes.reserve(m.tensors.size());
+  for (const auto& entry : m.tensors) {
+    data.push_back(bucket.data() + entry.offset);
+    bytes.push_back(entry.size);
   }
-  (void)cudaStreamDestroy(stream);
-  return prints;
-#else
-  (void)device;
-  (void)bucket;
-  fail(FERRY_STATUS_UNIMPLEMENTED, "bucket {} is in device memory (no CUDA in this build)",
-       m.bucket_index);
-#endif
+  return fingerprint_device_ranges(device, data, bytes,
+                                   fmt::format("bucket {}", m.bucket_index));
 }
 
 // The bucket being applied on a worker thread while the next one arrives.
@@ -324,6 +292,7 @@ class Session {
       const ferry_memory_kind_t kind = data_->slot_kind();
       std::vector<std::uint64_t> prints;
       bool echo = false;
+      const auto prints_start = Clock::now();
       if (kind == FERRY_MEMORY_CUDA) {
         // A device bucket (cuda_ipc): the sender's flush finished before its BucketReady, so
         // the bytes are complete; apply_bucket returns once the scatter out of the slot is
@@ -345,7 +314,14 @@ class Session {
                                                     config_.update.apply_threads));
         }
       }
+      const auto apply_start = Clock::now();
       update_->apply_bucket(data, manifest_bytes, kind);
+      logger("session")->debug(
+          "{}: {}: {} tensors, {} bytes: ack fingerprints {:.3f} ms{}, apply_bucket {:.3f} ms",
+          ch_.peer(), phase, decoded.tensors.size(), bytes,
+          std::chrono::duration<double, std::milli>(apply_start - prints_start).count(),
+          echo ? " (echoed from the manifest)" : "",
+          std::chrono::duration<double, std::milli>(Clock::now() - apply_start).count());
       capnp::MallocMessageBuilder m;
       auto ack = m.initRoot<wire::Message>().initAck();
       ack.setIndex(index);
@@ -436,8 +412,14 @@ class Session {
             fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began",
                  ch_.peer(), root.getCommit().getVersion(), version_);
           }
+          const auto commit_start = Clock::now();
           const auto report = update_->commit();
           update_.reset();
+          logger("session")->debug(
+              "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter, "
+              "publish)",
+              ch_.peer(), version_,
+              std::chrono::duration<double, std::milli>(Clock::now() - commit_start).count());
           capnp::MallocMessageBuilder m;
           auto c = m.initRoot<wire::Message>().initCommitted();
           c.setVersion(report.version.number);

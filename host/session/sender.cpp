@@ -31,6 +31,7 @@
 #include "registry/registry.hpp"
 #include "session/channel.hpp"
 #include "session/data_path.hpp"
+#include "session/device_fingerprints.hpp"
 #include "session/transport_choice.hpp"
 
 namespace ferry::session {
@@ -53,56 +54,27 @@ std::uint64_t fingerprint_tensor(const TensorView& t, unsigned threads) {
 #endif
 }
 
-// Fingerprints of every CUDA tensor, into `prints` at its index: per device, one kernel per
-// tensor enqueued back to back on one stream and one read-back (thousands of tensors cost no
-// per-tensor synchronization). Host tensors are left alone.
+// Fingerprints of every CUDA tensor, into `prints` at its index: per device, the kernels run
+// side by side on a pool of streams with one read-back (session/device_fingerprints.hpp).
+// Host tensors are left alone.
 void fingerprint_device_tensors(std::span<const TensorView> tensors,
                                 std::vector<std::uint64_t>& prints) {
-#if FERRY_HAVE_CUDA
   std::map<int, std::vector<std::size_t>> by_device;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     if (tensors[t].memory_kind == FERRY_MEMORY_CUDA) by_device[tensors[t].device].push_back(t);
   }
   for (const auto& [device, indices] : by_device) {
-    auto check = [&](cudaError_t e, const char* what) {
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        fail(FERRY_STATUS_IO, "push: fingerprints on CUDA device {}: {}: {}", device, what,
-             cudaGetErrorString(e));
-      }
-    };
-    check(cudaSetDevice(device), "cudaSetDevice");
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    std::uint64_t* results = nullptr;
-    std::vector<std::uint64_t> values(indices.size());
-    try {
-      check(cudaMallocAsync(reinterpret_cast<void**>(&results), values.size() * 8, stream),
-            "cudaMallocAsync");
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        const auto& t = tensors[indices[k]];
-        kernels::fingerprint_cuda_async(t.data, byte_size(t.dtype, t.shape).value_or(0),
-                                        results + k, stream);
-      }
-      check(cudaMemcpyAsync(values.data(), results, values.size() * 8, cudaMemcpyDeviceToHost,
-                            stream),
-            "cudaMemcpyAsync");
-      check(cudaFreeAsync(results, stream), "cudaFreeAsync");
-      results = nullptr;
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    } catch (...) {
-      if (results != nullptr) (void)cudaFreeAsync(results, stream);
-      (void)cudaStreamSynchronize(stream);
-      (void)cudaStreamDestroy(stream);
-      throw;
+    std::vector<const void*> data;
+    std::vector<std::uint64_t> bytes;
+    data.reserve(indices.size());
+    bytes.reserve(indices.size());
+    for (std::size_t t : indices) {
+      data.push_back(tensors[t].data);
+      bytes.push_back(byte_size(tensors[t].dtype, tensors[t].shape).value_or(0));
     }
-    (void)cudaStreamDestroy(stream);
+    const auto values = fingerprint_device_ranges(device, data, bytes, "push");
     for (std::size_t k = 0; k < indices.size(); ++k) prints[indices[k]] = values[k];
   }
-#else
-  (void)tensors;
-  (void)prints;
-#endif
 }
 
 // Packs one tensor into a host staging slot. CUDA tensors are staged through host memory (one
@@ -307,6 +279,14 @@ struct Sender::Impl {
       result.error = fmt::format("receiver {}: {}", address, e.what());
     }
     unregister();
+    {
+      // The plugin instance goes now (deregistrations, disconnect, unmapping): timed here.
+      const auto teardown_start = Clock::now();
+      data.reset();
+      channel.reset();
+      logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", address,
+                              seconds_since(teardown_start) * 1e3);
+    }
     result.seconds = seconds_since(start);
     if (!result.committed) logger("sender")->warn("{}", result.error);
     set_result(index, result);
@@ -391,6 +371,11 @@ struct Sender::Impl {
                const TransportChoice& transport, std::unique_ptr<SenderDataPath>& data,
                ReceiverResult& result) {
     const std::string& address = options.receivers[index];
+    // Phase timings for --log-level debug (where a push spends its time, per receiver).
+    const auto session_start = Clock::now();
+    double setup_s = 0;    // data path creation, handshake, connect, begin
+    double deliver_s = 0;  // puts + flush (or packing + deliver) of every bucket
+    double ack_s = 0;      // waiting for acks (the receiver's apply and checks)
     if (transport.name != "inline") {
       try {
         data = make_plugin_sender_path(registry, config, transport.name, plan.capacity, kSlots,
@@ -499,6 +484,7 @@ struct Sender::Impl {
         fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
       }
     }
+    setup_s = seconds_since(session_start);
     // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
     std::uint32_t acked = 0;
     const auto count = static_cast<std::uint32_t>(plan.buckets.size());
@@ -506,11 +492,14 @@ struct Sender::Impl {
       const std::string phase = fmt::format("bucket {}", k);
       const std::uint32_t slot = k % kSlots;
       if (k >= kSlots) {
+        const auto ack_start = Clock::now();
         wait_ack(ch, acked, plan, tensors);
+        ack_s += seconds_since(ack_start);
         ++acked;
       }
       const auto& b = plan.buckets[k];
       const auto deadline = deadline_in(options.bucket_timeout);
+      const auto deliver_start = Clock::now();
       if (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA)) {
         // Device transport: each tensor goes from its own memory into the receiver's slot.
         std::vector<TensorPiece> pieces;
@@ -537,6 +526,10 @@ struct Sender::Impl {
         }
         data->deliver(slot, k, b.bytes, deadline, phase);
       }
+      const double bucket_deliver_s = seconds_since(deliver_start);
+      deliver_s += bucket_deliver_s;
+      logger("sender")->debug("{}: bucket {}: {} tensors, {} bytes delivered in {:.3f} ms",
+                              address, k, b.items.size(), b.bytes, bucket_deliver_s * 1e3);
       capnp::MallocMessageBuilder m;
       auto br = m.initRoot<wire::Message>().initBucket();
       br.setIndex(k);
@@ -555,11 +548,16 @@ struct Sender::Impl {
       }
       if (options.after_bucket) options.after_bucket(address, k);
     }
-    while (acked < count) {
-      wait_ack(ch, acked, plan, tensors);
-      ++acked;
+    {
+      const auto ack_start = Clock::now();
+      while (acked < count) {
+        wait_ack(ch, acked, plan, tensors);
+        ++acked;
+      }
+      ack_s += seconds_since(ack_start);
     }
     // ---- commit
+    const auto commit_start = Clock::now();
     {
       capnp::MallocMessageBuilder m;
       m.initRoot<wire::Message>().initCommit().setVersion(version);
@@ -579,6 +577,11 @@ struct Sender::Impl {
              root.getCommitted().getVersion(), version);
       }
     }
+    logger("sender")->debug(
+        "{}: version {}: {} buckets, {} tensors: set-up {:.3f} ms, delivering {:.3f} ms, waiting "
+        "for acks {:.3f} ms, commit {:.3f} ms (receiver's checks included), session {:.3f} ms",
+        address, version, count, tensors.size(), setup_s * 1e3, deliver_s * 1e3, ack_s * 1e3,
+        seconds_since(commit_start) * 1e3, seconds_since(session_start) * 1e3);
   }
 };
 
@@ -662,6 +665,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   plan.capacity = align_up(std::max<std::uint64_t>(
       std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
   std::vector<std::uint64_t> prints(tensors.size());
+  const auto fingerprint_start = Clock::now();
   fingerprint_device_tensors(tensors, prints);
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     if (tensors[t].memory_kind != FERRY_MEMORY_CUDA) {
@@ -709,6 +713,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     }
     b.manifest = manifest::encode(m);
   }
+  const double plan_s = seconds_since(fingerprint_start);
 
   std::vector<std::thread> threads;
   threads.reserve(i.options.receivers.size());
@@ -725,6 +730,10 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     report.receivers = i.results;
   }
   report.seconds = seconds_since(start);
+  logger("sender")->debug(
+      "push of version {}: {} tensors, {} bytes: fingerprints + plan {:.3f} ms, total {:.3f} ms "
+      "(sessions and their teardown included)",
+      version, tensors.size(), total, plan_s * 1e3, report.seconds * 1e3);
   return report;
 }
 

@@ -265,9 +265,9 @@ std::vector<std::uint64_t> CudaApplier::fingerprints(std::span<const std::byte* 
           "allocating the fingerprint results");
     c.results_capacity = n;
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    kernels::fingerprint_cuda_async(data[i], bytes[i], c.results + i, c.apply_stream);
-  }
+  kernels::fingerprint_many_cuda_async(
+      std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()), n),
+      bytes.first(n), c.results, c.apply_stream);
   check(cudaMemcpyAsync(out.data(), c.results, n * sizeof(std::uint64_t), cudaMemcpyDeviceToHost,
                         c.apply_stream),
         "copying the fingerprints to the host");

@@ -12,6 +12,8 @@
 #include <ferry/sdk/manifest.hpp>
 
 #include <chrono>
+#include <string_view>
+#include <unordered_map>
 
 namespace ferry::update {
 namespace {
@@ -452,11 +454,16 @@ void UpdateEngine::commit() {
                : std::string());
     }
     fps = fingerprint_params_locked(targets_);
+    // Names of the layout by index, looked up once per expected fingerprint (a scan per name
+    // would cost N^2 string compares for N parameters).
+    std::unordered_map<std::string_view, std::size_t> index_of;
+    if (!expected_.empty()) {
+      index_of.reserve(layout.size());
+      for (std::size_t i = 0; i < layout.size(); ++i) index_of.emplace(layout[i].name, i);
+    }
     for (const auto& [name, expected] : expected_) {
       std::optional<std::size_t> index;
-      for (std::size_t i = 0; i < layout.size() && !index; ++i) {
-        if (layout[i].name == name) index = i;
-      }
+      if (auto it = index_of.find(name); it != index_of.end()) index = it->second;
       if (!index) {
         fail(FERRY_STATUS_NOT_FOUND,
              "the sender sent a fingerprint for '{}', which is not a parameter of the layout", name);

@@ -172,6 +172,56 @@ void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t
              "fingerprint_cuda: launching the fingerprint kernels");
 }
 
+void fingerprint_many_cuda_async(std::span<const void* const> data,
+                                 std::span<const std::uint64_t> bytes,
+                                 std::uint64_t* device_results, cudaStream_t stream) {
+  if (data.size() != bytes.size()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_many_cuda_async: {} ranges but {} sizes",
+         data.size(), bytes.size());
+  }
+  const std::size_t n = data.size();
+  if (n == 0) return;
+  // Enough streams for small kernels (a few blocks each) to fill the GPU side by side.
+  constexpr std::size_t kStreams = 64;
+  const std::size_t fan = std::min(kStreams, n);
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events;
+  auto release = [&]() noexcept {
+    for (auto e : events) (void)cudaEventDestroy(e);
+    for (auto s : streams) (void)cudaStreamDestroy(s);
+  };
+  try {
+    cudaEvent_t start = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&start, cudaEventDisableTiming),
+               "fingerprint_many_cuda_async: creating an event");
+    events.push_back(start);
+    check_cuda(cudaEventRecord(start, stream), "fingerprint_many_cuda_async: recording the start");
+    for (std::size_t s = 0; s < fan; ++s) {
+      cudaStream_t side = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking),
+                 "fingerprint_many_cuda_async: creating a stream");
+      streams.push_back(side);
+      check_cuda(cudaStreamWaitEvent(side, start, 0), "fingerprint_many_cuda_async: ordering");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      fingerprint_cuda_async(data[i], bytes[i], device_results + i, streams[i % fan]);
+    }
+    for (auto side : streams) {
+      cudaEvent_t done = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                 "fingerprint_many_cuda_async: creating an event");
+      events.push_back(done);
+      check_cuda(cudaEventRecord(done, side), "fingerprint_many_cuda_async: recording a stream");
+      check_cuda(cudaStreamWaitEvent(stream, done, 0), "fingerprint_many_cuda_async: joining");
+    }
+  } catch (...) {
+    for (auto side : streams) (void)cudaStreamSynchronize(side);
+    release();
+    throw;
+  }
+  release();  // destroying a stream or an event with work pending is allowed: the work finishes
+}
+
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream) {
   std::uint64_t* device_result = nullptr;
   check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&device_result), sizeof(std::uint64_t),

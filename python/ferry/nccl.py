@@ -14,6 +14,7 @@ import ctypes
 import json
 
 from . import errors
+from ._handle import OwnedHandle
 from ._library import ConfigSource, _err, _p, check, config_source, lib, override_key, struct_size
 from ._tensors import Views
 
@@ -111,7 +112,7 @@ def _port(port):
     return port
 
 
-class NcclGroup:
+class NcclGroup(OwnedHandle):
     """Rank 0 of an NCCL weight-update group on CUDA device `device`; blocks until every
     receiver rank joined (their init must run concurrently: start the engines' POST
     /init_weights_update_group in threads first) or `init_timeout` seconds passed.
@@ -121,6 +122,8 @@ class NcclGroup:
     `bucket_bytes` is told to the receivers in each request. Threading: one broadcast at a time;
     abort() may be called from any thread.
     """
+
+    _closed_what = "the NCCL group"
 
     def __init__(self, master_address, master_port, world_size, group_name=DEFAULT_GROUP,
                  device=0, bucket_bytes=0, init_timeout=None, bucket_timeout=None, config=None,
@@ -198,23 +201,6 @@ class NcclGroup:
             _fn("ferry_nccl_group_destroy")(self._handle)
             self._handle = None
 
-    def _require_open(self):
-        if not self._handle:
-            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
-                                                 "the NCCL group is closed")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
 
 
 # ---- the embedded receiver's side (ferry.Receiver methods call these) ------------------------

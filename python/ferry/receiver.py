@@ -3,7 +3,7 @@
 import ctypes
 from collections import namedtuple
 
-from . import errors
+from ._handle import OwnedHandle
 from ._library import check, config_source, lib, override_key, take_string
 from ._tensors import TensorView, named_items
 
@@ -11,7 +11,7 @@ Version = namedtuple("Version", ["number", "label"])
 Health = namedtuple("Health", ["ready", "state"])
 
 
-class Receiver:
+class Receiver(OwnedHandle):
     """A receiver inside this process. Register the engine's parameters (they are written in
     place and never reallocated; they must live as long as the receiver, which keeps a reference
     to each), then serve() so that senders can push to HOST:PORT.
@@ -21,6 +21,8 @@ class Receiver:
     every other keyword a config override with `__` for the dots
     (`receiver__model_family="dense"`, `update__verify_fingerprints=True`).
     """
+
+    _closed_what = "the receiver"
 
     def __init__(self, config=None, *, config_text=None, **overrides):
         self._handle = None
@@ -177,20 +179,3 @@ class Receiver:
             self._handle = None
             self._port = None
 
-    def _require_open(self):
-        if not self._handle:
-            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
-                                                 "the receiver is closed")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass

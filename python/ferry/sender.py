@@ -4,6 +4,7 @@ import ctypes
 from dataclasses import dataclass, field
 
 from . import errors
+from ._handle import OwnedHandle
 from ._library import (PushArgs, ReceiverResult, SenderCreateArgs, config_source, lib,
                        override_key, struct_size)
 from ._library import check as _raise_if
@@ -71,7 +72,7 @@ def _milliseconds(seconds, what):
     return max(1, int(round(seconds * 1000)))
 
 
-class Sender:
+class Sender(OwnedHandle):
     """Pushes named tensors to receivers, each given as the HOST:PORT its user knows (`ferry
     serve --port`, or an embedded Receiver's serve() port).
 
@@ -84,6 +85,8 @@ class Sender:
 
     Threading: one push at a time; abort() and status() may be called from other threads.
     """
+
+    _closed_what = "the sender"
 
     def __init__(self, receivers, transport="auto", config=None, *, config_text=None,
                  bucket_bytes=0, token=None, connect_timeout=None, bucket_timeout=None,
@@ -152,20 +155,3 @@ class Sender:
             lib().ferry_sender_destroy(self._handle)
             self._handle = None
 
-    def _require_open(self):
-        if not self._handle:
-            raise errors.FailedPreconditionError(errors.FAILED_PRECONDITION,
-                                                 "the sender is closed")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass

@@ -107,3 +107,17 @@ def test_release_names_the_tag_and_refuses_engine_owned_memory(ferry_module):
         with pytest.raises(ferry.FailedPreconditionError, match="engine-owned parameter 'a'"):
             receiver.release(["weights"])
         assert receiver.health().state != "released"
+
+
+def test_closed_sender_and_receiver_refuse_with_a_clear_error(ferry_module):
+    ferry = ferry_module
+    sender = ferry.Sender(["127.0.0.1:1"])
+    sender.close()
+    with pytest.raises(ferry.FailedPreconditionError) as info:
+        sender.push({}, version=1)
+    assert "the sender is closed" in info.value.message
+    with ferry.Receiver() as receiver:
+        pass
+    with pytest.raises(ferry.FailedPreconditionError) as info:
+        receiver.serve(port=0)
+    assert "the receiver is closed" in info.value.message

@@ -88,6 +88,14 @@ void fp8_block_quant_cuda(std::span<const ferry_plan_op_t> ops, std::span<const 
 void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t* device_result,
                             cudaStream_t stream);
 
+// Fingerprints of many ranges, ranges[i] = (data[i], bytes[i]) -> device_results[i], enqueued
+// after `stream`'s earlier work, which waits for all of them. One kernel takes about as long as
+// one 1 MiB chunk however few chunks its range has, so the kernels run side by side on a pool of
+// streams (created and released per call; their pending work completes first).
+void fingerprint_many_cuda_async(std::span<const void* const> data,
+                                 std::span<const std::uint64_t> bytes,
+                                 std::uint64_t* device_results, cudaStream_t stream);
+
 // The same, waiting for the stream and returning the value (synchronizes `stream`).
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream);
 
