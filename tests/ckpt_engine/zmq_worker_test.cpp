@@ -217,17 +217,19 @@ TEST(CkptEngineWorker, SenderAbortEndsTheUpdateWithItsMessage) {
   EXPECT_NE(what.find("Some workers failed to update weights"), std::string::npos) << what;
 }
 
-TEST(CkptEngineWorker, AbandonWakesABlockedReceiveAndTheSenderGetsTheReason) {
+TEST(CkptEngineWorker, AbandonWhileApplyingABucketAnswersItWithTheReason) {
   FakeParameterServer ps;
   ZmqWorkerOptions options;
   options.abort_grace = std::chrono::milliseconds(200);  // this server sends nothing more
   WorkerRun run(ps.address(), options);
   std::promise<void> bucket_in;
+  std::promise<void> abandoned;
   auto host = std::async(std::launch::async, [&] {
     run.worker->open_buffer();
     std::vector<std::byte> staging(kBufferBytes / 2);
     (void)run.worker->next_bucket(staging.data(), staging.size());
     bucket_in.set_value();
+    abandoned.get_future().wait();  // still applying bucket 0 when the host gives up
     ferry_status_code_t code = FERRY_STATUS_OK;
     std::string what = error_of([&] { (void)run.worker->next_bucket(staging.data(), staging.size()); },
                                 &code);
@@ -238,14 +240,41 @@ TEST(CkptEngineWorker, AbandonWakesABlockedReceiveAndTheSenderGetsTheReason) {
   EXPECT_EQ(ps.answer(), std::optional<std::string>(""));
   ps.send(bucket_message({{"a", "float32", {4}, 0}}));
   bucket_in.get_future().wait();
-  // The host abandons while the worker owes the answer to bucket 0 (e.g. applying it failed).
+  // The worker owes the answer to bucket 0: the sender gets the reason instead of success.
   run.worker->abandon("applying bucket 0 failed: disk full");
+  abandoned.set_value();
   const auto [code, what] = host.get();
   EXPECT_EQ(code, FERRY_STATUS_ABORTED);
   EXPECT_NE(what.find("disk full"), std::string::npos) << what;
   const auto answer = ps.answer();
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(*answer, "applying bucket 0 failed: disk full");
+}
+
+TEST(CkptEngineWorker, AbandonWakesABlockedReceive) {
+  FakeParameterServer ps;
+  ZmqWorkerOptions options;
+  options.abort_grace = std::chrono::milliseconds(200);  // this server sends nothing more
+  WorkerRun run(ps.address(), options);
+  auto host = std::async(std::launch::async, [&] {
+    run.worker->open_buffer();
+    std::vector<std::byte> staging(kBufferBytes / 2);
+    (void)run.worker->next_bucket(staging.data(), staging.size());
+    ferry_status_code_t code = FERRY_STATUS_OK;
+    // Answers bucket 0 with success, then waits for a message that never comes.
+    std::string what = error_of([&] { (void)run.worker->next_bucket(staging.data(), staging.size()); },
+                                &code);
+    run.worker->conclude();
+    return std::make_pair(code, what);
+  });
+  ps.send(ipc_handle_message(kBufferBytes));
+  EXPECT_EQ(ps.answer(), std::optional<std::string>(""));
+  ps.send(bucket_message({{"a", "float32", {4}, 0}}));
+  EXPECT_EQ(ps.answer(), std::optional<std::string>(""));  // the host has moved on to bucket 1
+  run.worker->abandon("the update was cancelled");
+  const auto [code, what] = host.get();
+  EXPECT_EQ(code, FERRY_STATUS_ABORTED);
+  EXPECT_NE(what.find("cancelled"), std::string::npos) << what;
 }
 
 TEST(CkptEngineWorker, BucketLargerThanTheStagingIsRefusedWithAnAnswer) {
