@@ -127,7 +127,6 @@ struct Receiver::State {
   std::atomic<bool> has_layout{false};
   std::map<std::string, ferry_tensor_desc_t> catalog;  // checkpoint tensors by name
   std::vector<std::string> catalog_names;                // owns the names `catalog` points at
-  std::vector<std::vector<std::uint64_t>> catalog_shapes;
 
   State(const config::Config& c, const registry::Registry& r) : config(c), registry(r) {}
 
@@ -182,21 +181,10 @@ struct Receiver::State {
     uopts.threads = config.update.apply_threads;
     auto new_engine = std::make_unique<update::UpdateEngine>(*new_store, *new_binding, uopts);
 
-    // Keep the catalog for get_weights_by_name.
-    std::map<std::string, ferry_tensor_desc_t> new_catalog;
-    catalog_names.clear();
-    catalog_shapes.clear();
-    catalog_names.reserve(cat.tensors.size());
-    for (const auto& e : cat.tensors) catalog_names.push_back(e.name);
-    for (std::size_t i = 0; i < cat.tensors.size(); ++i) {
-      ferry_tensor_desc_t d = descs[i];
-      d.name = catalog_names[i].c_str();
-      new_catalog[catalog_names[i]] = d;
-    }
     binding = std::move(new_binding);
     store = std::move(new_store);
     engine = std::move(new_engine);
-    catalog = std::move(new_catalog);
+    keep_catalog(cat);  // for get_weights_by_name and checkpoint_catalog
     has_layout.store(true, std::memory_order_release);
     logger("receiver")->info("model family '{}' ({} layout, tp {}/{}): {} parameters", family,
                              args.layout, args.tp_rank, args.tp_size, layout.size());
