@@ -89,6 +89,7 @@ struct Timing {
 struct FerryRun {
   std::string mode;        // as asked (staged, direct, auto)
   std::string transport;   // what the session reported it used
+  bool direct = false;     // the session delivered directly (into the receiver's parameters)
   Timing timing;
   std::uint64_t buckets = 0;
   bool verified = false;
@@ -127,14 +128,15 @@ bool gpu_present() {
 #endif
 }
 
-// Forces a CUDA IPC mode on the Sender. "auto" leaves the choice to the session; SenderOptions
-// has no mode switch yet (the session path drives staged mode only), so that is the only one.
-// When it gets one, set it here and list the modes in the default of --modes.
-void apply_mode(session::SenderOptions& o, const std::string& mode) {
-  if (mode == "auto") return;
-  (void)o;
-  fail(FERRY_STATUS_UNIMPLEMENTED,
-       "bench cuda_ipc: the Sender has no way to force mode '{}' yet (use --modes auto)", mode);
+// The delivery mode a run forces on the Sender (config update.delivery): "direct" (tensors
+// written straight into the receiver's parameters), "staged" (through its device slots) or
+// "auto" (the session's choice).
+config::Delivery delivery_of(const std::string& mode) {
+  if (mode == "direct") return config::Delivery::direct;
+  if (mode == "staged") return config::Delivery::staged;
+  if (mode == "auto") return config::Delivery::automatic;
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "bench cuda_ipc: unknown mode '{}' (direct, staged or auto)", mode);
 }
 
 // The arguments placed before "serve", so the receiver sees the same config and plugins.
@@ -225,8 +227,9 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   so.transport = transport;
   so.bucket_bytes = o.bucket_bytes;
   so.token = config.receiver.token;
-  apply_mode(so, mode);
-  session::Sender sender(config, registry, so);
+  config::Config sender_config = config;
+  sender_config.update.delivery = delivery_of(mode);
+  session::Sender sender(sender_config, registry, so);
 
   std::string label;
   for (int call = 0; call <= o.repeat; ++call) {
@@ -247,7 +250,13 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
                                      transport);
       return run;
     }
+    if (mode == "direct" && !r.direct) {
+      run.transport = r.transport;
+      run.verification = fmt::format("push {} was not delivered directly", version);
+      return run;
+    }
     run.transport = r.transport;
+    run.direct = r.direct;
     run.buckets = r.buckets;
     if (call == 0) {
       run.timing.first_s = report.seconds;
@@ -292,7 +301,9 @@ void print_tables(const CudaIpcBenchOptions& o, const std::vector<CountResult>& 
     };
     row(o.device == "cuda" ? "D2D copy ceiling" : "memcpy ceiling", c.ceiling, "yes");
     for (const auto& f : c.ferry) {
-      row(fmt::format("ferry {} ({})", f.mode, f.transport.empty() ? "?" : f.transport), f.timing,
+      row(fmt::format("ferry {} ({}{})", f.mode, f.transport.empty() ? "?" : f.transport,
+                      f.mode == "auto" && f.direct ? ", direct" : ""),
+          f.timing,
           f.verified ? "yes" : "FAILED");
     }
     if (c.torch.available) {
@@ -348,6 +359,7 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
   for (const auto& f : c.ferry) {
     Json j = f.timing.json();
     j["mode"] = f.mode;
+    j["direct"] = f.direct;
     j["transport"] = f.transport;
     j["buckets"] = f.buckets;
     j["verified"] = f.verified;
@@ -406,11 +418,10 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
     return 2;
   }
   if (o.transport.empty()) o.transport = cuda ? "cuda_ipc" : "inline";
-  if (o.modes.empty()) o.modes = {"auto"};
-  for (const auto& mode : o.modes) {
-    session::SenderOptions probe;
-    apply_mode(probe, mode);  // refuses a mode the Sender cannot force, before anything runs
+  if (o.modes.empty()) {
+    o.modes = cuda ? std::vector<std::string>{"direct", "staged"} : std::vector<std::string>{"auto"};
   }
+  for (const auto& mode : o.modes) (void)delivery_of(mode);  // refuses a typo before anything runs
   if (o.repeat <= 0) o.repeat = cuda ? 5 : 3;
   if (o.total_gib <= 0) o.total_gib = cuda ? 16 : 1.0 / 16;
   // The cuda_ipc plugin's preferred bucket size (its README); elsewhere the config's.
@@ -529,8 +540,8 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
   app->add_option("--tensors", o->tensor_counts, "tensor counts (default 256 4096)")
       ->check(CLI::PositiveNumber);
   app->add_option("--modes", o->modes,
-                  "modes to force (default auto: the session's choice; the Sender has no mode "
-                  "switch yet)");
+                  "delivery modes: direct, staged, auto (default on cuda: direct staged; cpu: "
+                  "auto)");
   app->add_option("--transport", o->transport,
                   "the Sender's transport (default cuda_ipc; cpu: inline, or ucx)");
   app->add_option("--bucket-bytes", o->bucket_bytes,

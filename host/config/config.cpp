@@ -181,6 +181,11 @@ constexpr std::array<std::pair<std::string_view, ReleasePolicy>, 2> kPolicies = 
     {"discard", ReleasePolicy::discard},
     {"backup", ReleasePolicy::backup},
 }};
+constexpr std::array<std::pair<std::string_view, Delivery>, 3> kDeliveries = {{
+    {"auto", Delivery::automatic},
+    {"direct", Delivery::direct},
+    {"staged", Delivery::staged},
+}};
 constexpr std::array<std::pair<std::string_view, Layout>, 2> kLayouts = {{
     {"engine", Layout::engine},
     {"hf", Layout::hf},
@@ -227,6 +232,8 @@ const std::vector<Key>& keys() {
                                  kMaxThreads),
       boolean_key("update.verify_fingerprints",
                   [](Config& c) -> auto& { return c.update.verify_fingerprints; }),
+      choice_key("update.delivery", +[](Config& c) -> Delivery& { return c.update.delivery; },
+                 kDeliveries),
       integer_key<std::uint64_t>("update.bucket_timeout_ms",
                                  [](Config& c) -> auto& { return c.update.bucket_timeout_ms; }, 1,
                                  kMaxTimeoutMs),

@@ -21,6 +21,13 @@ enum class ReleasePolicy {
 };
 
 // How parameter names and shapes are laid out in the receiver.
+// How a session moves tensors into a receiver's parameters (DESIGN.md, "Two ways to deliver").
+enum class Delivery {
+  automatic,  // direct where the transport writes remote device memory and every plan is a pure copy
+  direct,     // the sender writes each tensor straight into its destination slice; else fail
+  staged,     // always through staging slots; the receiver applies its plan from them
+};
+
 enum class Layout {
   engine,  // the inference engine's fused layout (stacked MoE experts, merged qkv, ...)
   hf,      // the checkpoint's own (Hugging Face) names and shapes
@@ -46,6 +53,7 @@ struct UpdateConfig {
   std::uint32_t read_threads = 0;   // 0 = auto
   std::uint32_t apply_threads = 0;  // 0 = auto
   bool verify_fingerprints = true;
+  Delivery delivery = Delivery::automatic;  // sender side: see Delivery
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
 };

@@ -764,6 +764,32 @@ void Receiver::StreamingUpdate::apply_bucket(std::span<const std::byte> bucket,
   i.report.buckets += 1;
 }
 
+std::vector<std::optional<update::UpdateEngine::DirectDestination>>
+Receiver::StreamingUpdate::direct_destinations(std::span<const ferry_tensor_desc_t> tensors) {
+  return impl_->s.engine->direct_destinations(tensors);
+}
+
+void Receiver::StreamingUpdate::begin_direct_writes() {
+  auto& i = *impl_;
+  if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
+  i.s.engine->begin_direct_writes();
+}
+
+std::vector<std::uint64_t> Receiver::StreamingUpdate::record_direct_bucket(
+    std::span<const std::uint8_t> manifest) {
+  auto& i = *impl_;
+  if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
+  try {
+    auto prints = i.s.engine->record_direct_bucket(manifest);
+    i.report.buckets += 1;
+    return prints;
+  } catch (...) {
+    i.finished = true;  // the engine ended the update (rolled back or fenced)
+    i.busy.reset();
+    throw;
+  }
+}
+
 UpdateReport Receiver::StreamingUpdate::commit() {
   auto& i = *impl_;
   if (!i.begun || i.finished) {

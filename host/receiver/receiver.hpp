@@ -9,6 +9,8 @@
 
 #include <ferry/plugin.h>
 
+#include "update/update_engine.hpp"
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -128,6 +130,13 @@ class Receiver {
     // when the memory may be reused.
     void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest,
                       ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
+    // Direct delivery (update::UpdateEngine): where each of `tensors` may be written in place,
+    // declaring in-place writes (before the peer writes), and recording one bucket written in
+    // place (returns the fingerprints of what was written, in entry order).
+    std::vector<std::optional<update::UpdateEngine::DirectDestination>> direct_destinations(
+        std::span<const ferry_tensor_desc_t> tensors);
+    void begin_direct_writes();
+    std::vector<std::uint64_t> record_direct_bucket(std::span<const std::uint8_t> manifest);
     UpdateReport commit();
     void abort(const std::string& reason);
 

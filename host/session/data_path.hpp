@@ -16,6 +16,7 @@
 #pragma once
 
 #include <ferry/plugin.h>
+#include <ferry/sdk/error.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -59,6 +60,12 @@ class ReceiverDataPath {
   // The rendezvous blob of this side (empty for inline) and the packed remote key of a slot.
   virtual std::vector<std::uint8_t> address() { return {}; }
   virtual std::vector<std::uint8_t> slot_key(std::uint32_t) { return {}; }
+  // Direct delivery: registers `bytes` bytes of device memory at `base` (on the receiver's GPU;
+  // e.g. a weight-store region) with the transport for the path's lifetime and returns its packed
+  // key, which the sender puts into. UNIMPLEMENTED where the path cannot.
+  virtual std::vector<std::uint8_t> share_region(void* /*base*/, std::uint64_t /*bytes*/) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot share device memory", name());
+  }
   // True when slot keys are given (the sender may write slots by put+flush).
   virtual bool rma_native() const { return false; }
   // From the Begin: true when buckets arrive by put+flush before their BucketReady; false when
@@ -78,13 +85,15 @@ class ReceiverDataPath {
 };
 
 // One tensor of a bucket for deliver_pieces(): `size` bytes at `data` (host or CUDA memory of
-// `device`) go to byte `offset` of the bucket.
+// `device`) go to byte `offset` of the bucket, or (direct delivery, `region` >= 0) to byte
+// `offset` of the receiver's shared region `region` (set_regions()).
 struct TensorPiece {
   const void* data = nullptr;
   std::uint64_t size = 0;
   std::uint64_t offset = 0;
   ferry_memory_kind_t kind = FERRY_MEMORY_HOST;
   int device = 0;
+  std::int64_t region = -1;
 };
 
 class SenderDataPath {
@@ -106,6 +115,10 @@ class SenderDataPath {
   // `kind` (decided after connect): the path then writes each tensor from its own memory into
   // the receiver's slot, and the sender packs nothing into slot().
   virtual bool delivers_pieces(ferry_memory_kind_t /*kind*/) const { return false; }
+  // Direct delivery: the packed keys of the receiver's shared regions (Welcome), in order.
+  virtual void set_regions(std::vector<std::vector<std::uint8_t>> /*keys*/) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot write into shared regions", name());
+  }
   // Writes every piece into the receiver's slot `slot` at its offset; complete and visible to
   // the receiver when it returns (before the BucketReady is sent). The pieces' memory must hold
   // its final bytes (device work on it finished). Alignment padding is left as it was.

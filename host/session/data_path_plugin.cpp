@@ -343,6 +343,16 @@ class PluginReceiverPath final : public ReceiverDataPath {
   }
   std::vector<std::uint8_t> address() override { return p_.address(); }
   std::vector<std::uint8_t> slot_key(std::uint32_t slot) override { return p_.slot_key(slot); }
+  std::vector<std::uint8_t> share_region(void* base, std::uint64_t bytes) override {
+    if (!p_.rma_native_ || !p_.device_transport_ || p_.slot_device_ < 0) {
+      fail(FERRY_STATUS_UNIMPLEMENTED, "transport '{}' cannot put into device memory here",
+           p_.name_);
+    }
+    auto* memory = p_.local(base, bytes, FERRY_MEMORY_CUDA, p_.slot_device_);
+    ferry_blob_t blob = empty_blob();
+    throw_if_error(p_.api_->pack_key(p_.transport_, memory, &blob), p_.context("pack_key"));
+    return take_blob(blob);
+  }
   bool rma_native() const override { return p_.rma_native_; }
   void connect(std::span<const std::uint8_t> sender_address, const std::string& peer,
                Clock::time_point deadline) override {
@@ -427,6 +437,13 @@ class PluginSenderPath final : public SenderDataPath {
   bool delivers_pieces(ferry_memory_kind_t kind) const override {
     return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_transport_;
   }
+  void set_regions(std::vector<std::vector<std::uint8_t>> keys) override {
+    if (!delivers_pieces(FERRY_MEMORY_CUDA)) {
+      fail(FERRY_STATUS_UNIMPLEMENTED, "transport '{}' cannot put CUDA tensors into the receiver",
+           p_.name_);
+    }
+    regions_ = std::move(keys);
+  }
 
   // A put of 256 zero bytes from a small host buffer into the receiver's slot 0.
   void probe(Clock::time_point deadline) {
@@ -439,11 +456,17 @@ class PluginSenderPath final : public SenderDataPath {
     flush(deadline, "put probe");
   }
 
-  // Starts one put of `local` to byte `offset` of the receiver's slot `slot`.
+  // Starts one put of `local` to byte `offset` of the receiver's slot `slot`, or of its shared
+  // region `region` when that is >= 0.
   ferry_request_t* put(const ferry_memory_range_t& local, std::uint32_t slot,
                        std::uint64_t offset, Clock::time_point deadline,
-                       const std::string& phase) {
-    ferry_blob_t key = borrow_blob(keys_.at(slot));
+                       const std::string& phase, std::int64_t region = -1) {
+    if (region >= 0 && static_cast<std::uint64_t>(region) >= regions_.size()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shared region {} of {}", phase, region,
+           regions_.size());
+    }
+    ferry_blob_t key = borrow_blob(region >= 0 ? regions_[static_cast<std::size_t>(region)]
+                                               : keys_.at(slot));
     ferry_put_args_t args{};
     args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
     args.local = local;
@@ -488,8 +511,8 @@ class PluginSenderPath final : public SenderDataPath {
         if (piece.size == 0) continue;
         auto* memory = p_.local(piece.data, piece.size, piece.kind,
                                 piece.kind == FERRY_MEMORY_CUDA ? piece.device : device_);
-        requests.push_back(
-            put(PluginInstance::whole(memory, piece.size), slot, piece.offset, deadline, phase));
+        requests.push_back(put(PluginInstance::whole(memory, piece.size), slot, piece.offset,
+                               deadline, phase, piece.region));
       }
       flush(deadline, phase);
     } catch (...) {
@@ -517,6 +540,7 @@ class PluginSenderPath final : public SenderDataPath {
   int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;
+  std::vector<std::vector<std::uint8_t>> regions_;  // the receiver's shared regions (direct)
   std::optional<SlotBuffer> probe_buffer_;
 };
 

@@ -15,6 +15,7 @@
 #endif
 
 #include <future>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -213,6 +214,7 @@ class Session {
       }
     }
     if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
+    offer_direct(text(hello.getDelivery()), descs);
 
     capnp::MallocMessageBuilder m;
     auto welcome = m.initRoot<wire::Message>().initWelcome();
@@ -232,9 +234,57 @@ class Session {
     welcome.setBucketTimeoutMs(static_cast<std::uint64_t>(settings_.bucket_timeout.count()));
     welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
     welcome.setRmaNative(data_->rma_native());
+    if (!destinations_.empty()) {
+      auto regions = welcome.initRegions(static_cast<unsigned>(region_keys_.size()));
+      for (unsigned i = 0; i < region_keys_.size(); ++i) {
+        regions.set(i, kj::arrayPtr(region_keys_[i].data(), region_keys_[i].size()));
+      }
+      auto list = welcome.initDestinations(static_cast<unsigned>(destinations_.size()));
+      for (unsigned i = 0; i < destinations_.size(); ++i) {
+        list[i].setRegion(destinations_[i].first);
+        list[i].setOffset(destinations_[i].second);
+      }
+    }
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
-    logger("session")->info("session with {} ({}): layout accepted, {} parameters, data path {}",
-                            ch_.peer(), sender_, update_->num_params(), data_->name());
+    logger("session")->info(
+        "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
+        sender_, update_->num_params(), data_->name(),
+        destinations_.empty() ? std::string()
+                              : fmt::format(", direct delivery offered ({} shared regions)",
+                                            region_keys_.size()));
+  }
+
+  // Direct delivery (DESIGN.md, "Two ways to deliver"): offered when the data path puts into
+  // device memory and every tensor's plan is one whole copy into a device parameter; the memory
+  // blocks holding those parameters are shared with the sender. Anything less: staged.
+  void offer_direct(const std::string& delivery, std::span<const ferry_tensor_desc_t> descs) {
+    if (delivery == "staged" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
+        descs.empty()) {
+      return;
+    }
+    const auto dests = update_->direct_destinations(descs);
+    std::string why_not;
+    for (std::size_t i = 0; i < dests.size() && why_not.empty(); ++i) {
+      if (!dests[i]) why_not = fmt::format("tensor '{}' needs its plan applied", descs[i].name);
+    }
+    if (why_not.empty()) {
+      try {
+        std::map<const std::byte*, std::uint32_t> region_of;  // block base -> region index
+        std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;
+        std::vector<std::vector<std::uint8_t>> keys;
+        for (const auto& d : dests) {
+          auto [it, added] = region_of.emplace(d->block, static_cast<std::uint32_t>(keys.size()));
+          if (added) keys.push_back(data_->share_region(d->block, d->block_bytes));
+          destinations.emplace_back(it->second, static_cast<std::uint64_t>(d->data - d->block));
+        }
+        region_keys_ = std::move(keys);
+        destinations_ = std::move(destinations);
+        return;
+      } catch (const Error& e) {
+        why_not = e.what();
+      }
+    }
+    logger("session")->info("session with {}: staged delivery ({})", ch_.peer(), why_not);
   }
 
   void begin() {
@@ -255,7 +305,14 @@ class Session {
            ch_.peer(), phase);
     }
     data_->set_via_put(b.getViaPut());
+    direct_ = b.getDirect();
+    if (direct_ && (destinations_.empty() || !b.getViaPut())) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
+           ch_.peer(), phase);
+    }
     update_->begin(version_, label.empty() ? std::nullopt : std::optional<std::string>(label));
+    // Before the Ready: from then on the sender writes live parameters.
+    if (direct_) update_->begin_direct_writes();
     for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
       data_->post(s, s, deadline_in(settings_.bucket_timeout));
     }
@@ -288,9 +345,20 @@ class Session {
              "{}: {}: the manifest names bucket {} of {}, expected bucket {} of {}", ch_.peer(),
              phase, decoded.bucket_index, decoded.bucket_count, index, bucket_count_);
       }
+      std::vector<std::uint64_t> prints;
+      if (direct_) {
+        // The sender's puts into the parameters completed before its BucketReady.
+        const auto start = Clock::now();
+        prints = update_->record_direct_bucket(manifest_bytes);
+        logger("session")->debug(
+            "{}: {}: {} tensors written in place, {} bytes: fingerprinted in {:.3f} ms",
+            ch_.peer(), phase, decoded.tensors.size(), bytes,
+            std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        send_ack(index, slot, prints, phase);
+        return;
+      }
       const auto data = data_->slot(slot).first(bytes);
       const ferry_memory_kind_t kind = data_->slot_kind();
-      std::vector<std::uint64_t> prints;
       bool echo = false;
       const auto prints_start = Clock::now();
       if (kind == FERRY_MEMORY_CUDA) {
@@ -322,13 +390,7 @@ class Session {
           std::chrono::duration<double, std::milli>(apply_start - prints_start).count(),
           echo ? " (echoed from the manifest)" : "",
           std::chrono::duration<double, std::milli>(Clock::now() - apply_start).count());
-      capnp::MallocMessageBuilder m;
-      auto ack = m.initRoot<wire::Message>().initAck();
-      ack.setIndex(index);
-      ack.setSlot(slot);
-      auto list = ack.initFingerprints(static_cast<unsigned>(prints.size()));
-      for (unsigned i = 0; i < prints.size(); ++i) list.set(i, prints[i]);
-      ch_.send(m, deadline_in(settings_.bucket_timeout), phase + " (ack)");
+      send_ack(index, slot, prints, phase);
     } catch (const Error& e) {
       // Tell the sender now (it may be waiting for this ack, not sending), then break the
       // session thread's wait; fail_session() reports this error.
@@ -344,6 +406,17 @@ class Session {
       ch_.shutdown();
       throw Error(FERRY_STATUS_CORRUPT_DATA, why);
     }
+  }
+
+  void send_ack(std::uint32_t index, std::uint32_t slot, const std::vector<std::uint64_t>& prints,
+                const std::string& phase) {
+    capnp::MallocMessageBuilder m;
+    auto ack = m.initRoot<wire::Message>().initAck();
+    ack.setIndex(index);
+    ack.setSlot(slot);
+    auto list = ack.initFingerprints(static_cast<unsigned>(prints.size()));
+    for (unsigned i = 0; i < prints.size(); ++i) list.set(i, prints[i]);
+    ch_.send(m, deadline_in(settings_.bucket_timeout), phase + " (ack)");
   }
 
   void buckets_and_commit() {
@@ -450,6 +523,11 @@ class Session {
   std::uint64_t version_ = 0;
   std::uint32_t bucket_count_ = 0;
   std::optional<Inflight> inflight_;
+  // Direct delivery offered in the Welcome: shared regions' keys, and per Hello tensor its
+  // (region, offset); empty when not offered. direct_: the Begin chose it.
+  std::vector<std::vector<std::uint8_t>> region_keys_;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations_;
+  bool direct_ = false;
   std::atomic<bool> apply_refused_{false};
 };
 

@@ -163,6 +163,15 @@ struct PushPlan {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
+const char* delivery_name(config::Delivery d) {
+  switch (d) {
+    case config::Delivery::direct: return "direct";
+    case config::Delivery::staged: return "staged";
+    case config::Delivery::automatic: break;
+  }
+  return "auto";
+}
+
 }  // namespace
 
 bool PushReport::all_committed() const {
@@ -364,6 +373,33 @@ struct Sender::Impl {
     }
   }
 
+  // Direct delivery when the receiver offered it (a destination per tensor), the configuration
+  // allows it and every tensor is in CUDA memory the data path puts from. Fills `destinations`.
+  bool choose_direct(wire::Welcome::Reader w, SenderDataPath& data, const PushPlan& plan,
+                     std::size_t tensor_count, const std::string& peer,
+                     std::vector<std::pair<std::uint32_t, std::uint64_t>>& destinations) const {
+    if (config.update.delivery == config::Delivery::staged || !w.hasDestinations() ||
+        w.getDestinations().size() != tensor_count || !plan.cuda_tensors ||
+        !data.delivers_pieces(FERRY_MEMORY_CUDA)) {
+      return false;
+    }
+    std::vector<std::vector<std::uint8_t>> keys;
+    for (auto k : w.getRegions()) keys.emplace_back(k.begin(), k.end());
+    destinations.clear();
+    for (auto d : w.getDestinations()) {
+      if (d.getRegion() >= keys.size()) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: destination in region {} of {}", peer,
+             d.getRegion(), keys.size());
+      }
+      destinations.emplace_back(d.getRegion(), d.getOffset());
+    }
+    data.set_regions(std::move(keys));
+    logger("sender")->info("{}: direct delivery: tensors go straight into the receiver's "
+                           "parameters ({} shared regions)",
+                           peer, w.getRegions().size());
+    return true;
+  }
+
   // One receiver's session. `data` (owned by the caller, so that abort() never sees a freed one)
   // receives the data path.
   void session(Channel& ch, std::size_t index, std::span<const TensorView> tensors,
@@ -376,6 +412,8 @@ struct Sender::Impl {
     double setup_s = 0;    // data path creation, handshake, connect, begin
     double deliver_s = 0;  // puts + flush (or packing + deliver) of every bucket
     double ack_s = 0;      // waiting for acks (the receiver's apply and checks)
+    bool direct = false;   // direct delivery (the Welcome offered it and it was chosen)
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
     if (transport.name != "inline") {
       try {
         data = make_plugin_sender_path(registry, config, transport.name, plan.capacity, kSlots,
@@ -416,6 +454,7 @@ struct Sender::Impl {
       hello.setTransportAddress(kj::arrayPtr(addr.data(), addr.size()));
       hello.setBucketBytes(plan.capacity);
       hello.setSlots(kSlots);
+      hello.setDelivery(delivery_name(config.update.delivery));
       ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
     }
     {
@@ -457,8 +496,17 @@ struct Sender::Impl {
         data->connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
                                                     w.getTransportAddress().size()),
                       keys, w.getRmaNative(), ch.peer(), deadline_in(options.connect_timeout));
+        direct = choose_direct(w, *data, plan, tensors.size(), ch.peer(), destinations);
+      }
+      if (!direct && config.update.delivery == config::Delivery::direct) {
+        fail(FERRY_STATUS_INCOMPATIBLE,
+             "{}: update.delivery is \"direct\", but the receiver offers no direct delivery over "
+             "'{}' (it needs CUDA tensors, a transport that writes device memory such as "
+             "cuda_ipc, and a pure-copy plan for every tensor; see the receiver's log)",
+             ch.peer(), data->name());
       }
       result.transport = data->name();
+      result.direct = direct;
       std::lock_guard lock(mutex);
       data_paths.insert(data.get());
       results[index].transport = data->name();
@@ -472,6 +520,7 @@ struct Sender::Impl {
       b.setBucketCount(static_cast<std::uint32_t>(plan.buckets.size()));
       b.setTotalBytes(plan.total);
       b.setViaPut(data->uses_put());
+      b.setDirect(direct);
       ch.send(m, deadline_in(options.bucket_timeout), "begin");
       auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
       auto root = msg->root();
@@ -500,8 +549,9 @@ struct Sender::Impl {
       const auto& b = plan.buckets[k];
       const auto deadline = deadline_in(options.bucket_timeout);
       const auto deliver_start = Clock::now();
-      if (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA)) {
-        // Device transport: each tensor goes from its own memory into the receiver's slot.
+      if (direct || (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA))) {
+        // Device transport: each tensor goes from its own memory into the receiver's slot, or
+        // (direct) straight into its destination in the receiver's parameters.
         std::vector<TensorPiece> pieces;
         pieces.reserve(b.items.size());
         for (const auto& [t, offset] : b.items) {
@@ -511,6 +561,10 @@ struct Sender::Impl {
           p.offset = offset;
           p.kind = tensors[t].memory_kind;
           p.device = tensors[t].device;
+          if (direct) {
+            p.region = destinations[t].first;
+            p.offset = destinations[t].second;
+          }
           pieces.push_back(p);
         }
         data->deliver_pieces(slot, k, pieces, deadline, phase);

@@ -71,6 +71,7 @@ struct ReceiverResult {
   bool committed = false;
   std::string error;    // why not committed ("" when committed); names the phase
   std::string transport;  // the data path used ("inline", "ucx"), once negotiated
+  bool direct = false;    // direct delivery: tensors were written straight into parameters
   ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;
   std::uint64_t buckets = 0;

@@ -30,6 +30,13 @@ struct Hello {
   transportAddress @7 :Data;   # the sender's rendezvous blob (e.g. UCX worker address)
   bucketBytes @8 :UInt64;      # capacity every staging slot must have
   slots @9 :UInt32;            # staging slots the sender wants (2: double buffering)
+  delivery @10 :Text;          # "auto", "direct" or "staged" (config update.delivery); "": auto
+}
+
+# Direct delivery: where one Hello tensor goes, as a byte offset into a shared region.
+struct Destination {
+  region @0 :UInt32;  # index into Welcome.regions
+  offset @1 :UInt64;
 }
 
 struct Slot {
@@ -49,6 +56,10 @@ struct Welcome {
   bucketTimeoutMs @7 :UInt64;  # the receiver's own deadlines (for the sender's information)
   commitTimeoutMs @8 :UInt64;
   rmaNative @9 :Bool;          # slot keys are given: the sender may put (it decides, see Begin)
+  # Direct delivery is offered: the packed keys of the receiver's shared device memory, and one
+  # destination per Hello tensor, in order. Empty when the receiver offers only staging.
+  regions @10 :List(Data);
+  destinations @11 :List(Destination);
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.
@@ -63,6 +74,7 @@ struct Begin {
   bucketCount @2 :UInt32;
   totalBytes @3 :UInt64;
   viaPut @4 :Bool;  # transport plugin: buckets arrive by put+flush (else by send into posted recvs)
+  direct @5 :Bool;  # the sender writes every tensor straight into its Welcome destination
 }
 
 struct Ready {

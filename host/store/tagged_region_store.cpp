@@ -148,6 +148,8 @@ std::size_t TaggedRegionStore::place(const std::string& tag, const std::string& 
     info.elements = elements;
     info.tag = tag;
     info.memory_kind = region_kind_;
+    info.block = region.base;
+    info.block_bytes = region.capacity;
     region.used = offset + bytes;
     const std::size_t index = params_.size();
     params_.push_back(std::move(info));
@@ -189,6 +191,8 @@ std::size_t TaggedRegionStore::register_external(const std::string& tag, const s
   info.tag = tag;
   info.external = true;
   info.memory_kind = kind;
+  info.block = info.data;
+  info.block_bytes = bytes;
   const std::size_t index = params_.size();
   params_.push_back(std::move(info));
   by_name_.emplace(name, index);

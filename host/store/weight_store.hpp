@@ -72,6 +72,11 @@ struct ParamInfo {
   std::string tag;
   bool external = false;  // engine-owned (register_external)
   ferry_memory_kind_t memory_kind = FERRY_MEMORY_HOST;
+  // The memory block the parameter lies in, mapped whole while its tag is resident: its region
+  // (ferry-owned) or the parameter itself (engine-owned). A transport shares blocks, not
+  // parameters, so that one registration covers many parameters.
+  std::byte* block = nullptr;
+  std::uint64_t block_bytes = 0;
 };
 
 // The memory state of one tag, for /metrics and /health.

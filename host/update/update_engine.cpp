@@ -49,6 +49,22 @@ std::shared_ptr<std::byte> new_staging(std::uint64_t bytes, bool pinned) {
   });
 }
 
+// Decodes one bucket's manifest and sets `index` to its bucket index; refuses a catalog and a
+// bucket of another update than `version` (the active one).
+manifest::Manifest decode_bucket(std::span<const std::uint8_t> bytes, std::uint64_t version,
+                                 std::optional<std::uint32_t>& index) {
+  manifest::Manifest m = manifest::decode(bytes);
+  index = m.bucket_index;
+  if (m.bucket_count == 0) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "the manifest is a catalog (bucket_count 0), not a bucket");
+  }
+  if (m.version != 0 && m.version != version) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "the bucket belongs to update {}, not to the active update",
+         m.version);
+  }
+  return m;
+}
+
 }  // namespace
 
 UpdateEngine::UpdateEngine(store::WeightStore& store, PlanProvider& plans, UpdateOptions options)
@@ -142,12 +158,14 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
   bind_layout_locked();
   store_.begin_writes(layout_tags_, fmt::format("update {}", version));
   for (std::size_t i = 0; i < targets_.size(); ++i) written_[i].reset(targets_[i].view.elements);
+  known_prints_.assign(targets_.size(), std::nullopt);
   expected_.clear();
   buckets_this_update_ = 0;
   current_bucket_.reset();
   std::lock_guard state(state_mutex_);
   active_ = true;
   dirty_ = false;
+  direct_writes_ = false;
   active_version_ = version;
   active_label_ = std::move(label);
   logger("update")->info("update {} begins ({} parameters)", version, targets_.size());
@@ -238,18 +256,10 @@ void UpdateEngine::apply_bucket(std::span<const std::byte> bucket,
   const auto started = std::chrono::steady_clock::now();
   current_bucket_.reset();
   try {
-    const manifest::Manifest m = manifest::decode(manifest_bytes);
-    current_bucket_ = m.bucket_index;
-    if (m.bucket_count == 0) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "the manifest is a catalog (bucket_count 0), not a bucket");
-    }
+    const manifest::Manifest m = decode_bucket(manifest_bytes, version, current_bucket_);
     if (m.bucket_bytes != bucket.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "the manifest describes {} bucket bytes but {} arrived",
            m.bucket_bytes, bucket.size());
-    }
-    if (m.version != 0 && m.version != version) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "the bucket belongs to update {}, not to the active update",
-           m.version);
     }
     std::vector<kernels::EntryView> entries;
     entries.reserve(m.tensors.size());
@@ -389,6 +399,157 @@ void UpdateEngine::apply_bucket(std::span<const std::byte> bucket,
   }
 }
 
+std::optional<UpdateEngine::DirectDestination> UpdateEngine::direct_destination_locked(
+    const ferry_plan_op_t& op, const ferry_tensor_desc_t& desc) const {
+  const auto count = element_count(std::span<const std::uint64_t>(desc.shape, desc.ndim));
+  const auto esize = dtype_size(desc.dtype);
+  if (!count || esize == 0 || op.transform != FERRY_TRANSFORM_COPY || op.src_dtype != desc.dtype ||
+      op.dst_dtype != desc.dtype || op.src_offset != 0 || op.dst_param >= targets_.size()) {
+    return std::nullopt;
+  }
+  const auto& target = targets_[op.dst_param];
+  const auto covered = checked_mul(op.rows, op.cols);
+  const bool contiguous =
+      op.rows <= 1 || (op.src_row_stride == op.cols && op.dst_row_stride == op.cols);
+  const auto end = checked_add(op.dst_offset, *count);
+  if (!target.device || !covered || *covered != *count || !contiguous || !end ||
+      *end > target.view.elements) {
+    return std::nullopt;
+  }
+  const auto info = store_.param(target.store_index);
+  DirectDestination d;
+  d.data = target.view.data + op.dst_offset * esize;
+  d.bytes = *count * esize;
+  d.block = info.block;
+  d.block_bytes = info.block_bytes;
+  if (d.block == nullptr || d.data < d.block || d.data + d.bytes > d.block + d.block_bytes) {
+    return std::nullopt;
+  }
+  return d;
+}
+
+std::vector<std::optional<UpdateEngine::DirectDestination>> UpdateEngine::direct_destinations(
+    std::span<const ferry_tensor_desc_t> tensors) {
+  std::lock_guard lock(op_mutex_);
+  bool active = false;
+  {
+    std::lock_guard state(state_mutex_);
+    active = active_;
+  }
+  if (!active) bind_layout_locked();
+  std::vector<std::optional<DirectDestination>> out(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    try {
+      const auto ops = plans_.plan(tensors.subspan(i, 1));
+      if (ops.size() == 1) out[i] = direct_destination_locked(ops[0], tensors[i]);
+    } catch (const Error&) {
+      // No plan here: the tensor goes the staged way, where the same error is reported.
+    }
+  }
+  return out;
+}
+
+void UpdateEngine::begin_direct_writes() {
+  std::lock_guard lock(op_mutex_);
+  std::lock_guard state(state_mutex_);
+  if (!active_) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "begin_direct_writes: no update is active");
+  }
+  direct_writes_ = true;
+  dirty_ = true;
+}
+
+std::vector<std::uint64_t> UpdateEngine::record_direct_bucket(
+    std::span<const std::uint8_t> manifest_bytes) {
+  std::lock_guard lock(op_mutex_);
+  std::uint64_t version = 0;
+  {
+    std::lock_guard state(state_mutex_);
+    if (!active_ || !direct_writes_) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "record_direct_bucket: no update with direct writes is active");
+    }
+    version = active_version_;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  current_bucket_.reset();
+  try {
+    const manifest::Manifest m = decode_bucket(manifest_bytes, version, current_bucket_);
+    const auto cached = cache_.get_entry(m, plans_);
+    const PlanOps ops = cached->ops;
+    // Each entry: exactly one op, a whole contiguous copy into a device parameter.
+    std::vector<const ferry_plan_op_t*> op_of(m.tensors.size(), nullptr);
+    for (const auto& op : *ops) {
+      if (op.src_tensor >= m.tensors.size() || op_of[op.src_tensor] != nullptr) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "direct delivery needs one copy per tensor; the plan has another op for entry {}",
+             op.src_tensor);
+      }
+      op_of[op.src_tensor] = &op;
+    }
+    std::vector<const std::byte*> data;
+    std::vector<std::uint64_t> sizes;
+    data.reserve(m.tensors.size());
+    sizes.reserve(m.tensors.size());
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+      const auto& e = m.tensors[i];
+      ferry_tensor_desc_t desc{};
+      desc.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+      desc.name = e.name.c_str();
+      desc.dtype = e.dtype;
+      desc.ndim = e.shape.size();
+      if (desc.ndim > FERRY_MAX_DIMS) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}' has {} dims", e.name, desc.ndim);
+      }
+      std::copy(e.shape.begin(), e.shape.end(), desc.shape);
+      const auto dest = op_of[i] ? direct_destination_locked(*op_of[i], desc) : std::nullopt;
+      if (!dest) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "tensor '{}' was written in place, but its plan is not one whole copy into a device "
+             "parameter",
+             e.name);
+      }
+      if (dest->bytes != e.size) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}': {} bytes announced, its destination has {}",
+             e.name, e.size, dest->bytes);
+      }
+      data.push_back(dest->data);
+      sizes.push_back(dest->bytes);
+    }
+    std::vector<std::uint64_t> prints = cuda_locked().fingerprints(data, sizes);
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+      const auto& e = m.tensors[i];
+      if (options_.verify_fingerprints && e.fingerprint && prints[i] != *e.fingerprint) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "tensor '{}': fingerprint of what was written in place {:016x} differs from the "
+             "sender's {:016x}",
+             e.name, prints[i], *e.fingerprint);
+      }
+      const auto& op = *op_of[i];
+      record_written(op);
+      if (op.dst_offset == 0 && sizes[i] == targets_[op.dst_param].bytes) {
+        known_prints_[op.dst_param] = prints[i];
+      }
+    }
+    ++buckets_this_update_;
+    std::uint64_t bytes = 0;
+    for (auto b : sizes) bytes += b;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::lock_guard state(state_mutex_);
+    metrics_.buckets_applied += 1;
+    metrics_.bytes_applied += bytes;
+    metrics_.seconds_applying += seconds;
+    return prints;
+  } catch (const std::exception& e) {
+    const std::string where =
+        current_bucket_ ? fmt::format("at bucket {} (written in place)", *current_bucket_)
+                        : fmt::format("at bucket #{} (manifest unreadable)", buckets_this_update_);
+    fail_locked(where, e.what());
+    throw;
+  }
+}
+
 void UpdateEngine::set_expected_fingerprints(std::map<std::string, std::uint64_t> expected) {
   std::lock_guard lock(op_mutex_);
   {
@@ -453,7 +614,22 @@ void UpdateEngine::commit() {
                ? fmt::format(" (and {} more)", missing.size() - options_.missing_names_listed)
                : std::string());
     }
-    fps = fingerprint_params_locked(targets_);
+    {
+      // Parameters written whole in place were fingerprinted right after (record_direct_bucket).
+      std::vector<Target> unknown;
+      std::vector<std::size_t> unknown_index;
+      for (std::size_t i = 0; i < targets_.size(); ++i) {
+        if (i < known_prints_.size() && known_prints_[i]) continue;
+        unknown.push_back(targets_[i]);
+        unknown_index.push_back(i);
+      }
+      fps.assign(targets_.size(), 0);
+      for (std::size_t i = 0; i < known_prints_.size() && i < targets_.size(); ++i) {
+        if (known_prints_[i]) fps[i] = *known_prints_[i];
+      }
+      const auto computed = fingerprint_params_locked(unknown);
+      for (std::size_t k = 0; k < unknown.size(); ++k) fps[unknown_index[k]] = computed[k];
+    }
     // Names of the layout by index, looked up once per expected fingerprint (a scan per name
     // would cost N^2 string compares for N parameters).
     std::unordered_map<std::string_view, std::size_t> index_of;
@@ -625,6 +801,7 @@ void UpdateEngine::finish_locked() noexcept {
   std::lock_guard state(state_mutex_);
   active_ = false;
   dirty_ = false;
+  direct_writes_ = false;
 }
 
 void UpdateEngine::restore_from_mirror() {

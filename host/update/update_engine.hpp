@@ -111,6 +111,30 @@ class UpdateEngine {
   // update applies from that slot.
   std::span<std::byte> host_staging(int slot, std::uint64_t bytes);
 
+  // ---- direct delivery (DESIGN.md, "Two ways to deliver"): a peer writes parameters in place.
+  // Where a checkpoint tensor lands when its plan is one whole, contiguous copy (no cast, no
+  // transform) into a parameter in device memory: the peer may write it there itself.
+  struct DirectDestination {
+    std::byte* data = nullptr;  // the first byte the tensor's bytes go to
+    std::uint64_t bytes = 0;
+    std::byte* block = nullptr;  // the memory block holding it (ParamInfo::block)
+    std::uint64_t block_bytes = 0;
+  };
+  // One per tensor, in order; nullopt where the plan is not such a copy (or fails). Binds the
+  // layout when no update is active.
+  std::vector<std::optional<DirectDestination>> direct_destinations(
+      std::span<const ferry_tensor_desc_t> tensors);
+  // Declares that a peer writes the active update's parameters in place from now on: the store
+  // is dirty at once (a failure rolls back or fences, see Transactions). Call it before the peer
+  // may write.
+  void begin_direct_writes();
+  // Records one bucket a peer wrote in place (begin_direct_writes first): every manifest entry
+  // must have a direct destination of its size. Fingerprints the destinations as they are now
+  // (what was written), checks them against the entries' fingerprints (verify_fingerprints;
+  // CORRUPT_DATA naming the tensor) and keeps those of whole parameters for commit, which then
+  // does not read them again. Returns the fingerprints in entry order. Errors end the update.
+  std::vector<std::uint64_t> record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
+
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
   void set_expected_fingerprints(std::map<std::string, std::uint64_t> expected);
@@ -168,6 +192,10 @@ class UpdateEngine {
   bool mirror_holds_published_locked() const;
   void finish_locked() noexcept;
   void record_written(const ferry_plan_op_t& op);
+  // The direct destination of `op` for an entry described by `desc`, if `op` is a whole,
+  // contiguous copy into a device target.
+  std::optional<DirectDestination> direct_destination_locked(const ferry_plan_op_t& op,
+                                                             const ferry_tensor_desc_t& desc) const;
   // The CUDA path, created with the first layout that has device parameters.
   CudaApplier& cuda_locked();
   bool has_device_targets_locked() const;
@@ -184,6 +212,9 @@ class UpdateEngine {
   std::vector<Target> targets_;  // one per layout parameter
   std::vector<std::string> layout_tags_;
   std::vector<WrittenRanges> written_;
+  // Per target: its fingerprint, already computed from its memory after this update wrote it
+  // whole in place (record_direct_bucket); commit reuses it.
+  std::vector<std::optional<std::uint64_t>> known_prints_;
   std::map<std::string, std::uint64_t> expected_;
   std::uint64_t buckets_this_update_ = 0;
   std::optional<std::uint32_t> current_bucket_;
@@ -197,6 +228,7 @@ class UpdateEngine {
   mutable std::mutex state_mutex_;
   bool active_ = false;
   bool dirty_ = false;
+  bool direct_writes_ = false;  // begin_direct_writes() was called for the active update
   std::uint64_t active_version_ = 0;
   std::string active_label_;
   WeightVersion published_;

@@ -5,7 +5,10 @@
 // fds, nor mapped memory (/proc/<pid>/maps lines) in either process, nor used device memory; a
 // sender killed (SIGKILL) mid-update makes the receiver abort within its deadline with its
 // version and weights unchanged; a receiver killed mid-update is reported by its address and a
-// restarted receiver imports afresh and commits. Exits 77 (skip) without a CUDA device.
+// restarted receiver imports afresh and commits. The round trips run in both delivery modes:
+// direct (the sender writes each tensor straight into the receiver's parameters) and staged
+// (through the receiver's device slots); a sender killed while writing in place leaves the
+// receiver rolled back. Exits 77 (skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -21,10 +24,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "config/config.hpp"
 #include "registry/registry.hpp"
@@ -224,12 +229,41 @@ std::uint64_t device_used() {
   return total - free;
 }
 
-void expect_committed(const session::PushReport& report, std::uint64_t version) {
+void expect_committed(const session::PushReport& report, std::uint64_t version,
+                      std::optional<bool> direct = std::nullopt) {
   ASSERT_EQ(report.receivers.size(), 1u);
   const auto& r = report.receivers[0];
   EXPECT_TRUE(r.committed) << r.error;
   EXPECT_EQ(r.transport, "cuda_ipc");
+  if (direct) {
+    EXPECT_EQ(r.direct, *direct) << "direct delivery";
+  }
   EXPECT_EQ(report.version, version);
+}
+
+config::Config with_delivery(config::Delivery delivery) {
+  config::Config c;
+  c.update.delivery = delivery;
+  return c;
+}
+
+// The sender of SenderKilledWhileWritingInPlace...: this test binary run again as a child
+// (FERRY_TEST_DIRECT_PUSH_TO=<receiver>), pushing 32 tensors by direct delivery and SIGKILLing
+// itself right after bucket 2 was written into the receiver's parameters.
+int direct_push_child(const std::string& receiver) {
+  DeviceTensors tensors(32, 32768);
+  tensors.fill(2);
+  const auto config = with_delivery(config::Delivery::direct);
+  registry::Registry registry({plugin_dir()});
+  session::SenderOptions o = sender_options({receiver}, 512ull << 10);
+  o.after_bucket = [](const std::string&, std::uint32_t bucket) {
+    if (bucket == 2) ::raise(SIGKILL);
+  };
+  session::Sender sender(config, registry, o);
+  const auto report = sender.push(tensors.views(), 2);
+  std::fprintf(stderr, "the push ended without being killed: %s\n",
+               report.receivers.empty() ? "" : report.receivers[0].error.c_str());
+  return 3;
 }
 
 class SessionCudaIpc : public ::testing::Test {
@@ -242,37 +276,127 @@ class SessionCudaIpc : public ::testing::Test {
 };
 std::unique_ptr<TwoVersions> SessionCudaIpc::versions_;
 
-TEST_F(SessionCudaIpc, DenseCheckpointFromDeviceMemoryIsBitIdentical) {
+class SessionCudaIpcDelivery : public SessionCudaIpc,
+                               public ::testing::WithParamInterface<config::Delivery> {};
+
+// The dense checkpoint (fused qkv and gate_up: tensors land in slices of engine parameters).
+TEST_P(SessionCudaIpcDelivery, DenseCheckpointFromDeviceMemoryIsBitIdentical) {
+  const bool direct = GetParam() == config::Delivery::direct;
   ServeProcess serve(gpu_receiver(versions_->v1_path()));
   ASSERT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
   DeviceCheckpoint v2(versions_->v2);
-  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1024));
-  expect_committed(sender.push(v2.views(), 2), 2);
+  session::Sender sender(with_delivery(GetParam()), registry_,
+                         sender_options({address_of(serve)}, 1024));
+  expect_committed(sender.push(v2.views(), 2), 2, direct);
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
   EXPECT_EQ(version_of(serve), 2);
 }
 
-class SessionCudaIpcTensorCount : public SessionCudaIpc,
-                                  public ::testing::WithParamInterface<std::size_t> {};
+INSTANTIATE_TEST_SUITE_P(Modes, SessionCudaIpcDelivery,
+                         ::testing::Values(config::Delivery::direct, config::Delivery::staged),
+                         [](const auto& info) {
+                           return info.param == config::Delivery::direct ? "direct" : "staged";
+                         });
+
+class SessionCudaIpcTensorCount
+    : public SessionCudaIpc,
+      public ::testing::WithParamInterface<std::tuple<std::size_t, config::Delivery>> {};
 
 TEST_P(SessionCudaIpcTensorCount, TwoUpdatesAreBitIdentical) {
-  const std::size_t count = GetParam();
+  const auto [count, delivery] = GetParam();
+  const bool direct = delivery == config::Delivery::direct;
   // About 16 MiB in all, in 2 MiB buckets: both slots are reused several times.
   const std::uint64_t elements = std::max<std::uint64_t>(1, (4ull << 20) / count);
   DeviceTensors tensors(count, elements);
   ServeProcess serve(gpu_receiver());
-  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 2ull << 20));
+  session::Sender sender(with_delivery(delivery), registry_,
+                         sender_options({address_of(serve)}, 2ull << 20));
   for (std::uint64_t version = 1; version <= 2; ++version) {
-    SCOPED_TRACE(fmt::format("{} tensors, version {}", count, version));
+    SCOPED_TRACE(fmt::format("{} tensors, {}, version {}", count, direct ? "direct" : "staged",
+                             version));
     tensors.fill(version * 1000 + count);
     const auto views = tensors.views();
-    expect_committed(sender.push(views, version), version);
+    expect_committed(sender.push(views, version), version, direct);
     EXPECT_EQ(serve.fingerprints(), tensors.expected());
     EXPECT_EQ(version_of(serve), static_cast<long long>(version));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Counts, SessionCudaIpcTensorCount, ::testing::Values(1, 256, 4096));
+INSTANTIATE_TEST_SUITE_P(
+    Counts, SessionCudaIpcTensorCount,
+    ::testing::Combine(::testing::Values(1, 256, 4096),
+                       ::testing::Values(config::Delivery::direct, config::Delivery::staged)),
+    [](const auto& info) {
+      return fmt::format("{}_{}", std::get<0>(info.param),
+                         std::get<1>(info.param) == config::Delivery::direct ? "direct" : "staged");
+    });
+
+// Automatic delivery picks direct for an identity layout on the GPU.
+TEST_F(SessionCudaIpc, AutoDeliveryWritesInPlaceWhenEveryPlanIsACopy) {
+  DeviceTensors tensors(8, 4096);
+  tensors.fill(5);
+  ServeProcess serve(gpu_receiver());
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
+  expect_committed(sender.push(tensors.views(), 1), 1, true);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+}
+
+// Direct delivery refused: a receiver that keeps its weights on the cpu offers none, and a
+// sender that requires it fails naming why, without touching the receiver.
+TEST_F(SessionCudaIpc, RequiredDirectDeliveryWithoutAnOfferFailsClearly) {
+  DeviceTensors tensors(4, 4096);
+  tensors.fill(6);
+  ServeProcess serve(gpu_receiver());
+  {
+    session::Sender first(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
+    expect_committed(first.push(tensors.views(), 1), 1);
+  }
+  // Host tensors cannot be put into device parameters by a device transport's direct path.
+  std::vector<std::vector<float>> host(4);
+  auto views = tensors.views();
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    host[i].assign(views[i].shape[0], 1.5f);
+    views[i].data = host[i].data();
+    views[i].memory_kind = FERRY_MEMORY_HOST;
+  }
+  session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                         sender_options({address_of(serve)}, 1ull << 20));
+  const auto report = sender.push(views, 2);
+  ASSERT_EQ(report.receivers.size(), 1u);
+  EXPECT_FALSE(report.receivers[0].committed);
+  EXPECT_EQ(report.receivers[0].code, FERRY_STATUS_INCOMPATIBLE);
+  EXPECT_NE(report.receivers[0].error.find("direct"), std::string::npos)
+      << report.receivers[0].error;
+  EXPECT_EQ(version_of(serve), 1);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+}
+
+// A sender killed after writing some tensors straight into live parameters: the receiver was
+// dirty from the Begin on, so it rolls back from its host mirror within its deadline.
+TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVersion) {
+  DeviceTensors tensors(32, 32768);  // the child's tensors have these names and sizes
+  tensors.fill(1);
+  ServeProcess serve(gpu_receiver("", 3000));
+  {
+    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                           sender_options({address_of(serve)}, 512ull << 10));
+    expect_committed(sender.push(tensors.views(), 1), 1, true);
+  }
+  const std::string exe = std::getenv("FERRY_EXE") != nullptr ? std::getenv("FERRY_EXE") : "";
+  ::setenv("FERRY_EXE", "/proc/self/exe", 1);
+  PushProcess child({"--gtest_filter=-*"}, {{"FERRY_TEST_DIRECT_PUSH_TO", address_of(serve)}});
+  ::setenv("FERRY_EXE", exe.c_str(), 1);
+  ChildResult result;
+  ASSERT_TRUE(child.wait(60, result));
+  EXPECT_FALSE(result.exited) << result.output;
+  EXPECT_EQ(result.status, SIGKILL) << result.output;
+  EXPECT_TRUE(eventually([&] {
+    return serve.get("/metrics").text.find("ferry_updates_aborted_total 1") != std::string::npos;
+  }, 10)) << serve.log();
+  EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
+  EXPECT_EQ(version_of(serve), 1);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+}
 
 TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
   DeviceTensors tensors(64, 16384);  // 4 MiB in 1 MiB buckets
@@ -373,6 +497,9 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("SKIP: cuda_ipc session tests need a CUDA device (none visible)\n");
     return 77;
+  }
+  if (const char* to = std::getenv("FERRY_TEST_DIRECT_PUSH_TO")) {
+    return ferry::test::direct_push_child(to);
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -9,6 +9,8 @@
 #include "update/param_fingerprint.hpp"
 #include "update/update_engine.hpp"
 
+#include <ferry/kernels/cpu.hpp>
+
 #include "../store/cuda_graph_kernel.hpp"
 #include "update_fixture.hpp"
 
@@ -17,6 +19,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -191,6 +194,73 @@ TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
     const auto& want = weights.at(p.name);
     ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
         << p.name;
+  }
+}
+
+// Direct delivery on the device: a peer (here cudaMemcpy) writes each tensor into the
+// destination the engine gave; the engine fingerprints what was written, commit reuses those
+// fingerprints, and one wrong byte written in place is caught and rolled back.
+TEST_F(CudaUpdate, InPlaceWritesAreVerifiedAndAWrongByteRollsBack) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  apply(engine, 1, buckets_for(layout, 1), Source::pageable);
+  const auto descs = testing::descs_of(layout);
+  const auto dests = engine.direct_destinations(descs);
+  ASSERT_EQ(dests.size(), layout.size());
+  std::map<std::string, UpdateEngine::DirectDestination> where;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    ASSERT_TRUE(dests[i].has_value()) << layout[i].name;
+    EXPECT_EQ(dests[i]->data, cuda_store.param(std::string_view(layout[i].name)).data);
+    EXPECT_GE(dests[i]->data, dests[i]->block);
+    where[layout[i].name] = *dests[i];
+  }
+  // Writes bucket `b`'s tensors in place (flipping one byte of the first when `corrupt`).
+  auto write = [&](const testing::Bucket& b, bool corrupt) {
+    for (const auto& e : b.manifest.tensors) {
+      std::vector<std::byte> bytes(b.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset),
+                                   b.bytes.begin() + static_cast<std::ptrdiff_t>(e.offset + e.size));
+      if (corrupt && &e == &b.manifest.tensors.front()) bytes[0] ^= std::byte{1};
+      ASSERT_CUDA(cudaMemcpy(where.at(e.name).data, bytes.data(), bytes.size(),
+                             cudaMemcpyHostToDevice));
+    }
+  };
+  const auto v2 = buckets_for(layout, 2);
+  engine.begin(2, "v2");
+  engine.begin_direct_writes();
+  for (const auto& b : v2) {
+    write(b, false);
+    const auto prints = engine.record_direct_bucket(b.encoded());
+    ASSERT_EQ(prints.size(), b.manifest.tensors.size());
+    for (std::size_t i = 0; i < prints.size(); ++i) {
+      EXPECT_EQ(prints[i], *b.manifest.tensors[i].fingerprint) << b.manifest.tensors[i].name;
+    }
+  }
+  engine.commit();
+  const auto weights = random_weights(layout, 2);
+  for (const auto& p : layout) {
+    const auto& want = weights.at(p.name);
+    ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+        << p.name;
+    EXPECT_EQ(engine.fingerprints().at(p.name), kernels::fingerprint_cpu(want.data(), want.size()))
+        << p.name;
+  }
+  // Version 3: bucket 0 right, bucket 1 with one wrong byte in place.
+  const auto v3 = buckets_for(layout, 3);
+  engine.begin(3, "v3");
+  engine.begin_direct_writes();
+  write(v3[0], false);
+  (void)engine.record_direct_bucket(v3[0].encoded());
+  write(v3[1], true);
+  const auto error = testing::error_of([&] { (void)engine.record_direct_bucket(v3[1].encoded()); });
+  EXPECT_EQ(error.code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(std::string(error.what()).find(v3[1].manifest.tensors.front().name), std::string::npos)
+      << error.what();
+  EXPECT_EQ(engine.version().number, 2u);
+  EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  for (const auto& p : layout) {
+    const auto& want = weights.at(p.name);
+    ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+        << p.name << " after the rollback";
   }
 }
 

@@ -114,20 +114,6 @@ ferry_model_create_args_t hf_args() {
   return args;
 }
 
-std::vector<ferry_tensor_desc_t> descs_of(const std::vector<LayoutParam>& layout) {
-  std::vector<ferry_tensor_desc_t> out;
-  for (const auto& p : layout) {
-    ferry_tensor_desc_t d{};
-    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-    d.name = p.name.c_str();
-    d.dtype = p.dtype;
-    d.ndim = static_cast<std::uint32_t>(p.shape.size());
-    std::copy(p.shape.begin(), p.shape.end(), d.shape);
-    out.push_back(d);
-  }
-  return out;
-}
-
 const std::vector<LayoutParam> kCatalog = {{"a", FERRY_DTYPE_F32, {16, 8}},
                                            {"b", FERRY_DTYPE_BF16, {300}}};
 

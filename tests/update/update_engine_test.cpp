@@ -112,6 +112,26 @@ TEST(UpdateEngine, CallsOutOfOrderAreRefused) {
   EXPECT_EQ(r.engine->version().number, 1u);
 }
 
+// Direct delivery needs device parameters: host ones get no destination, and the calls that
+// record in-place writes are refused outside an update that declared them.
+TEST(UpdateEngine, HostParametersOfferNoDirectDestinationAndInPlaceCallsNeedAnUpdate) {
+  Receiver r(Policy::Discard);
+  const auto descs = descs_of(r.plans.layout());
+  const auto dests = r.engine->direct_destinations(descs);
+  ASSERT_EQ(dests.size(), descs.size());
+  for (const auto& d : dests) EXPECT_FALSE(d.has_value());
+  EXPECT_EQ(error_of([&] { r.engine->begin_direct_writes(); }).code(),
+            FERRY_STATUS_FAILED_PRECONDITION);
+  const auto w = random_weights(r.plans.layout(), 3);
+  r.engine->begin(1, "v1");
+  const auto e = error_of([&] { r.engine->record_direct_bucket(r.bucket(w, 1, 0).encoded()); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+  // The refusal did not end the update: it still commits.
+  for (std::uint32_t k = 0; k < 3; ++k) r.apply(r.bucket(w, 1, k));
+  r.engine->commit();
+  EXPECT_EQ(r.contents(), w);
+}
+
 TEST(UpdateEngine, CommitWithMissingParamsListsThemAndAborts) {
   Receiver r(Policy::Discard);
   const auto w = random_weights(r.plans.layout(), 3);

@@ -9,6 +9,7 @@
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -118,6 +119,21 @@ Error error_of(Body&& body) {
     return e;
   }
   return Error(FERRY_STATUS_OK, "");
+}
+
+// Tensor descriptions of `layout` (pointing into its names), e.g. a checkpoint catalog.
+inline std::vector<ferry_tensor_desc_t> descs_of(const std::vector<LayoutParam>& layout) {
+  std::vector<ferry_tensor_desc_t> out;
+  for (const auto& p : layout) {
+    ferry_tensor_desc_t d{};
+    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+    d.name = p.name.c_str();
+    d.dtype = p.dtype;
+    d.ndim = static_cast<std::uint32_t>(p.shape.size());
+    std::copy(p.shape.begin(), p.shape.end(), d.shape);
+    out.push_back(d);
+  }
+  return out;
 }
 
 }  // namespace ferry::update::testing
