@@ -1,5 +1,6 @@
 // cli/bench_fingerprint.cpp: `ferry bench fingerprint`: the CPU measurement (fingerprint_cpu on
-// every thread, checked against one thread) and the report around the CUDA one.
+// every thread, checked against one thread) and the report around the CUDA one (one buffer and
+// the same bytes as 4 MiB ranges in one batched call).
 #include "cli/bench_fingerprint.hpp"
 
 #include <ferry/kernels/cpu.hpp>
@@ -115,6 +116,31 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
   }
   std::printf("target (shared/PERF.md): fingerprint >= %.1f TB/s on the GPU: %s -> %s\n",
               kTargetTbps, shown.c_str(), verdict.c_str());
+
+  // The batched form (what the session and the update engine call), over the same bytes.
+  const double many_med = median(m.many_gpu_s);
+  const std::optional<double> many_gbps =
+      many_med > 0 ? std::optional<double>(static_cast<double>(m.many_ranges * m.many_range_bytes) /
+                                           many_med / 1e9)
+                   : std::nullopt;
+  if (cuda && m.many_ranges > 0) {
+    Table batch({"GPU case", "ranges", "bytes", "GPU GB/s", "GPU TB/s", "GPU ms", "equal to CPU"});
+    batch.add_row({"one buffer, fingerprint_cuda_async", "1",
+                   decimal_bytes(static_cast<double>(m.bytes)),
+                   number(gpu_tbps ? std::optional<double>(*gpu_tbps * 1e3) : std::nullopt, 1),
+                   number(gpu_tbps, 3), number(gpu_med * 1e3, 3),
+                   m.equal ? "yes (value of the sample)" : "NO"});
+    batch.add_row({fmt::format("{} ranges of {} in one fingerprint_many_cuda_async call",
+                               m.many_ranges, binary_size(m.many_range_bytes)),
+                   std::to_string(m.many_ranges),
+                   decimal_bytes(static_cast<double>(m.many_ranges * m.many_range_bytes)),
+                   number(many_gbps, 1),
+                   number(many_gbps ? std::optional<double>(*many_gbps / 1e3) : std::nullopt, 3),
+                   number(many_med * 1e3, 3),
+                   m.many_equal ? fmt::format("yes ({} ranges checked)", m.many_checked) : "NO"});
+    std::printf("\n");
+    batch.print();
+  }
   std::fflush(stdout);
 
   record["bytes"] = m.bytes;
@@ -129,6 +155,18 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
     gpu["value"] = hex(m.gpu_value);
   }
   record["gpu"] = gpu;
+  Json gpu_many = nullptr;
+  if (cuda && m.many_ranges > 0) {
+    gpu_many = Json::object();
+    gpu_many["ranges"] = m.many_ranges;
+    gpu_many["range_bytes"] = m.many_range_bytes;
+    gpu_many["median_s"] = many_med;
+    gpu_many["gbps"] = many_gbps ? Json(*many_gbps) : Json(nullptr);
+    gpu_many["runs_s"] = m.many_gpu_s;
+    gpu_many["checked_ranges"] = m.many_checked;
+    gpu_many["values_equal"] = m.many_equal;
+  }
+  record["gpu_many"] = gpu_many;
   Json cpu;
   cpu["sample_bytes"] = m.sample_bytes;
   cpu["threads"] = m.cpu_threads;
@@ -148,6 +186,10 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
   records.push_back(record);
   if (!m.equal) {
     std::printf("VERIFICATION FAILED: the two fingerprints of the same bytes differ\n");
+    return 1;
+  }
+  if (!m.many_equal) {
+    std::printf("VERIFICATION FAILED: a batched fingerprint differs from fingerprint_cpu\n");
     return 1;
   }
   return 0;

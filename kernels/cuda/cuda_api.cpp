@@ -168,7 +168,8 @@ void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t
     fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_cuda_async: data is null for {} bytes",
          bytes);
   }
-  check_cuda(cuda_detail::launch_fingerprint(data, bytes, device_result, stream),
+  const cuda_detail::FingerprintRange range{data, bytes};
+  check_cuda(cuda_detail::launch_fingerprints(&range, 1, device_result, stream),
              "fingerprint_cuda: launching the fingerprint kernels");
 }
 
@@ -181,45 +182,19 @@ void fingerprint_many_cuda_async(std::span<const void* const> data,
   }
   const std::size_t n = data.size();
   if (n == 0) return;
-  // Enough streams for small kernels (a few blocks each) to fill the GPU side by side.
-  constexpr std::size_t kStreams = 64;
-  const std::size_t fan = std::min(kStreams, n);
-  std::vector<cudaStream_t> streams;
-  std::vector<cudaEvent_t> events;
-  auto release = [&]() noexcept {
-    for (auto e : events) (void)cudaEventDestroy(e);
-    for (auto s : streams) (void)cudaStreamDestroy(s);
-  };
-  try {
-    cudaEvent_t start = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&start, cudaEventDisableTiming),
-               "fingerprint_many_cuda_async: creating an event");
-    events.push_back(start);
-    check_cuda(cudaEventRecord(start, stream), "fingerprint_many_cuda_async: recording the start");
-    for (std::size_t s = 0; s < fan; ++s) {
-      cudaStream_t side = nullptr;
-      check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking),
-                 "fingerprint_many_cuda_async: creating a stream");
-      streams.push_back(side);
-      check_cuda(cudaStreamWaitEvent(side, start, 0), "fingerprint_many_cuda_async: ordering");
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      fingerprint_cuda_async(data[i], bytes[i], device_results + i, streams[i % fan]);
-    }
-    for (auto side : streams) {
-      cudaEvent_t done = nullptr;
-      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
-                 "fingerprint_many_cuda_async: creating an event");
-      events.push_back(done);
-      check_cuda(cudaEventRecord(done, side), "fingerprint_many_cuda_async: recording a stream");
-      check_cuda(cudaStreamWaitEvent(stream, done, 0), "fingerprint_many_cuda_async: joining");
-    }
-  } catch (...) {
-    for (auto side : streams) (void)cudaStreamSynchronize(side);
-    release();
-    throw;
+  if (device_results == nullptr) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_many_cuda_async: device_results is null");
   }
-  release();  // destroying a stream or an event with work pending is allowed: the work finishes
+  std::vector<cuda_detail::FingerprintRange> ranges(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (data[i] == nullptr && bytes[i] > 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "fingerprint_many_cuda_async: range {} has null data for {} bytes", i, bytes[i]);
+    }
+    ranges[i] = {data[i], bytes[i]};
+  }
+  check_cuda(cuda_detail::launch_fingerprints(ranges.data(), n, device_results, stream),
+             "fingerprint_many_cuda_async: launching the fingerprint kernels");
 }
 
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream) {

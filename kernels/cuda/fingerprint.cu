@@ -1,87 +1,247 @@
-// The CUDA fingerprint: xxh64-chunked-v1 (docs/fingerprint.md). One block per 1 MiB chunk: the
-// block stages the chunk through shared memory in tiles with coalesced loads, four threads run
-// XXH64's four accumulators over each tile, and thread 0 finishes the chunk. One more
-// single-thread kernel combines the chunk hashes.
+// The CUDA fingerprint: xxh64-chunked-v1 (docs/fingerprint.md) of a batch of ranges in two
+// launches. The chunk kernel hashes every 1 MiB chunk of every range with four threads of one
+// warp, one per XXH64 accumulator, so a warp hashes eight chunks at once; each thread reads its
+// accumulator's 8-byte word of every 32-byte stripe straight from global memory, with a ring of
+// loads kept in flight in registers, and the group's first thread converges the accumulators and
+// finishes the chunk's tail. The combine kernel hashes each range's chunk hashes (XXH64 of 8 bytes
+// per chunk, seeded with the range's length) with the same four-thread routine.
 #include "launch.hpp"
 
 #include "ferry/kernels/xxh64.hpp"
 
 #include <cstdint>
+#include <vector>
 
 namespace ferry::kernels::cuda_detail {
 namespace {
 
 constexpr std::uint64_t kChunkBytes = 1ull << 20;  // kFingerprintChunkBytes of cpu.hpp
-constexpr unsigned kThreads = 128;
-constexpr unsigned kTileBytes = 8192;  // a multiple of 32 (stripe) and of 16 * kThreads
-static_assert(kChunkBytes % kTileBytes == 0);
+constexpr unsigned kGroup = 4;                     // threads per hash: XXH64's four accumulators
+constexpr unsigned kThreads = 64;                  // per block: 16 hashes
+constexpr unsigned kGroupsPerBlock = kThreads / kGroup;
+static_assert(kThreads % 32 == 0 && 32 % kGroup == 0, "a group must lie within one warp");
 
-__global__ void __launch_bounds__(kThreads)
-    chunk_hash_kernel(const unsigned char* data, std::uint64_t bytes, std::uint64_t* hashes) {
-  __shared__ uint4 tile_storage[kTileBytes / 16];
-  __shared__ std::uint64_t lanes[4];
-  auto* tile = reinterpret_cast<unsigned char*>(tile_storage);
-  const auto* words = reinterpret_cast<const std::uint64_t*>(tile_storage);
+// One range as the kernels see it: its chunk hashes are hashes[first_chunk ..] of the batch.
+struct DeviceRange {
+  const unsigned char* data;
+  std::uint64_t bytes;
+  std::uint64_t first_chunk;
+};
 
-  const std::uint64_t chunk = blockIdx.x;
-  const std::uint64_t begin = chunk * kChunkBytes;
-  const std::uint64_t len = bytes - begin < kChunkBytes ? bytes - begin : kChunkBytes;
-  const unsigned char* p = data + begin;
-  const std::uint64_t striped = len / xxh64::kStripeBytes * xxh64::kStripeBytes;
-  const bool vector_loads = (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+// The kernels' argument. A batch of one range carries it in `single` (no upload); otherwise
+// `ranges` is a device table of `num_ranges` entries in order of first_chunk.
+struct Batch {
+  const DeviceRange* ranges;
+  DeviceRange single;
+  std::uint64_t num_ranges;
+  std::uint64_t chunks;    // of all ranges together
+  std::uint64_t* hashes;   // `chunks` entries (device scratch)
+  std::uint64_t* results;  // `num_ranges` entries
+};
 
-  std::uint64_t acc = 0;
-  if (threadIdx.x < 4) acc = xxh64::initial_accumulator(static_cast<int>(threadIdx.x), chunk);
-  for (std::uint64_t t = 0; t < striped; t += kTileBytes) {
-    const unsigned n = static_cast<unsigned>(striped - t < kTileBytes ? striped - t : kTileBytes);
-    if (vector_loads) {
-      const auto* src = reinterpret_cast<const uint4*>(p + t);
-      for (unsigned i = threadIdx.x; i < n / 16; i += blockDim.x) tile_storage[i] = src[i];
-    } else {
-      for (unsigned i = threadIdx.x; i < n; i += blockDim.x) tile[i] = p[t + i];
-    }
-    __syncthreads();
-    if (threadIdx.x < 4) {
-      // Little-endian words: the device reads them as XXH64's lanes.
-      for (unsigned s = 0; s < n / 32; ++s) acc = xxh64::accumulate(acc, words[s * 4 + threadIdx.x]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x < 4) lanes[threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t h = len >= xxh64::kStripeBytes ? xxh64::converge(lanes) : chunk + xxh64::kPrime5;
-    h = xxh64::finish(h, len, p + striped, len - striped);
-    hashes[chunk] = h;
-  }
+__device__ __forceinline__ DeviceRange range_at(const Batch& b, std::uint64_t r) {
+  return b.ranges == nullptr ? b.single : b.ranges[r];
 }
 
-__global__ void combine_kernel(const std::uint64_t* hashes, std::uint64_t chunks,
-                               std::uint64_t bytes, std::uint64_t* result) {
-  *result = xxh64::hash(hashes, chunks * sizeof(std::uint64_t), bytes);
+// The range holding global chunk `g` (< b.chunks): the last one whose first_chunk <= g. Empty
+// ranges share their first_chunk with the next range, so the search never lands on one.
+__device__ std::uint64_t find_range(const Batch& b, std::uint64_t g) {
+  if (b.ranges == nullptr) return 0;
+  std::uint64_t lo = 0;
+  std::uint64_t hi = b.num_ranges - 1;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (b.ranges[mid].first_chunk <= g) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// A read-only 8-byte load that asks L2 to fetch the whole 128-byte line from memory (the next
+// stripes of the chunk then hit L2). Measured on an H200 (4096 x 4 MiB): 4.0 TB/s against 3.7
+// with __ldg, 3.4 with L1::no_allocate.L2::256B; keeping L1 allocation doubles the misaligned
+// path (its two aligned loads overlap the neighbouring thread's).
+__device__ __forceinline__ unsigned long long load_stream(const unsigned long long* p) {
+  unsigned long long v;
+  asm("ld.global.nc.L2::128B.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+// Reads one accumulator's words from an 8-byte aligned input: stripe s's word is words[4 s].
+struct AlignedWords {
+  static constexpr unsigned kDepth = 32;  // loads in flight per thread
+  using Raw = unsigned long long;
+  const unsigned long long* words;  // the thread's first word
+  unsigned shift;                   // unused (0)
+
+  __device__ __forceinline__ Raw load(std::uint64_t s) const { return load_stream(words + 4 * s); }
+  __device__ __forceinline__ std::uint64_t word(Raw raw) const { return raw; }
+};
+
+// Reads one accumulator's words from an input `shift / 8` bytes past an 8-byte boundary: each
+// word is put together from the two aligned words that hold it. Both hold a byte of the word, so
+// they lie in its pages (the loads cannot fault) although up to 7 of their bytes lie outside
+// the range; those bytes are shifted out.
+struct MisalignedWords {
+  static constexpr unsigned kDepth = 16;  // two loads per word: the same bytes in flight
+  struct Raw {
+    unsigned long long lo;
+    unsigned long long hi;
+  };
+  const unsigned long long* words;  // the aligned word holding the thread's first byte
+  unsigned shift;                   // 8, 16, .. 56 bits
+
+  __device__ __forceinline__ Raw load(std::uint64_t s) const {
+    return {load_stream(words + 4 * s), load_stream(words + 4 * s + 1)};
+  }
+  __device__ __forceinline__ std::uint64_t word(Raw raw) const {
+    return (raw.lo >> shift) | (raw.hi << (64 - shift));
+  }
+};
+
+// Runs one XXH64 accumulator over `stripes` stripes. Every word is loaded kDepth stripes before
+// its use, so the loads overlap the dependent chain of accumulate steps.
+template <class Words>
+__device__ __forceinline__ std::uint64_t run_accumulator(const Words& in, std::uint64_t stripes,
+                                                         std::uint64_t acc) {
+  constexpr unsigned kDepth = Words::kDepth;
+  std::uint64_t s = 0;  // stripes accumulated so far
+  if (stripes >= kDepth) {
+    typename Words::Raw ring[kDepth];  // ring[u] holds stripe s + u
+#pragma unroll
+    for (unsigned u = 0; u < kDepth; ++u) ring[u] = in.load(u);
+    for (; s + 2 * kDepth <= stripes; s += kDepth) {
+#pragma unroll
+      for (unsigned u = 0; u < kDepth; ++u) {
+        acc = xxh64::accumulate(acc, in.word(ring[u]));
+        ring[u] = in.load(s + kDepth + u);
+      }
+    }
+#pragma unroll
+    for (unsigned u = 0; u < kDepth; ++u) acc = xxh64::accumulate(acc, in.word(ring[u]));
+    s += kDepth;
+  }
+  for (; s < stripes; ++s) acc = xxh64::accumulate(acc, in.word(in.load(s)));
+  return acc;
+}
+
+// XXH64 of `len` bytes at `p` with `seed`, by the four threads of a group (consecutive lanes
+// 4k .. 4k + 3 of a warp; `lane` = 0..3 within the group). Every thread of the warp must call it
+// (it shuffles); a thread with `active` false (no hash for its group) takes part and reads
+// nothing. The value is returned to the group's lane 0 (others get 0).
+__device__ std::uint64_t group_hash(const unsigned char* p, std::uint64_t len, std::uint64_t seed,
+                                    unsigned lane, bool active) {
+  const std::uint64_t stripes = active ? len / xxh64::kStripeBytes : 0;
+  std::uint64_t acc = xxh64::initial_accumulator(static_cast<int>(lane), seed);
+  const auto misalignment = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) & 7u);
+  if (misalignment == 0) {
+    const AlignedWords in{reinterpret_cast<const unsigned long long*>(p) + lane, 0};
+    acc = run_accumulator(in, stripes, acc);
+  } else {
+    const MisalignedWords in{reinterpret_cast<const unsigned long long*>(p - misalignment) + lane,
+                             8 * misalignment};
+    acc = run_accumulator(in, stripes, acc);
+  }
+  const unsigned first = (threadIdx.x % 32) & ~(kGroup - 1);
+  std::uint64_t v[kGroup];
+#pragma unroll
+  for (unsigned i = 0; i < kGroup; ++i) {
+    v[i] = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(acc), first + i);
+  }
+  if (!active || lane != 0) return 0;
+  const std::uint64_t striped = stripes * xxh64::kStripeBytes;
+  const std::uint64_t h = len >= xxh64::kStripeBytes ? xxh64::converge(v) : seed + xxh64::kPrime5;
+  return xxh64::finish(h, len, p + striped, len - striped);
+}
+
+// One group per chunk of the batch: hashes[g] = XXH64(chunk, seed = its index in its range).
+__global__ void __launch_bounds__(kThreads) chunk_kernel(Batch b) {
+  const std::uint64_t g =
+      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
+  const unsigned lane = threadIdx.x % kGroup;
+  const bool active = g < b.chunks;
+  DeviceRange range{nullptr, 0, 0};
+  if (active) range = range_at(b, find_range(b, g));
+  const std::uint64_t index = active ? g - range.first_chunk : 0;
+  const std::uint64_t begin = index * kChunkBytes;
+  const std::uint64_t rest = range.bytes - begin;
+  const std::uint64_t len = active ? (rest < kChunkBytes ? rest : kChunkBytes) : 0;
+  const unsigned char* p = active ? range.data + begin : nullptr;
+  const std::uint64_t h = group_hash(p, len, index, lane, active);
+  if (active && lane == 0) b.hashes[g] = h;
+}
+
+// One group per range: results[r] = XXH64(its chunk hashes as little-endian u64, seed = bytes).
+__global__ void __launch_bounds__(kThreads) combine_kernel(Batch b) {
+  const std::uint64_t r =
+      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
+  const unsigned lane = threadIdx.x % kGroup;
+  const bool active = r < b.num_ranges;
+  DeviceRange range{nullptr, 0, 0};
+  if (active) range = range_at(b, r);
+  const std::uint64_t chunks = (range.bytes + kChunkBytes - 1) / kChunkBytes;
+  // An empty range reads nothing (and `hashes` may be null when every range is empty).
+  const auto* p =
+      chunks > 0 ? reinterpret_cast<const unsigned char*>(b.hashes + range.first_chunk) : nullptr;
+  const std::uint64_t h = group_hash(p, chunks * sizeof(std::uint64_t), range.bytes, lane, active);
+  if (active && lane == 0) b.results[r] = h;
+}
+
+unsigned blocks_for(std::uint64_t groups) {
+  return static_cast<unsigned>((groups + kGroupsPerBlock - 1) / kGroupsPerBlock);
 }
 
 }  // namespace
 
-cudaError_t launch_fingerprint(const void* data, std::uint64_t bytes,
-                               std::uint64_t* device_result, cudaStream_t stream) {
-  const std::uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
-  std::uint64_t* hashes = nullptr;
+cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,
+                                std::uint64_t* device_results, cudaStream_t stream) {
+  if (num_ranges == 0) return cudaSuccess;
+  std::vector<DeviceRange> table(num_ranges);
+  std::uint64_t chunks = 0;
+  for (std::size_t i = 0; i < num_ranges; ++i) {
+    table[i] = {static_cast<const unsigned char*>(ranges[i].data), ranges[i].bytes, chunks};
+    chunks += (ranges[i].bytes + kChunkBytes - 1) / kChunkBytes;
+  }
+  // The grid is 1-D: 2^31 - 1 blocks of 16 groups.
+  constexpr std::uint64_t kMaxGroups = 0x7fffffffull * kGroupsPerBlock;
+  if (chunks > kMaxGroups || num_ranges > kMaxGroups) return cudaErrorInvalidValue;
+
+  Batch batch{};
+  batch.num_ranges = num_ranges;
+  batch.chunks = chunks;
+  batch.results = device_results;
+  // One stream-ordered scratch allocation: the chunk hashes, then the range table (8-byte
+  // aligned after them) unless the batch has one range, which travels in the argument.
+  const std::uint64_t hash_bytes = chunks * sizeof(std::uint64_t);
+  const std::uint64_t table_bytes = num_ranges > 1 ? num_ranges * sizeof(DeviceRange) : 0;
+  unsigned char* scratch = nullptr;
   cudaError_t err = cudaSuccess;
-  if (chunks > 0) {
-    err = cudaMallocAsync(reinterpret_cast<void**>(&hashes), chunks * sizeof(std::uint64_t),
-                          stream);
+  if (hash_bytes + table_bytes > 0) {
+    err = cudaMallocAsync(reinterpret_cast<void**>(&scratch), hash_bytes + table_bytes, stream);
     if (err != cudaSuccess) return err;
-    chunk_hash_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        static_cast<const unsigned char*>(data), bytes, hashes);
+  }
+  batch.hashes = reinterpret_cast<std::uint64_t*>(scratch);
+  if (table_bytes > 0) {
+    auto* device_table = reinterpret_cast<DeviceRange*>(scratch + hash_bytes);
+    batch.ranges = device_table;
+    // Pageable source: the copy is staged before this returns, so `table` may go.
+    err = cudaMemcpyAsync(device_table, table.data(), table_bytes, cudaMemcpyHostToDevice, stream);
+  } else {
+    batch.single = table[0];
+  }
+  if (err == cudaSuccess && chunks > 0) {
+    chunk_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
-    combine_kernel<<<1, 1, 0, stream>>>(hashes, chunks, bytes, device_result);
+    combine_kernel<<<blocks_for(num_ranges), kThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
-  if (hashes != nullptr) {
-    const cudaError_t free_err = cudaFreeAsync(hashes, stream);
+  if (scratch != nullptr) {
+    const cudaError_t free_err = cudaFreeAsync(scratch, stream);
     if (err == cudaSuccess) err = free_err;
   }
   return err;

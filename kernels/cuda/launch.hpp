@@ -44,9 +44,17 @@ cudaError_t launch_scatter_table(const DeviceOp* device_ops, std::size_t num_ops
                                  std::uint64_t total_units, std::uintptr_t src_base,
                                  cudaStream_t stream);
 
-// Launches the per-chunk hash kernel and the combine kernel; writes the result to
-// `device_result`.
-cudaError_t launch_fingerprint(const void* data, std::uint64_t bytes,
-                               std::uint64_t* device_result, cudaStream_t stream);
+// One byte range to fingerprint (device address, length).
+struct FingerprintRange {
+  const void* data;
+  std::uint64_t bytes;
+};
+
+// Launches the chunk hash kernel over every chunk of every range and the combine kernel (two
+// launches however many ranges); writes range i's xxh64-chunked-v1 to device_results[i]. The
+// host array is copied (stream-ordered) before this returns. cudaErrorInvalidValue when the
+// batch exceeds one grid (2^35 chunks).
+cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,
+                                std::uint64_t* device_results, cudaStream_t stream);
 
 }  // namespace ferry::kernels::cuda_detail

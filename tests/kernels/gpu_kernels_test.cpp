@@ -1,6 +1,7 @@
 // Tests of the CUDA kernels against their CPU twins on random data: scatter (copies and casts,
 // aligned and misaligned, many tiny ops with a huge one, bad plans refused) and the fingerprint
-// (chunk boundaries, misaligned input). Exits 77 (meson's skip code) without a CUDA device.
+// (chunk boundaries, misaligned input; many ranges of every size and alignment in one call).
+// Exits 77 (meson's skip code) without a CUDA device.
 #include "ferry/kernels/cpu.hpp"
 #include "ferry/kernels/cuda.hpp"
 
@@ -10,9 +11,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace fk = ferry::kernels;
@@ -276,6 +281,142 @@ TEST(GpuFingerprint, MatchesTheCpuAtChunkBoundariesAndAnyAlignment) {
   std::memcpy(&value, bytes.data(), 8);
   EXPECT_EQ(value, fk::fingerprint_cpu(host.data(), total));
   cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// Fingerprints `ranges` (offset, bytes) of `device` in one fingerprint_many_cuda_async call and
+// compares each with fingerprint_cpu of the same bytes of `host`.
+void expect_many_equal_cpu(const std::vector<unsigned char>& host, const DeviceBuffer& device,
+                           const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+                           cudaStream_t stream) {
+  std::vector<const void*> data;
+  std::vector<std::uint64_t> bytes;
+  for (const auto& [offset, n] : ranges) {
+    data.push_back(device.data() + offset);
+    bytes.push_back(n);
+  }
+  DeviceBuffer results(ranges.size() * 8);
+  cuda_ok(cudaMemset(results.data(), 0, ranges.size() * 8), "clear results");
+  fk::fingerprint_many_cuda_async(data, bytes, reinterpret_cast<std::uint64_t*>(results.data()),
+                                  stream);
+  data.clear();  // the call copied the ranges
+  bytes.clear();
+  cuda_ok(cudaStreamSynchronize(stream), "sync");
+  const auto raw = results.download();
+  // The CPU twin on a few threads per range, ranges spread over the host's cores.
+  std::vector<std::uint64_t> expected(ranges.size());
+  std::vector<std::thread> pool;
+  const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (unsigned w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      for (std::size_t i = w; i < ranges.size(); i += workers) {
+        expected[i] = fk::fingerprint_cpu(host.data() + ranges[i].first, ranges[i].second, 1);
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    std::uint64_t value = 0;
+    std::memcpy(&value, raw.data() + 8 * i, 8);
+    if (value != expected[i] && ++wrong <= 10) {
+      ADD_FAILURE() << "range " << i << ": offset " << ranges[i].first << " (shift "
+                    << ranges[i].first % 16 << "), " << ranges[i].second << " bytes: GPU "
+                    << std::hex << value << " CPU " << expected[i] << std::dec;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << ranges.size() << " ranges";
+}
+
+std::vector<unsigned char> random_bytes(std::uint64_t n, std::uint64_t seed) {
+  std::vector<unsigned char> host(n);
+  std::mt19937_64 rng(seed);
+  for (std::uint64_t i = 0; i + 8 <= n; i += 8) {
+    const std::uint64_t v = rng();
+    std::memcpy(host.data() + i, &v, 8);
+  }
+  for (std::uint64_t i = n / 8 * 8; i < n; ++i) host[i] = static_cast<unsigned char>(rng());
+  return host;
+}
+
+TEST(GpuFingerprint, ManyRangesOfEverySizeAndAlignmentInOneCallMatchTheCpu) {
+  const std::uint64_t sizes[] = {0, 1, 31, 32, 33, kMiB - 1, kMiB, kMiB + 7, 5 * kMiB + 3};
+  const std::uint64_t total = 8 * kMiB;
+  const auto host = random_bytes(total, 500);
+  DeviceBuffer device(total);
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreate(&stream), "stream");
+  // The upload is the stream's earlier work: the fingerprints must read after it.
+  cuda_ok(cudaMemset(device.data(), 0, total), "clear");
+  void* pinned = nullptr;
+  cuda_ok(cudaMallocHost(&pinned, total), "pinned");
+  std::memcpy(pinned, host.data(), total);
+  cuda_ok(cudaMemcpyAsync(device.data(), pinned, total, cudaMemcpyHostToDevice, stream), "upload");
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (std::uint64_t shift = 0; shift < 16; ++shift) {
+    for (std::uint64_t n : sizes)
+      ranges.emplace_back(shift * 4099 % (2 * kMiB) / 16 * 16 + shift, n);
+  }
+  // Overlapping ranges and the same range twice are independent entries.
+  ranges.emplace_back(0, total);
+  ranges.emplace_back(0, total);
+  ranges.emplace_back(total - 33, 33);
+  expect_many_equal_cpu(host, device, ranges, stream);
+  cuda_ok(cudaFreeHost(pinned), "free pinned");
+
+  // A batch of one range and a batch of empty ranges only.
+  expect_many_equal_cpu(host, device, {{3, 5 * kMiB + 3}}, stream);
+  expect_many_equal_cpu(host, device, {{0, 0}, {5, 0}}, stream);
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+TEST(GpuFingerprint, FourThousandRangesFromFourKiBToFourMiBMatchTheCpu) {
+  const std::uint64_t total = 64 * kMiB;
+  const auto host = random_bytes(total, 600);
+  DeviceBuffer device(total);
+  device.upload(host);
+  std::mt19937_64 rng(601);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  const double lo = std::log(4096.0);
+  const double hi = std::log(4.0 * static_cast<double>(kMiB));
+  std::uniform_real_distribution<double> log_size(lo, hi);
+  for (int i = 0; i < 4096; ++i) {
+    std::uint64_t n = static_cast<std::uint64_t>(std::exp(log_size(rng)));
+    if (i == 0) n = 4096;
+    if (i == 1) n = 4 * kMiB;
+    if (i % 7 == 0) n = (n + kMiB - 1) / kMiB * kMiB;  // whole chunks too
+    n = std::min(n, 4 * kMiB);
+    const std::uint64_t offset =
+        (rng() % (total - n - 16 + 1)) / 16 * 16 + (i % 4 == 0 ? 0 : rng() % 16);
+    ranges.emplace_back(offset, n);
+  }
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreate(&stream), "stream");
+  expect_many_equal_cpu(host, device, ranges, stream);
+  cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+TEST(GpuFingerprint, ManyRefusesMismatchedSpansAndNullData) {
+  const std::vector<const void*> data = {nullptr, nullptr};
+  const std::vector<std::uint64_t> one = {0};
+  const std::vector<std::uint64_t> two = {0, 5};
+  DeviceBuffer results(16);
+  auto* out = reinterpret_cast<std::uint64_t*>(results.data());
+  for (const auto* sizes : {&one, &two}) {
+    try {
+      fk::fingerprint_many_cuda_async(data, *sizes, out, nullptr);
+      ADD_FAILURE() << "accepted " << sizes->size() << " sizes";
+    } catch (const ferry::Error& e) {
+      EXPECT_EQ(e.code(), FERRY_STATUS_INVALID_ARGUMENT) << e.what();
+    }
+  }
+  // Null data is fine for empty ranges.
+  const std::vector<std::uint64_t> empty = {0, 0};
+  fk::fingerprint_many_cuda_async(data, empty, out, nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "sync");
+  const auto raw = results.download();
+  std::uint64_t value = 0;
+  std::memcpy(&value, raw.data() + 8, 8);
+  EXPECT_EQ(value, 0xef46db3751d8e999ull);
 }
 
 int main(int argc, char** argv) {

@@ -85,13 +85,16 @@ void fp8_block_quant_cuda(std::span<const ferry_plan_op_t> ops, std::span<const 
 
 // Enqueues xxh64-chunked-v1 (docs/fingerprint.md) of `bytes` bytes at device address `data`;
 // the value is written to `device_result` (device memory, 8 bytes) when the stream gets there.
+// Any alignment of `data`; a batch of one for fingerprint_many_cuda_async's kernels.
 void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t* device_result,
                             cudaStream_t stream);
 
-// Fingerprints of many ranges, ranges[i] = (data[i], bytes[i]) -> device_results[i], enqueued
-// after `stream`'s earlier work, which waits for all of them. One kernel takes about as long as
-// one 1 MiB chunk however few chunks its range has, so the kernels run side by side on a pool of
-// streams (created and released per call; their pending work completes first).
+// Fingerprints of many ranges, ranges[i] = (data[i], bytes[i]) -> device_results[i] (empty
+// ranges included; any alignment), enqueued on `stream` after its earlier work: two launches
+// for the whole batch (every 1 MiB chunk of every range hashed side by side, then one combine
+// per range), with a stream-ordered scratch allocation and a copy of the range table made
+// before this returns, so the spans may be freed at once. INVALID_ARGUMENT (nothing enqueued)
+// when the spans' sizes differ, a range with bytes has null data or device_results is null.
 void fingerprint_many_cuda_async(std::span<const void* const> data,
                                  std::span<const std::uint64_t> bytes,
                                  std::uint64_t* device_results, cudaStream_t stream);
