@@ -775,14 +775,12 @@ void Receiver::StreamingUpdate::begin_direct_writes() {
   i.s.engine->begin_direct_writes();
 }
 
-std::vector<std::uint64_t> Receiver::StreamingUpdate::record_direct_bucket(
-    std::span<const std::uint8_t> manifest) {
+void Receiver::StreamingUpdate::record_direct_bucket(std::span<const std::uint8_t> manifest) {
   auto& i = *impl_;
   if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
   try {
-    auto prints = i.s.engine->record_direct_bucket(manifest);
+    i.s.engine->record_direct_bucket(manifest);
     i.report.buckets += 1;
-    return prints;
   } catch (...) {
     i.finished = true;  // the engine ended the update (rolled back or fenced)
     i.busy.reset();

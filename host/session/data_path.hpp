@@ -125,6 +125,16 @@ class SenderDataPath {
   virtual void deliver_pieces(std::uint32_t /*slot*/, std::uint32_t /*bucket_index*/,
                               std::span<const TensorPiece> /*pieces*/,
                               Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
+  // The same in two halves, so that the next bucket's copies can be queued before this one is
+  // announced: start_pieces() queues the writes (at most two buckets started and not
+  // finished), finish_pieces() returns once the oldest started bucket's writes are complete and
+  // visible to the receiver. By default start does all the work.
+  virtual void start_pieces(std::uint32_t slot, std::uint32_t bucket_index,
+                            std::vector<TensorPiece> pieces, Clock::time_point deadline,
+                            const std::string& phase) {
+    deliver_pieces(slot, bucket_index, pieces, deadline, phase);
+  }
+  virtual void finish_pieces(Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // Moves `bytes` bytes of local slot `slot` into the receiver's slot `slot` (complete and
   // visible when it returns), before the BucketReady is sent. Inline: nothing.
   virtual void deliver(std::uint32_t /*slot*/, std::uint32_t /*bucket_index*/,

@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -413,7 +414,11 @@ class PluginSenderPath final : public SenderDataPath {
     rma_ = false;
     bool have_keys = rma_native && p_.rma_native_ && !keys_.empty();
     for (const auto& k : keys_) have_keys = have_keys && !k.empty();
-    if (have_keys) {
+    if (have_keys && p_.device_transport_) {
+      // A device transport writes the peer's memory natively (no emulated RMA to find out
+      // about); not probing spares an import of slot 0, which direct delivery never writes.
+      rma_ = true;
+    } else if (have_keys) {
       // The plugin decides per peer whether put is worth it (UCX refuses put where it only
       // emulates RMA, e.g. over tcp): probe with a small put into the receiver's slot 0, which
       // holds no bucket yet.
@@ -492,34 +497,60 @@ class PluginSenderPath final : public SenderDataPath {
     flush(deadline, phase);
   }
 
-  void deliver_pieces(std::uint32_t slot, std::uint32_t /*bucket_index*/,
-                      std::span<const TensorPiece> pieces, Clock::time_point deadline,
-                      const std::string& phase) override {
-    // Every put is enqueued before one flush waits for all of them: the copies run back to
-    // back on the plugin's stream. Requests are freed after the flush (complete by then), or
-    // on failure.
-    std::vector<ferry_request_t*> requests;
-    requests.reserve(pieces.size());
-    auto free_all = [&] {
-      for (auto* r : requests) {
-        if (r != nullptr && p_.api_->request_free != nullptr) p_.api_->request_free(p_.transport_, r);
-      }
-      requests.clear();
-    };
+  // Every put of a bucket is enqueued, then one flush: the copies run back to back on the
+  // plugin's stream. The requests are freed once the flush completed, or on failure.
+  void start_pieces(std::uint32_t slot, std::uint32_t /*bucket_index*/,
+                    std::vector<TensorPiece> pieces, Clock::time_point deadline,
+                    const std::string& phase) override {
+    if (started_.size() >= 2) {
+      fail(FERRY_STATUS_INTERNAL, "{}: started before '{}' finished", phase,
+           started_.front().phase);
+    }
+    Started st;
+    st.phase = phase;
+    st.count = pieces.size();
+    const auto start = Clock::now();
     try {
+      st.requests.reserve(pieces.size());
       for (const auto& piece : pieces) {
         if (piece.size == 0) continue;
         auto* memory = p_.local(piece.data, piece.size, piece.kind,
                                 piece.kind == FERRY_MEMORY_CUDA ? piece.device : device_);
-        requests.push_back(put(PluginInstance::whole(memory, piece.size), slot, piece.offset,
-                               deadline, phase, piece.region));
+        st.requests.push_back(put(PluginInstance::whole(memory, piece.size), slot, piece.offset,
+                                  deadline, phase, piece.region));
       }
-      flush(deadline, phase);
+      throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &st.flush),
+                     p_.context(phase));
     } catch (...) {
-      free_all();
+      release(st);
       throw;
     }
-    free_all();
+    st.queue_s = std::chrono::duration<double>(Clock::now() - start).count();
+    started_.push_back(std::move(st));
+  }
+  void finish_pieces(Clock::time_point deadline, const std::string& phase) override {
+    if (started_.empty()) return;
+    Started st = std::move(started_.front());
+    started_.pop_front();
+    const auto start = Clock::now();
+    ferry_request_t* flush = std::exchange(st.flush, nullptr);
+    try {
+      p_.finish(flush, deadline, phase + " (flush)");  // frees the flush request
+    } catch (...) {
+      release(st);
+      throw;
+    }
+    release(st);
+    logger("sender")->debug("{}: {} pieces: puts queued in {:.3f} ms, then flushed in {:.3f} ms",
+                            phase, st.count, st.queue_s * 1e3,
+                            std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  void deliver_pieces(std::uint32_t slot, std::uint32_t bucket_index,
+                      std::span<const TensorPiece> pieces, Clock::time_point deadline,
+                      const std::string& phase) override {
+    start_pieces(slot, bucket_index, std::vector<TensorPiece>(pieces.begin(), pieces.end()),
+                 deadline, phase);
+    finish_pieces(deadline, phase);
   }
   void deliver(std::uint32_t slot, std::uint32_t bucket_index, std::uint64_t bytes,
                Clock::time_point deadline, const std::string& phase) override {
@@ -534,9 +565,31 @@ class PluginSenderPath final : public SenderDataPath {
     }
   }
   void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+  ~PluginSenderPath() override {
+    for (auto& st : started_) release(st);
+  }
 
  private:
+  // A bucket's puts and flush, queued and not yet waited for (start_pieces).
+  struct Started {
+    std::vector<ferry_request_t*> requests;
+    ferry_request_t* flush = nullptr;
+    std::string phase;
+    std::size_t count = 0;
+    double queue_s = 0;
+  };
+  void release(Started& st) noexcept {
+    if (p_.api_->request_free == nullptr) return;
+    for (auto* r : st.requests) {
+      if (r != nullptr) p_.api_->request_free(p_.transport_, r);
+    }
+    st.requests.clear();
+    if (st.flush != nullptr) p_.api_->request_free(p_.transport_, st.flush);
+    st.flush = nullptr;
+  }
+
   PluginInstance p_;
+  std::deque<Started> started_;  // oldest first; at most two (one finishing, one queued)
   int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;

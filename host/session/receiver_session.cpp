@@ -175,12 +175,14 @@ class Session {
       for (unsigned k = 0; k < shape.size(); ++k) d.shape[k] = shape[k];
       descs.push_back(d);
     }
+    const auto open_start = Clock::now();
     try {
       update_ = receiver_.open_session(descs, text(hello.getConfigJson()));
     } catch (const Error& e) {
       fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
     }
 
+    const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
     const std::uint32_t slots = hello.getSlots();
     if (capacity_ == 0 || capacity_ > settings_.max_bucket_bytes) {
@@ -214,7 +216,15 @@ class Session {
       }
     }
     if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
+    const auto offer_start = Clock::now();
     offer_direct(text(hello.getDelivery()), descs);
+    const auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    logger("session")->debug(
+        "{}: handshake: layout check {:.3f} ms, data path {:.3f} ms, direct offer {:.3f} ms",
+        ch_.peer(), ms(open_start, path_start), ms(path_start, offer_start),
+        ms(offer_start, Clock::now()));
 
     capnp::MallocMessageBuilder m;
     auto welcome = m.initRoot<wire::Message>().initWelcome();
@@ -310,9 +320,13 @@ class Session {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
            ch_.peer(), phase);
     }
+    const auto begin_start = Clock::now();
     update_->begin(version_, label.empty() ? std::nullopt : std::optional<std::string>(label));
     // Before the Ready: from then on the sender writes live parameters.
     if (direct_) update_->begin_direct_writes();
+    logger("session")->debug("{}: begin of version {}: {:.3f} ms", ch_.peer(), version_,
+                             std::chrono::duration<double, std::milli>(Clock::now() - begin_start)
+                                 .count());
     for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
       data_->post(s, s, deadline_in(settings_.bucket_timeout));
     }
@@ -347,13 +361,9 @@ class Session {
       }
       std::vector<std::uint64_t> prints;
       if (direct_) {
-        // The sender's puts into the parameters completed before its BucketReady.
-        const auto start = Clock::now();
-        prints = update_->record_direct_bucket(manifest_bytes);
-        logger("session")->debug(
-            "{}: {}: {} tensors written in place, {} bytes: fingerprinted in {:.3f} ms",
-            ch_.peer(), phase, decoded.tensors.size(), bytes,
-            std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        // The sender's puts into the parameters completed before its BucketReady. What they
+        // wrote is verified at commit, in one pass; the Ack carries no fingerprints.
+        update_->record_direct_bucket(manifest_bytes);
         send_ack(index, slot, prints, phase);
         return;
       }
@@ -489,8 +499,8 @@ class Session {
           const auto report = update_->commit();
           update_.reset();
           logger("session")->debug(
-              "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter, "
-              "publish)",
+              "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
+              "and of what was written in place, publish)",
               ch_.peer(), version_,
               std::chrono::duration<double, std::milli>(Clock::now() - commit_start).count());
           capnp::MallocMessageBuilder m;

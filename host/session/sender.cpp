@@ -341,7 +341,10 @@ struct Sender::Impl {
   }
 
   // Waits for the Ack of bucket `index`; checks its fingerprints.
-  void wait_ack(Channel& ch, std::uint32_t index, const PushPlan& plan, std::span<const TensorView> tensors) {
+  // Direct delivery: the Ack carries no fingerprints (the receiver verifies what was written in
+  // place at commit, against the manifests' fingerprints).
+  void wait_ack(Channel& ch, std::uint32_t index, const PushPlan& plan,
+                std::span<const TensorView> tensors, bool direct) {
     const std::string phase = fmt::format("bucket {} (ack)", index);
     auto msg = ch.recv(deadline_in(options.bucket_timeout), phase);
     auto root = msg->root();
@@ -360,6 +363,7 @@ struct Sender::Impl {
     }
     const auto& b = plan.buckets[index];
     auto prints = ack.getFingerprints();
+    if (direct && prints.size() == 0) return;
     if (prints.size() != b.fingerprints.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: {} fingerprints for {} tensors", ch.peer(), phase,
            prints.size(), b.fingerprints.size());
@@ -428,6 +432,8 @@ struct Sender::Impl {
       std::lock_guard lock(mutex);
       if (data) data_paths.insert(data.get());
     }
+    const double create_s = seconds_since(session_start);
+    double connect_s = 0;  // the data path's connect, inside the handshake
     // ---- handshake
     {
       capnp::MallocMessageBuilder m;
@@ -493,9 +499,11 @@ struct Sender::Impl {
                  s.getCapacity(), plan.capacity);
           }
         }
+        const auto connect_start = Clock::now();
         data->connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
                                                     w.getTransportAddress().size()),
                       keys, w.getRmaNative(), ch.peer(), deadline_in(options.connect_timeout));
+        connect_s = seconds_since(connect_start);
         direct = choose_direct(w, *data, plan, tensors.size(), ch.peer(), destinations);
       }
       if (!direct && config.update.delivery == config::Delivery::direct) {
@@ -511,6 +519,7 @@ struct Sender::Impl {
       data_paths.insert(data.get());
       results[index].transport = data->name();
     }
+    const double handshake_s = seconds_since(session_start) - create_s;
     // ---- begin
     {
       capnp::MallocMessageBuilder m;
@@ -534,56 +543,38 @@ struct Sender::Impl {
       }
     }
     setup_s = seconds_since(session_start);
+    logger("sender")->debug(
+        "{}: set-up: data path {:.3f} ms, handshake {:.3f} ms (connect {:.3f} ms), begin {:.3f} ms",
+        address, create_s * 1e3, handshake_s * 1e3, connect_s * 1e3,
+        (setup_s - create_s - handshake_s) * 1e3);
     // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
     std::uint32_t acked = 0;
     const auto count = static_cast<std::uint32_t>(plan.buckets.size());
-    for (std::uint32_t k = 0; k < count; ++k) {
+    // The pieces of bucket k for a device transport: each tensor from its own memory into the
+    // receiver's slot, or (direct) straight into its destination in the receiver's parameters.
+    auto pieces_of = [&](const PlannedBucket& b) {
+      std::vector<TensorPiece> pieces;
+      pieces.reserve(b.items.size());
+      for (const auto& [t, offset] : b.items) {
+        TensorPiece p;
+        p.data = tensors[t].data;
+        p.size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+        p.offset = offset;
+        p.kind = tensors[t].memory_kind;
+        p.device = tensors[t].device;
+        if (direct) {
+          p.region = destinations[t].first;
+          p.offset = destinations[t].second;
+        }
+        pieces.push_back(p);
+      }
+      return pieces;
+    };
+    // Announces bucket k (its bytes are in place).
+    auto announce = [&](std::uint32_t k, Clock::time_point deadline) {
       const std::string phase = fmt::format("bucket {}", k);
       const std::uint32_t slot = k % kSlots;
-      if (k >= kSlots) {
-        const auto ack_start = Clock::now();
-        wait_ack(ch, acked, plan, tensors);
-        ack_s += seconds_since(ack_start);
-        ++acked;
-      }
       const auto& b = plan.buckets[k];
-      const auto deadline = deadline_in(options.bucket_timeout);
-      const auto deliver_start = Clock::now();
-      if (direct || (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA))) {
-        // Device transport: each tensor goes from its own memory into the receiver's slot, or
-        // (direct) straight into its destination in the receiver's parameters.
-        std::vector<TensorPiece> pieces;
-        pieces.reserve(b.items.size());
-        for (const auto& [t, offset] : b.items) {
-          TensorPiece p;
-          p.data = tensors[t].data;
-          p.size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
-          p.offset = offset;
-          p.kind = tensors[t].memory_kind;
-          p.device = tensors[t].device;
-          if (direct) {
-            p.region = destinations[t].first;
-            p.offset = destinations[t].second;
-          }
-          pieces.push_back(p);
-        }
-        data->deliver_pieces(slot, k, pieces, deadline, phase);
-      } else {
-        auto dst = data->slot(slot);
-        std::uint64_t cursor = 0;
-        for (const auto& [t, offset] : b.items) {
-          // Zero the alignment padding so the bytes on the wire are deterministic.
-          if (offset > cursor) std::memset(dst.data() + cursor, 0, offset - cursor);
-          const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
-          copy_to_host(dst.data() + offset, tensors[t], size);
-          cursor = offset + size;
-        }
-        data->deliver(slot, k, b.bytes, deadline, phase);
-      }
-      const double bucket_deliver_s = seconds_since(deliver_start);
-      deliver_s += bucket_deliver_s;
-      logger("sender")->debug("{}: bucket {}: {} tensors, {} bytes delivered in {:.3f} ms",
-                              address, k, b.items.size(), b.bytes, bucket_deliver_s * 1e3);
       capnp::MallocMessageBuilder m;
       auto br = m.initRoot<wire::Message>().initBucket();
       br.setIndex(k);
@@ -601,11 +592,70 @@ struct Sender::Impl {
         results[index].bytes = result.bytes;
       }
       if (options.after_bucket) options.after_bucket(address, k);
+    };
+    auto await_ack = [&] {
+      const auto ack_start = Clock::now();
+      wait_ack(ch, acked, plan, tensors, direct);
+      ack_s += seconds_since(ack_start);
+      ++acked;
+    };
+    if (direct) {
+      // Pipelined: bucket k's copies are queued before bucket k-1 is announced, so the copies
+      // run back to back while the control messages go out. No slot is written; acks still
+      // bound the buckets in flight.
+      auto deadline = deadline_in(options.bucket_timeout);
+      for (std::uint32_t k = 0; k < count; ++k) {
+        if (k >= kSlots) await_ack();
+        const auto deliver_start = Clock::now();
+        data->start_pieces(k % kSlots, k, pieces_of(plan.buckets[k]), deadline_in(options.bucket_timeout),
+                           fmt::format("bucket {}", k));
+        if (k > 0) {
+          data->finish_pieces(deadline, fmt::format("bucket {}", k - 1));
+          deliver_s += seconds_since(deliver_start);
+          announce(k - 1, deadline);
+        } else {
+          deliver_s += seconds_since(deliver_start);
+        }
+        deadline = deadline_in(options.bucket_timeout);
+      }
+      if (count > 0) {
+        const auto deliver_start = Clock::now();
+        data->finish_pieces(deadline, fmt::format("bucket {}", count - 1));
+        deliver_s += seconds_since(deliver_start);
+        announce(count - 1, deadline);
+      }
+    }
+    for (std::uint32_t k = 0; k < count && !direct; ++k) {
+      const std::string phase = fmt::format("bucket {}", k);
+      const std::uint32_t slot = k % kSlots;
+      if (k >= kSlots) await_ack();
+      const auto& b = plan.buckets[k];
+      const auto deadline = deadline_in(options.bucket_timeout);
+      const auto deliver_start = Clock::now();
+      if (b.cuda && data->delivers_pieces(FERRY_MEMORY_CUDA)) {
+        data->deliver_pieces(slot, k, pieces_of(b), deadline, phase);
+      } else {
+        auto dst = data->slot(slot);
+        std::uint64_t cursor = 0;
+        for (const auto& [t, offset] : b.items) {
+          // Zero the alignment padding so the bytes on the wire are deterministic.
+          if (offset > cursor) std::memset(dst.data() + cursor, 0, offset - cursor);
+          const auto size = byte_size(tensors[t].dtype, tensors[t].shape).value_or(0);
+          copy_to_host(dst.data() + offset, tensors[t], size);
+          cursor = offset + size;
+        }
+        data->deliver(slot, k, b.bytes, deadline, phase);
+      }
+      const double bucket_deliver_s = seconds_since(deliver_start);
+      deliver_s += bucket_deliver_s;
+      logger("sender")->debug("{}: bucket {}: {} tensors, {} bytes delivered in {:.3f} ms",
+                              address, k, b.items.size(), b.bytes, bucket_deliver_s * 1e3);
+      announce(k, deadline);
     }
     {
       const auto ack_start = Clock::now();
       while (acked < count) {
-        wait_ack(ch, acked, plan, tensors);
+        wait_ack(ch, acked, plan, tensors, direct);
         ++acked;
       }
       ack_s += seconds_since(ack_start);

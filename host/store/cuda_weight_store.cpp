@@ -365,6 +365,9 @@ void CudaWeightStore::copy_bytes(void* dst, const void* src, std::uint64_t bytes
   DeviceScope scope(options_.device);
   scope.require();
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "weight store copy");
+  // From pageable memory cudaMemcpy may return before its DMA lands; readers on non-blocking
+  // streams (the update engine's, a transport's) would not wait for it.
+  check(cudaStreamSynchronize(cudaStreamLegacy), "weight store copy (completion)");
 }
 
 void CudaWeightStore::copy_pieces(std::span<const CopyJob> jobs, const std::string& what) {

@@ -158,7 +158,7 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
   bind_layout_locked();
   store_.begin_writes(layout_tags_, fmt::format("update {}", version));
   for (std::size_t i = 0; i < targets_.size(); ++i) written_[i].reset(targets_[i].view.elements);
-  known_prints_.assign(targets_.size(), std::nullopt);
+  in_place_.clear();
   expected_.clear();
   buckets_this_update_ = 0;
   current_bucket_.reset();
@@ -459,8 +459,7 @@ void UpdateEngine::begin_direct_writes() {
   dirty_ = true;
 }
 
-std::vector<std::uint64_t> UpdateEngine::record_direct_bucket(
-    std::span<const std::uint8_t> manifest_bytes) {
+void UpdateEngine::record_direct_bucket(std::span<const std::uint8_t> manifest_bytes) {
   std::lock_guard lock(op_mutex_);
   std::uint64_t version = 0;
   {
@@ -487,10 +486,9 @@ std::vector<std::uint64_t> UpdateEngine::record_direct_bucket(
       }
       op_of[op.src_tensor] = &op;
     }
-    std::vector<const std::byte*> data;
-    std::vector<std::uint64_t> sizes;
-    data.reserve(m.tensors.size());
-    sizes.reserve(m.tensors.size());
+    std::vector<InPlaceWrite> writes;
+    writes.reserve(m.tensors.size());
+    std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < m.tensors.size(); ++i) {
       const auto& e = m.tensors[i];
       ferry_tensor_desc_t desc{};
@@ -513,34 +511,20 @@ std::vector<std::uint64_t> UpdateEngine::record_direct_bucket(
         fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}': {} bytes announced, its destination has {}",
              e.name, e.size, dest->bytes);
       }
-      data.push_back(dest->data);
-      sizes.push_back(dest->bytes);
-    }
-    std::vector<std::uint64_t> prints = cuda_locked().fingerprints(data, sizes);
-    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-      const auto& e = m.tensors[i];
-      if (options_.verify_fingerprints && e.fingerprint && prints[i] != *e.fingerprint) {
-        fail(FERRY_STATUS_CORRUPT_DATA,
-             "tensor '{}': fingerprint of what was written in place {:016x} differs from the "
-             "sender's {:016x}",
-             e.name, prints[i], *e.fingerprint);
-      }
       const auto& op = *op_of[i];
-      record_written(op);
-      if (op.dst_offset == 0 && sizes[i] == targets_[op.dst_param].bytes) {
-        known_prints_[op.dst_param] = prints[i];
-      }
+      writes.push_back({e.name, dest->data, dest->bytes, e.fingerprint, op.dst_param,
+                        op.dst_offset == 0 && dest->bytes == targets_[op.dst_param].bytes});
+      bytes += dest->bytes;
     }
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) record_written(*op_of[i]);
+    for (auto& w : writes) in_place_.push_back(std::move(w));
     ++buckets_this_update_;
-    std::uint64_t bytes = 0;
-    for (auto b : sizes) bytes += b;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::lock_guard state(state_mutex_);
     metrics_.buckets_applied += 1;
     metrics_.bytes_applied += bytes;
     metrics_.seconds_applying += seconds;
-    return prints;
   } catch (const std::exception& e) {
     const std::string where =
         current_bucket_ ? fmt::format("at bucket {} (written in place)", *current_bucket_)
@@ -548,6 +532,31 @@ std::vector<std::uint64_t> UpdateEngine::record_direct_bucket(
     fail_locked(where, e.what());
     throw;
   }
+}
+
+std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked() {
+  std::vector<std::optional<std::uint64_t>> known(targets_.size());
+  if (in_place_.empty()) return known;
+  std::vector<const std::byte*> data;
+  std::vector<std::uint64_t> bytes;
+  data.reserve(in_place_.size());
+  bytes.reserve(in_place_.size());
+  for (const auto& w : in_place_) {
+    data.push_back(w.data);
+    bytes.push_back(w.bytes);
+  }
+  const auto prints = cuda_locked().fingerprints(data, bytes);
+  for (std::size_t i = 0; i < in_place_.size(); ++i) {
+    const auto& w = in_place_[i];
+    if (options_.verify_fingerprints && w.expected && prints[i] != *w.expected) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "tensor '{}': fingerprint of what was written in place {:016x} differs from the "
+           "sender's {:016x}",
+           w.name, prints[i], *w.expected);
+    }
+    if (w.whole) known[w.param] = prints[i];
+  }
+  return known;
 }
 
 void UpdateEngine::set_expected_fingerprints(std::map<std::string, std::uint64_t> expected) {
@@ -615,17 +624,19 @@ void UpdateEngine::commit() {
                : std::string());
     }
     {
-      // Parameters written whole in place were fingerprinted right after (record_direct_bucket).
+      // What was written in place is verified now, in one pass; parameters written whole that
+      // way need no second read.
+      const auto known = verify_in_place_locked();
       std::vector<Target> unknown;
       std::vector<std::size_t> unknown_index;
       for (std::size_t i = 0; i < targets_.size(); ++i) {
-        if (i < known_prints_.size() && known_prints_[i]) continue;
+        if (known[i]) continue;
         unknown.push_back(targets_[i]);
         unknown_index.push_back(i);
       }
       fps.assign(targets_.size(), 0);
-      for (std::size_t i = 0; i < known_prints_.size() && i < targets_.size(); ++i) {
-        if (known_prints_[i]) fps[i] = *known_prints_[i];
+      for (std::size_t i = 0; i < targets_.size(); ++i) {
+        if (known[i]) fps[i] = *known[i];
       }
       const auto computed = fingerprint_params_locked(unknown);
       for (std::size_t k = 0; k < unknown.size(); ++k) fps[unknown_index[k]] = computed[k];

@@ -129,11 +129,12 @@ class UpdateEngine {
   // may write.
   void begin_direct_writes();
   // Records one bucket a peer wrote in place (begin_direct_writes first): every manifest entry
-  // must have a direct destination of its size. Fingerprints the destinations as they are now
-  // (what was written), checks them against the entries' fingerprints (verify_fingerprints;
-  // CORRUPT_DATA naming the tensor) and keeps those of whole parameters for commit, which then
-  // does not read them again. Returns the fingerprints in entry order. Errors end the update.
-  std::vector<std::uint64_t> record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
+  // must have a direct destination of its size; marks what it covers. Errors end the update.
+  // The bytes are verified at commit, in one pass over everything written in place (a pass per
+  // bucket would cost a fingerprint kernel's latency per bucket): each destination's
+  // fingerprint (what was written) against its entry's (verify_fingerprints; CORRUPT_DATA
+  // naming the tensor); those of whole parameters are then the parameters' fingerprints.
+  void record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
 
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
@@ -212,9 +213,18 @@ class UpdateEngine {
   std::vector<Target> targets_;  // one per layout parameter
   std::vector<std::string> layout_tags_;
   std::vector<WrittenRanges> written_;
-  // Per target: its fingerprint, already computed from its memory after this update wrote it
-  // whole in place (record_direct_bucket); commit reuses it.
-  std::vector<std::optional<std::uint64_t>> known_prints_;
+  // Tensors written in place this update (record_direct_bucket), verified at commit.
+  struct InPlaceWrite {
+    std::string name;  // the checkpoint tensor
+    const std::byte* data = nullptr;
+    std::uint64_t bytes = 0;
+    std::optional<std::uint64_t> expected;  // the sender's fingerprint
+    std::uint32_t param = 0;
+    bool whole = false;  // it covers the whole parameter
+  };
+  std::vector<InPlaceWrite> in_place_;
+  // Verifies in_place_; returns per target the fingerprints of those written whole.
+  std::vector<std::optional<std::uint64_t>> verify_in_place_locked();
   std::map<std::string, std::uint64_t> expected_;
   std::uint64_t buckets_this_update_ = 0;
   std::optional<std::uint32_t> current_bucket_;

@@ -147,6 +147,11 @@ std::shared_ptr<const PreparedScatter> prepare_scatter_cuda(std::span<const ferr
              "prepare_scatter_cuda: allocating the device op table");
   check_cuda(cudaMemcpy(plan->table_, table.ops.data(), bytes, cudaMemcpyHostToDevice),
              "prepare_scatter_cuda: uploading the device op table");
+  // cudaMemcpy from pageable memory may return once the bytes are staged, before the DMA lands;
+  // the scatter runs on the caller's (non-blocking) stream, which does not wait for the legacy
+  // stream: wait here, or a first scatter can read a partly uploaded table.
+  check_cuda(cudaStreamSynchronize(cudaStreamLegacy),
+             "prepare_scatter_cuda: waiting for the device op table");
   return plan;
 }
 

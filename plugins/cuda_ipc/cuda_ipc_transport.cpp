@@ -188,6 +188,11 @@ void ferry_transport::disconnect(ferry_peer* peer) noexcept {
       }
     }
   }
+  {
+    // Queued puts into this peer's memory are dropped: it is about to be unmapped.
+    std::lock_guard lock(cuda_mutex_);
+    std::erase_if(pending_, [&](const PendingCopy& c) { return c.peer == peer; });
+  }
   if (cuda_ready_) {
     try {
       DeviceScope scope(device_);
@@ -591,20 +596,45 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          "cuda_ipc put: stale key: {}'s memory {} is {} bytes now, the key says {}",
          peer->link->name(), key.memory_id, imported.size, key.size);
   }
+  ensure_cuda();
   ferry_request* r = new_request(ferry_request::Kind::Copy, peer);
-  try {
-    std::lock_guard lock(cuda_mutex_);
-    DeviceScope scope(device_);
-    check_rt(cudaMemcpyAsync(imported.base + args.remote_offset, src, bytes, cudaMemcpyDefault,
-                             stream_),
-             "cudaMemcpyAsync into the peer's memory");
-    r->event = take_event();
-    check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
-  } catch (...) {
-    request_free(r);
-    throw;
-  }
+  std::lock_guard lock(cuda_mutex_);
+  r->ticket = ++next_ticket_;
+  pending_.push_back({peer, imported.base + args.remote_offset, src, bytes});
   return r;
+}
+
+void ferry_transport::issue_pending_locked() {
+  if (pending_.empty()) return;
+  std::vector<PendingCopy> copies;
+  copies.swap(pending_);
+  issued_ticket_ = next_ticket_;
+  DeviceScope scope(device_);
+  if (copies.size() > 1) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<std::size_t> sizes;
+    dsts.reserve(copies.size());
+    srcs.reserve(copies.size());
+    sizes.reserve(copies.size());
+    for (const auto& c : copies) {
+      dsts.push_back(c.dst);
+      srcs.push_back(c.src);
+      sizes.push_back(c.bytes);
+    }
+    cudaMemcpyAttributes attributes{};
+    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    std::size_t first = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
+                                               copies.size(), &attributes, &first, 1, stream_);
+    if (e == cudaSuccess) return;
+    // A driver without batched copies: one call per copy below.
+    (void)cudaGetLastError();
+  }
+  for (const auto& c : copies) {
+    check_rt(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream_),
+             "cudaMemcpyAsync into the peer's memory");
+  }
 }
 
 ferry_request* ferry_transport::flush(ferry_peer* peer) {
@@ -615,6 +645,7 @@ ferry_request* ferry_transport::flush(ferry_peer* peer) {
   ferry_request* r = new_request(ferry_request::Kind::Flush, peer);
   try {
     std::lock_guard lock(cuda_mutex_);
+    issue_pending_locked();
     DeviceScope scope(device_);
     r->event = take_event();
     check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
@@ -693,6 +724,14 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
     switch (r->kind) {
       case ferry_request::Kind::Copy:
       case ferry_request::Kind::Flush: {
+        if (r->event == nullptr) {
+          // A queued put: enqueue what is queued, then an event after it.
+          std::lock_guard lock(cuda_mutex_);
+          if (r->ticket > issued_ticket_) issue_pending_locked();
+          DeviceScope scope(device_);
+          r->event = take_event();
+          check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+        }
         DeviceScope scope(device_);
         if (!event_done()) return false;
         // The bytes landed; a peer that died meanwhile must not be reported as served.

@@ -87,6 +87,7 @@ struct ferry_request {
   Kind kind = Kind::Copy;
   ferry_peer* peer = nullptr;  // NULL once the peer was disconnected
   cudaEvent_t event = nullptr;
+  std::uint64_t ticket = 0;  // Copy: its place among the queued copies (see pending_)
   std::uint32_t bucket_index = 0;
   std::uint8_t* dst = nullptr;  // Recv: where the bucket goes
   std::uint64_t capacity = 0;
@@ -145,6 +146,8 @@ struct ferry_transport {
   void resolve_share(ferry_memory& memory);
   // Throws ABORTED after abort().
   void check_not_aborted();
+  // Enqueues the queued copies on the stream, as one batch (cuda_mutex_ held).
+  void issue_pending_locked();
 
   ferry_role_t role_;
   int device_;
@@ -156,6 +159,17 @@ struct ferry_transport {
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> free_events_;
   std::uint64_t granularity_ = 0;
+  // Puts are queued and enqueued together (one cudaMemcpyBatchAsync) by the next flush or wait:
+  // a copy call per put costs more CPU time than a small tensor's copy takes.
+  struct PendingCopy {
+    ferry_peer* peer = nullptr;
+    std::uint8_t* dst = nullptr;
+    const std::uint8_t* src = nullptr;
+    std::uint64_t bytes = 0;
+  };
+  std::vector<PendingCopy> pending_;
+  std::uint64_t next_ticket_ = 0;    // tickets handed to puts so far
+  std::uint64_t issued_ticket_ = 0;  // every put up to this ticket is enqueued on the stream
 
   std::mutex memory_mutex_;  // registrations (the service thread reads them)
   std::mutex share_mutex_;   // resolve_share; taken after memory_mutex_, never before

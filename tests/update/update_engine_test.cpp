@@ -124,7 +124,8 @@ TEST(UpdateEngine, HostParametersOfferNoDirectDestinationAndInPlaceCallsNeedAnUp
             FERRY_STATUS_FAILED_PRECONDITION);
   const auto w = random_weights(r.plans.layout(), 3);
   r.engine->begin(1, "v1");
-  const auto e = error_of([&] { r.engine->record_direct_bucket(r.bucket(w, 1, 0).encoded()); });
+  const auto e =
+      error_of([&] { r.engine->record_direct_bucket(r.bucket(w, 1, 0).encoded()); });
   EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
   // The refusal did not end the update: it still commits.
   for (std::uint32_t k = 0; k < 3; ++k) r.apply(r.bucket(w, 1, k));
