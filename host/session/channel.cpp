@@ -16,6 +16,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace ferry::session {
 namespace {
@@ -377,12 +378,24 @@ Listener listen_unix(const std::string& path) {
   return l;
 }
 
-int accept_connection(const Listener& listener, std::chrono::milliseconds timeout,
-                      std::string& peer) {
-  if (listener.fd < 0) return -1;
-  pollfd pfd{listener.fd, POLLIN, 0};
-  const int r = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-  if (r <= 0 || !(pfd.revents & POLLIN)) return -1;
+int accept_connection(std::span<const Listener* const> listeners,
+                      std::chrono::milliseconds timeout, std::string& peer) {
+  std::vector<pollfd> pfds;
+  std::vector<const Listener*> polled;
+  for (const Listener* l : listeners) {
+    if (l == nullptr || l->fd < 0) continue;
+    pfds.push_back({l->fd, POLLIN, 0});
+    polled.push_back(l);
+  }
+  if (pfds.empty()) return -1;
+  const int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(timeout.count()));
+  if (r <= 0) return -1;
+  const Listener* ready = nullptr;
+  for (std::size_t i = 0; i < pfds.size() && ready == nullptr; ++i) {
+    if (pfds[i].revents & POLLIN) ready = polled[i];
+  }
+  if (ready == nullptr) return -1;
+  const Listener& listener = *ready;
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   const int fd = ::accept4(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);

@@ -115,9 +115,10 @@ struct Listener {
 };
 Listener listen_tcp(const std::string& host, int port);
 Listener listen_unix(const std::string& path);
-// Waits up to `timeout` for a connection; returns -1 when none arrived (or the listener was
-// closed). `peer` receives the peer's address text.
-int accept_connection(const Listener& listener, std::chrono::milliseconds timeout,
-                      std::string& peer);
+// Waits up to `timeout` for a connection on any of `listeners` (closed ones are skipped) and
+// accepts it; returns -1 when none arrived. `peer` receives the peer's address text. One wait
+// over all listeners: a connection on one is taken at once, never after another's timeout.
+int accept_connection(std::span<const Listener* const> listeners,
+                      std::chrono::milliseconds timeout, std::string& peer);
 
 }  // namespace ferry::session

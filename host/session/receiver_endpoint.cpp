@@ -9,6 +9,7 @@
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <array>
 #include <thread>
 
 #include "common/log.hpp"
@@ -89,14 +90,13 @@ struct ReceiverEndpoint::Impl {
   }
 
   void accept_loop() {
+    const std::array<const Listener*, 2> listeners = {&tcp, &unix_socket};
     while (!stopping.load()) {
       std::string peer;
-      for (Listener* l : {&tcp, &unix_socket}) {
-        if (l->fd < 0) continue;
-        const int fd = accept_connection(*l, std::chrono::milliseconds(unix_socket.fd >= 0 ? 50 : 100), peer);
-        if (fd >= 0 && !stopping.load()) serve(fd, peer);
-        if (fd >= 0 && stopping.load()) ::close(fd);
-      }
+      // The timeout only bounds how late a stop is noticed.
+      const int fd = accept_connection(listeners, std::chrono::milliseconds(100), peer);
+      if (fd >= 0 && !stopping.load()) serve(fd, peer);
+      if (fd >= 0 && stopping.load()) ::close(fd);
     }
   }
 
