@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -154,6 +155,10 @@ struct PlannedBucket {
 };
 
 struct PushPlan {
+  // Fingerprints and manifests are computed while the sessions set up (handshake, connect,
+  // first copies): each bucket's `fingerprints` and `manifest` may be read only after
+  // `sealed.get()`, which rethrows the fingerprinting's failure.
+  std::shared_future<void> sealed;
   std::vector<PlannedBucket> buckets;
   std::uint64_t capacity = 0;
   std::uint64_t total = 0;
@@ -361,6 +366,7 @@ struct Sender::Impl {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got the ack of bucket {}", ch.peer(), phase,
            ack.getIndex());
     }
+    plan.sealed.get();
     const auto& b = plan.buckets[index];
     auto prints = ack.getFingerprints();
     if (direct && prints.size() == 0) return;
@@ -572,6 +578,7 @@ struct Sender::Impl {
     };
     // Announces bucket k (its bytes are in place).
     auto announce = [&](std::uint32_t k, Clock::time_point deadline) {
+      plan.sealed.get();
       const std::string phase = fmt::format("bucket {}", k);
       const std::uint32_t slot = k % kSlots;
       const auto& b = plan.buckets[k];
@@ -768,14 +775,6 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   }
   plan.capacity = align_up(std::max<std::uint64_t>(
       std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
-  std::vector<std::uint64_t> prints(tensors.size());
-  const auto fingerprint_start = Clock::now();
-  fingerprint_device_tensors(tensors, prints);
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    if (tensors[t].memory_kind != FERRY_MEMORY_CUDA) {
-      prints[t] = fingerprint_tensor(tensors[t], i.options.threads);
-    }
-  }
   {
     PlannedBucket current;
     std::uint64_t cursor = 0;
@@ -788,36 +787,50 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
         offset = 0;
       }
       current.items.emplace_back(t, offset);
-      current.fingerprints.push_back(prints[t]);
       current.cuda = current.cuda && tensors[t].memory_kind == FERRY_MEMORY_CUDA;
       cursor = offset + size;
       current.bytes = cursor;
     }
     plan.buckets.push_back(std::move(current));
   }
-  const auto count = static_cast<std::uint32_t>(plan.buckets.size());
-  for (std::uint32_t k = 0; k < count; ++k) {
-    auto& b = plan.buckets[k];
-    manifest::Manifest m;
-    m.version = version;
-    m.version_label = version_label;
-    m.bucket_index = k;
-    m.bucket_count = count;
-    m.bucket_bytes = b.bytes;
-    for (std::size_t j = 0; j < b.items.size(); ++j) {
-      const auto& t = tensors[b.items[j].first];
-      manifest::Entry e;
-      e.name = t.name;
-      e.dtype = t.dtype;
-      e.shape = t.shape;
-      e.offset = b.items[j].second;
-      e.size = byte_size(t.dtype, t.shape).value_or(0);
-      e.fingerprint = b.fingerprints[j];
-      m.tensors.push_back(std::move(e));
+  // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::sealed).
+  // Declared after `plan`: its destructor waits for the work, which writes into the plan.
+  double plan_s = 0;
+  std::future<void> sealing = std::async(std::launch::async, [&] {
+    const auto fingerprint_start = Clock::now();
+    std::vector<std::uint64_t> prints(tensors.size());
+    fingerprint_device_tensors(tensors, prints);
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      if (tensors[t].memory_kind != FERRY_MEMORY_CUDA) {
+        prints[t] = fingerprint_tensor(tensors[t], i.options.threads);
+      }
     }
-    b.manifest = manifest::encode(m);
-  }
-  const double plan_s = seconds_since(fingerprint_start);
+    const auto count = static_cast<std::uint32_t>(plan.buckets.size());
+    for (std::uint32_t k = 0; k < count; ++k) {
+      auto& b = plan.buckets[k];
+      manifest::Manifest m;
+      m.version = version;
+      m.version_label = version_label;
+      m.bucket_index = k;
+      m.bucket_count = count;
+      m.bucket_bytes = b.bytes;
+      for (std::size_t j = 0; j < b.items.size(); ++j) {
+        const auto& t = tensors[b.items[j].first];
+        b.fingerprints.push_back(prints[b.items[j].first]);
+        manifest::Entry e;
+        e.name = t.name;
+        e.dtype = t.dtype;
+        e.shape = t.shape;
+        e.offset = b.items[j].second;
+        e.size = byte_size(t.dtype, t.shape).value_or(0);
+        e.fingerprint = b.fingerprints[j];
+        m.tensors.push_back(std::move(e));
+      }
+      b.manifest = manifest::encode(m);
+    }
+    plan_s = seconds_since(fingerprint_start);
+  });
+  plan.sealed = sealing.share();
 
   std::vector<std::thread> threads;
   threads.reserve(i.options.receivers.size());
@@ -825,6 +838,12 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     threads.emplace_back([&, r] { i.run_receiver(r, tensors, plan, version, version_label); });
   }
   for (auto& t : threads) t.join();
+  try {
+    plan.sealed.get();
+  } catch (const std::exception& e) {
+    // Every receiver saw this failure already; the report says so.
+    logger("sender")->warn("push of version {}: fingerprints: {}", version, e.what());
+  }
 
   PushReport report;
   report.version = version;

@@ -105,6 +105,8 @@ void UpdateEngine::bind_layout_locked() {
     target.bytes = info.bytes;
     target.tag = info.tag;
     target.device = info.memory_kind == FERRY_MEMORY_CUDA;
+    target.block = info.block;
+    target.block_bytes = info.block_bytes;
 #if !FERRY_UPDATE_HAVE_CUDA
     if (target.device) {
       fail(FERRY_STATUS_UNIMPLEMENTED,
@@ -416,12 +418,11 @@ std::optional<UpdateEngine::DirectDestination> UpdateEngine::direct_destination_
       *end > target.view.elements) {
     return std::nullopt;
   }
-  const auto info = store_.param(target.store_index);
   DirectDestination d;
   d.data = target.view.data + op.dst_offset * esize;
   d.bytes = *count * esize;
-  d.block = info.block;
-  d.block_bytes = info.block_bytes;
+  d.block = target.block;
+  d.block_bytes = target.block_bytes;
   if (d.block == nullptr || d.data < d.block || d.data + d.bytes > d.block + d.block_bytes) {
     return std::nullopt;
   }

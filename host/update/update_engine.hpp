@@ -176,6 +176,8 @@ class UpdateEngine {
     std::uint64_t bytes = 0;
     std::string tag;
     bool device = false;  // CUDA memory: written and fingerprinted by the CUDA kernels
+    std::byte* block = nullptr;  // ParamInfo::block / block_bytes (direct delivery)
+    std::uint64_t block_bytes = 0;
   };
 
   void bind_layout_locked();
