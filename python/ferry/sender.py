@@ -79,7 +79,9 @@ class Sender(OwnedHandle):
     `transport`: "auto" (per receiver: "cuda_ipc" for CUDA tensors and a receiver on this host,
     else UCX when its plugin loads, else inline on the session socket), "cuda_ipc" (same host
     only; the receiver keeps its weights on a GPU; CUDA tensors are copied device to device),
-    "ucx", "inline" or another transport plugin's name. `config` is a TOML file, `config_text` TOML
+    "ucx", "inline" or another transport plugin's name. Over cuda_ipc the sender writes each tensor
+    straight into the receiver's parameters where the receiver offers it (`update__delivery`:
+    "auto", "direct" or "staged"). `config` is a TOML file, `config_text` TOML
     text; every other keyword is a config override with `__` for the dots
     (`update__bucket_bytes=1 << 26`). Timeouts are seconds.
 
