@@ -622,13 +622,7 @@ std::vector<ferry_tensor_desc_t> Receiver::layout() const {
   std::vector<ferry_tensor_desc_t> out;
   if (!state_->has_layout.load(std::memory_order_acquire)) return out;
   for (const auto& p : state_->binding->layout()) {
-    ferry_tensor_desc_t d{};
-    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-    d.name = p.name.c_str();
-    d.dtype = p.dtype;
-    d.ndim = static_cast<std::uint32_t>(p.shape.size());
-    std::copy(p.shape.begin(), p.shape.end(), d.shape);
-    out.push_back(d);
+    out.push_back(manifest::tensor_desc(p.name, p.dtype, p.shape));
   }
   return out;
 }

@@ -312,13 +312,7 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
   std::vector<ferry_tensor_desc_t> catalog;
   catalog.reserve(request.tensors.size());
   for (const auto& t : request.tensors) {
-    ferry_tensor_desc_t d{};
-    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-    d.name = t.name.c_str();
-    d.dtype = t.dtype;
-    d.ndim = static_cast<std::uint32_t>(t.shape.size());
-    std::copy(t.shape.begin(), t.shape.end(), d.shape);
-    catalog.push_back(d);
+    catalog.push_back(manifest::tensor_desc(t.name, t.dtype, t.shape));
   }
 
   std::unique_ptr<Receiver::StreamingUpdate> update;

@@ -490,18 +490,10 @@ void UpdateEngine::record_direct_bucket(std::span<const std::uint8_t> manifest_b
     std::vector<InPlaceWrite> writes;
     writes.reserve(m.tensors.size());
     std::uint64_t bytes = 0;
+    const auto descs = manifest::tensor_descs(m);
     for (std::size_t i = 0; i < m.tensors.size(); ++i) {
       const auto& e = m.tensors[i];
-      ferry_tensor_desc_t desc{};
-      desc.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-      desc.name = e.name.c_str();
-      desc.dtype = e.dtype;
-      desc.ndim = e.shape.size();
-      if (desc.ndim > FERRY_MAX_DIMS) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}' has {} dims", e.name, desc.ndim);
-      }
-      std::copy(e.shape.begin(), e.shape.end(), desc.shape);
-      const auto dest = op_of[i] ? direct_destination_locked(*op_of[i], desc) : std::nullopt;
+      const auto dest = op_of[i] ? direct_destination_locked(*op_of[i], descs[i]) : std::nullopt;
       if (!dest) {
         fail(FERRY_STATUS_INVALID_ARGUMENT,
              "tensor '{}' was written in place, but its plan is not one whole copy into a device "

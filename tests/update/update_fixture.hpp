@@ -124,15 +124,7 @@ Error error_of(Body&& body) {
 // Tensor descriptions of `layout` (pointing into its names), e.g. a checkpoint catalog.
 inline std::vector<ferry_tensor_desc_t> descs_of(const std::vector<LayoutParam>& layout) {
   std::vector<ferry_tensor_desc_t> out;
-  for (const auto& p : layout) {
-    ferry_tensor_desc_t d{};
-    d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-    d.name = p.name.c_str();
-    d.dtype = p.dtype;
-    d.ndim = static_cast<std::uint32_t>(p.shape.size());
-    std::copy(p.shape.begin(), p.shape.end(), d.shape);
-    out.push_back(d);
-  }
+  for (const auto& p : layout) out.push_back(manifest::tensor_desc(p.name, p.dtype, p.shape));
   return out;
 }
 

@@ -342,23 +342,25 @@ std::uint64_t signature(const Manifest& m) {
   return h.value();
 }
 
+ferry_tensor_desc_t tensor_desc(const std::string& name, ferry_dtype_t dtype,
+                                std::span<const std::uint64_t> shape) {
+  if (shape.size() > FERRY_MAX_DIMS) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "tensor {}: {} dims exceed {}", quoted(name), shape.size(),
+         FERRY_MAX_DIMS);
+  }
+  ferry_tensor_desc_t desc{};
+  desc.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+  desc.name = name.c_str();
+  desc.dtype = dtype;
+  desc.ndim = static_cast<std::uint32_t>(shape.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) desc.shape[d] = shape[d];
+  return desc;
+}
+
 std::vector<ferry_tensor_desc_t> tensor_descs(const Manifest& m) {
   std::vector<ferry_tensor_desc_t> out;
   out.reserve(m.tensors.size());
-  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-    const Entry& e = m.tensors[i];
-    if (e.shape.size() > FERRY_MAX_DIMS) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "manifest: tensor {} (index {}): {} dims exceed {}",
-           quoted(e.name), i, e.shape.size(), FERRY_MAX_DIMS);
-    }
-    ferry_tensor_desc_t desc{};
-    desc.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-    desc.name = e.name.c_str();
-    desc.dtype = e.dtype;
-    desc.ndim = static_cast<std::uint32_t>(e.shape.size());
-    for (std::size_t d = 0; d < e.shape.size(); ++d) desc.shape[d] = e.shape[d];
-    out.push_back(desc);
-  }
+  for (const Entry& e : m.tensors) out.push_back(tensor_desc(e.name, e.dtype, e.shape));
   return out;
 }
 

@@ -85,6 +85,11 @@ Manifest decode(std::span<const std::uint8_t> bytes, const Limits& limits = {});
 // count, then per entry the name length, the name bytes, the dtype, ndim and each dim.
 std::uint64_t signature(const Manifest& manifest);
 
+// One tensor as a ferry_tensor_desc_t; its name points into `name`, which must outlive it.
+// INVALID_ARGUMENT when the shape has more than FERRY_MAX_DIMS dims.
+ferry_tensor_desc_t tensor_desc(const std::string& name, ferry_dtype_t dtype,
+                                std::span<const std::uint64_t> shape);
+
 // The entries as ferry_tensor_desc_t (for model plugins). Names point into `manifest`, which
 // must outlive the result.
 std::vector<ferry_tensor_desc_t> tensor_descs(const Manifest& manifest);
