@@ -97,6 +97,12 @@ struct ReceiverEndpoint::Impl {
       const int fd = accept_connection(listeners, std::chrono::milliseconds(100), peer);
       if (fd >= 0 && !stopping.load()) serve(fd, peer);
       if (fd >= 0 && stopping.load()) ::close(fd);
+      if (fd < 0) {
+        // Finished sessions are joined within one poll timeout, not only when the next sender
+        // connects: a finished, unjoined thread keeps its stack mapped.
+        std::lock_guard lock(connections_mutex);
+        reap_finished_locked();
+      }
     }
   }
 
