@@ -1,6 +1,7 @@
 // cuda_ipc/cuda_ipc_plugin.cpp: the C entry of libferry_transport_cuda_ipc.so: negotiation and
 // the ferry_transport_api_t table over cuda_ipc_transport.hpp. Every function is wrapped in
 // sdk::guard, so no exception crosses the ABI.
+#include <dlfcn.h>
 #include <ferry/plugin.h>
 #include <ferry/sdk/error.hpp>
 
@@ -238,8 +239,22 @@ const ferry_transport_api_t kApi = {
 
 }  // namespace
 
+// This library holds a CUDA kernel (batch_copy.cu), which the CUDA runtime registers when the
+// library loads and refers to afterwards; unloading it (a host that drops its plugin registry and
+// loads the plugin again) would leave the runtime with dangling references. The library pins
+// itself in memory the first time it is negotiated: dlclose then leaves it mapped.
+static void pin_this_library() noexcept {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&pin_this_library), &info) != 0 &&
+      info.dli_fname != nullptr) {
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  }
+}
+
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
+  static const bool pinned = (pin_this_library(), true);
+  (void)pinned;
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, "cuda_ipc",
                                FERRY_CUDA_IPC_VERSION, &kApi);
 }

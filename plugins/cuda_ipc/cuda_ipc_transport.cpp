@@ -2,9 +2,12 @@
 // transport instance (see cuda_ipc_transport.hpp).
 #include "cuda_ipc_transport.hpp"
 
+#include "batch_copy.hpp"
+
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -600,7 +603,8 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
   ferry_request* r = new_request(ferry_request::Kind::Copy, peer);
   std::lock_guard lock(cuda_mutex_);
   r->ticket = ++next_ticket_;
-  pending_.push_back({peer, imported.base + args.remote_offset, src, bytes});
+  pending_.push_back({peer, imported.base + args.remote_offset, src, bytes,
+                      args.local.memory->kind == FERRY_MEMORY_CUDA});
   return r;
 }
 
@@ -610,30 +614,30 @@ void ferry_transport::issue_pending_locked() {
   copies.swap(pending_);
   issued_ticket_ = next_ticket_;
   DeviceScope scope(device_);
-  if (copies.size() > 1) {
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<std::size_t> sizes;
-    dsts.reserve(copies.size());
-    srcs.reserve(copies.size());
-    sizes.reserve(copies.size());
-    for (const auto& c : copies) {
-      dsts.push_back(c.dst);
-      srcs.push_back(c.src);
-      sizes.push_back(c.bytes);
-    }
-    cudaMemcpyAttributes attributes{};
-    attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    std::size_t first = 0;
-    const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
-                                               copies.size(), &attributes, &first, 1, stream_);
-    if (e == cudaSuccess) return;
-    // A driver without batched copies: one call per copy below.
-    (void)cudaGetLastError();
-  }
-  for (const auto& c : copies) {
-    check_rt(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream_),
+  // Device-to-device copies go as one kernel launch per kMaxCopyOps (batch_copy.hpp); copies
+  // from host memory, a lone copy, or a launch that fails go one cudaMemcpyAsync each.
+  std::vector<CopyOp> ops;
+  ops.reserve(copies.size());
+  auto copy_call = [&](const void* src, void* dst, std::uint64_t bytes) {
+    check_rt(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
              "cudaMemcpyAsync into the peer's memory");
+  };
+  for (const auto& c : copies) {
+    if (c.device_source) {
+      ops.push_back({c.src, c.dst, c.bytes});
+    } else {
+      copy_call(c.src, c.dst, c.bytes);
+    }
+  }
+  if (ops.size() == 1) {
+    copy_call(ops[0].src, ops[0].dst, ops[0].bytes);
+    return;
+  }
+  for (std::size_t first = 0; first < ops.size(); first += kMaxCopyOps) {
+    const std::size_t n = std::min(kMaxCopyOps, ops.size() - first);
+    if (launch_batch_copy(ops.data() + first, n, stream_) == cudaSuccess) continue;
+    (void)cudaGetLastError();
+    for (std::size_t k = first; k < first + n; ++k) copy_call(ops[k].src, ops[k].dst, ops[k].bytes);
   }
 }
 

@@ -159,13 +159,14 @@ struct ferry_transport {
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> free_events_;
   std::uint64_t granularity_ = 0;
-  // Puts are queued and enqueued together (one cudaMemcpyBatchAsync) by the next flush or wait:
-  // a copy call per put costs more CPU time than a small tensor's copy takes.
+  // Puts are queued and enqueued together (one batched copy kernel, batch_copy.hpp) by the
+  // next flush or wait: a copy call per put costs more CPU time than a small tensor's copy takes.
   struct PendingCopy {
     ferry_peer* peer = nullptr;
     std::uint8_t* dst = nullptr;
     const std::uint8_t* src = nullptr;
     std::uint64_t bytes = 0;
+    bool device_source = false;  // the local side is CUDA memory (else host: a copy call)
   };
   std::vector<PendingCopy> pending_;
   std::uint64_t next_ticket_ = 0;    // tickets handed to puts so far
