@@ -3,6 +3,7 @@
 #include "cli/bench_moe.hpp"
 
 #include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,14 +26,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-ferry_tensor_desc_t desc(const std::string& name, std::vector<std::uint64_t> shape) {
-  ferry_tensor_desc_t d{};
-  d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
-  d.name = name.c_str();
-  d.dtype = FERRY_DTYPE_BF16;
-  d.ndim = static_cast<std::uint32_t>(shape.size());
-  for (std::size_t i = 0; i < shape.size(); ++i) d.shape[i] = shape[i];
-  return d;
+// A bf16 tensor's description; its name points into `name`.
+ferry_tensor_desc_t desc(const std::string& name, const std::vector<std::uint64_t>& shape) {
+  return manifest::tensor_desc(name, FERRY_DTYPE_BF16, shape);
 }
 
 std::string expert_name(std::uint64_t l, std::uint64_t e, int part) {
