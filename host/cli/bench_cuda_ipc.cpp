@@ -129,14 +129,16 @@ bool gpu_present() {
 }
 
 // The delivery mode a run forces on the Sender (config update.delivery): "direct" (tensors
-// written straight into the receiver's parameters), "staged" (through its device slots) or
+// written straight into the receiver's parameters; the receiver takes the fingerprints the
+// writing copy computed), "direct-reread" (the same, and the receiver reads everything written
+// back at commit: update.direct_verify = "reread"), "staged" (through its device slots) or
 // "auto" (the session's choice).
 config::Delivery delivery_of(const std::string& mode) {
-  if (mode == "direct") return config::Delivery::direct;
+  if (mode == "direct" || mode == "direct-reread") return config::Delivery::direct;
   if (mode == "staged") return config::Delivery::staged;
   if (mode == "auto") return config::Delivery::automatic;
   fail(FERRY_STATUS_INVALID_ARGUMENT,
-       "bench cuda_ipc: unknown mode '{}' (direct, staged or auto)", mode);
+       "bench cuda_ipc: unknown mode '{}' (direct, direct-reread, staged or auto)", mode);
 }
 
 // The arguments placed before "serve", so the receiver sees the same config and plugins.
@@ -215,6 +217,9 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   demo::ReceiverOptions ro;
   ro.exe = fs::read_symlink("/proc/self/exe");
   ro.global_args = receiver_globals(globals);
+  if (mode == "direct-reread") {
+    ro.global_args.insert(ro.global_args.end(), {"--set", "update.direct_verify=reread"});
+  }
   ro.serve_args = {"--device", o.device == "cuda" ? "cuda:0" : "cpu", "--model-family", "identity"};
   ro.run_dir = run_dir;
   ro.ready_deadline_s = 120;
@@ -250,7 +255,7 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
                                      transport);
       return run;
     }
-    if (mode == "direct" && !r.direct) {
+    if (delivery_of(mode) == config::Delivery::direct && !r.direct) {
       run.transport = r.transport;
       run.verification = fmt::format("push {} was not delivered directly", version);
       return run;
@@ -419,7 +424,8 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
   }
   if (o.transport.empty()) o.transport = cuda ? "cuda_ipc" : "inline";
   if (o.modes.empty()) {
-    o.modes = cuda ? std::vector<std::string>{"direct", "staged"} : std::vector<std::string>{"auto"};
+    o.modes = cuda ? std::vector<std::string>{"direct", "direct-reread", "staged"}
+                   : std::vector<std::string>{"auto"};
   }
   for (const auto& mode : o.modes) (void)delivery_of(mode);  // refuses a typo before anything runs
   if (o.repeat <= 0) o.repeat = cuda ? 5 : 3;
@@ -540,8 +546,8 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
   app->add_option("--tensors", o->tensor_counts, "tensor counts (default 256 4096)")
       ->check(CLI::PositiveNumber);
   app->add_option("--modes", o->modes,
-                  "delivery modes: direct, staged, auto (default on cuda: direct staged; cpu: "
-                  "auto)");
+                  "delivery modes: direct, direct-reread, staged, auto (default on cuda: direct "
+                  "direct-reread staged; cpu: auto)");
   app->add_option("--transport", o->transport,
                   "the Sender's transport (default cuda_ipc; cpu: inline, or ucx)");
   app->add_option("--bucket-bytes", o->bucket_bytes,

@@ -186,6 +186,10 @@ constexpr std::array<std::pair<std::string_view, Delivery>, 3> kDeliveries = {{
     {"direct", Delivery::direct},
     {"staged", Delivery::staged},
 }};
+constexpr std::array<std::pair<std::string_view, DirectVerify>, 2> kDirectVerifies = {{
+    {"writer", DirectVerify::writer},
+    {"reread", DirectVerify::reread},
+}};
 constexpr std::array<std::pair<std::string_view, Layout>, 2> kLayouts = {{
     {"engine", Layout::engine},
     {"hf", Layout::hf},
@@ -234,6 +238,9 @@ const std::vector<Key>& keys() {
                   [](Config& c) -> auto& { return c.update.verify_fingerprints; }),
       choice_key("update.delivery", +[](Config& c) -> Delivery& { return c.update.delivery; },
                  kDeliveries),
+      choice_key("update.direct_verify",
+                 +[](Config& c) -> DirectVerify& { return c.update.direct_verify; },
+                 kDirectVerifies),
       integer_key<std::uint64_t>("update.bucket_timeout_ms",
                                  [](Config& c) -> auto& { return c.update.bucket_timeout_ms; }, 1,
                                  kMaxTimeoutMs),

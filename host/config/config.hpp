@@ -28,6 +28,13 @@ enum class Delivery {
   staged,     // always through staging slots; the receiver applies its plan from them
 };
 
+// How a receiver checks what a sender wrote straight into its parameters (direct delivery).
+enum class DirectVerify {
+  writer,  // take the fingerprints the writing copy computed from the words it stored (one read
+           // of the data); read back only what came without them
+  reread,  // read everything written back at commit and compare with the sender's fingerprints
+};
+
 enum class Layout {
   engine,  // the inference engine's fused layout (stacked MoE experts, merged qkv, ...)
   hf,      // the checkpoint's own (Hugging Face) names and shapes
@@ -54,6 +61,7 @@ struct UpdateConfig {
   std::uint32_t apply_threads = 0;  // 0 = auto
   bool verify_fingerprints = true;
   Delivery delivery = Delivery::automatic;  // sender side: see Delivery
+  DirectVerify direct_verify = DirectVerify::writer;  // receiver side: see DirectVerify
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
 };

@@ -178,6 +178,8 @@ struct Receiver::State {
     }
     update::UpdateOptions uopts;
     uopts.verify_fingerprints = config.update.verify_fingerprints;
+    uopts.trust_writer_fingerprints =
+        config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
     auto new_engine = std::make_unique<update::UpdateEngine>(*new_store, *new_binding, uopts);
 
@@ -261,6 +263,8 @@ struct Receiver::State {
     }
     update::UpdateOptions uopts;
     uopts.verify_fingerprints = config.update.verify_fingerprints;
+    uopts.trust_writer_fingerprints =
+        config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
     auto new_engine = std::make_unique<update::UpdateEngine>(*store, *new_binding, uopts);
     binding = std::move(new_binding);
@@ -763,10 +767,10 @@ Receiver::StreamingUpdate::direct_destinations(std::span<const ferry_tensor_desc
   return impl_->s.engine->direct_destinations(tensors);
 }
 
-void Receiver::StreamingUpdate::begin_direct_writes() {
+void Receiver::StreamingUpdate::begin_direct_writes(bool writer_fingerprints) {
   auto& i = *impl_;
   if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
-  i.s.engine->begin_direct_writes();
+  i.s.engine->begin_direct_writes(writer_fingerprints);
 }
 
 void Receiver::StreamingUpdate::record_direct_bucket(std::span<const std::uint8_t> manifest) {

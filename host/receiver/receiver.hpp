@@ -132,10 +132,10 @@ class Receiver {
                       ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
     // Direct delivery (update::UpdateEngine): where each of `tensors` may be written in place,
     // declaring in-place writes (before the peer writes), and recording one bucket written in
-    // place (verified at commit).
+    // place (verified at commit; `writer_fingerprints`: see UpdateEngine::begin_direct_writes).
     std::vector<std::optional<update::UpdateEngine::DirectDestination>> direct_destinations(
         std::span<const ferry_tensor_desc_t> tensors);
-    void begin_direct_writes();
+    void begin_direct_writes(bool writer_fingerprints = false);
     void record_direct_bucket(std::span<const std::uint8_t> manifest);
     UpdateReport commit();
     void abort(const std::string& reason);

@@ -86,7 +86,10 @@ class ReceiverDataPath {
 
 // One tensor of a bucket for deliver_pieces(): `size` bytes at `data` (host or CUDA memory of
 // `device`) go to byte `offset` of the bucket, or (direct delivery, `region` >= 0) to byte
-// `offset` of the receiver's shared region `region` (set_regions()).
+// `offset` of the receiver's shared region `region` (set_regions()). With `fingerprint` set
+// (only where fingerprints_pieces()), the path stores there the fingerprint of the bytes it
+// wrote, computed as it wrote them, by the time the piece's bucket is finished (not for an
+// empty piece, which writes nothing).
 struct TensorPiece {
   const void* data = nullptr;
   std::uint64_t size = 0;
@@ -94,6 +97,7 @@ struct TensorPiece {
   ferry_memory_kind_t kind = FERRY_MEMORY_HOST;
   int device = 0;
   std::int64_t region = -1;
+  std::uint64_t* fingerprint = nullptr;
 };
 
 class SenderDataPath {
@@ -115,6 +119,10 @@ class SenderDataPath {
   // `kind` (decided after connect): the path then writes each tensor from its own memory into
   // the receiver's slot, and the sender packs nothing into slot().
   virtual bool delivers_pieces(ferry_memory_kind_t /*kind*/) const { return false; }
+  // True when pieces in CUDA memory may ask for the fingerprint of what is written
+  // (TensorPiece::fingerprint): the transport's copy computes it in the same pass
+  // (FERRY_TRANSPORT_CAP_PUT_FINGERPRINT). Known from creation on.
+  virtual bool fingerprints_pieces() const { return false; }
   // Direct delivery: the packed keys of the receiver's shared regions (Welcome), in order.
   virtual void set_regions(std::vector<std::vector<std::uint8_t>> /*keys*/) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot write into shared regions", name());

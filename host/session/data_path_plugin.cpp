@@ -442,6 +442,10 @@ class PluginSenderPath final : public SenderDataPath {
   bool delivers_pieces(ferry_memory_kind_t kind) const override {
     return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_transport_;
   }
+  bool fingerprints_pieces() const override {
+    return p_.device_transport_ && p_.rma_native_ &&
+           (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0;
+  }
   void set_regions(std::vector<std::vector<std::uint8_t>> keys) override {
     if (!delivers_pieces(FERRY_MEMORY_CUDA)) {
       fail(FERRY_STATUS_UNIMPLEMENTED, "transport '{}' cannot put CUDA tensors into the receiver",
@@ -465,7 +469,8 @@ class PluginSenderPath final : public SenderDataPath {
   // region `region` when that is >= 0.
   ferry_request_t* put(const ferry_memory_range_t& local, std::uint32_t slot,
                        std::uint64_t offset, Clock::time_point deadline,
-                       const std::string& phase, std::int64_t region = -1) {
+                       const std::string& phase, std::int64_t region = -1,
+                       std::uint64_t* fingerprint_out = nullptr) {
     if (region >= 0 && static_cast<std::uint64_t>(region) >= regions_.size()) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shared region {} of {}", phase, region,
            regions_.size());
@@ -478,6 +483,14 @@ class PluginSenderPath final : public SenderDataPath {
     args.remote_key = &key;
     args.remote_offset = offset;
     args.deadline_ns = to_ns(deadline);
+    if (fingerprint_out != nullptr) {
+      if (!fingerprints_pieces()) {
+        fail(FERRY_STATUS_INTERNAL, "{}: transport '{}' cannot fingerprint its puts", phase,
+             p_.name_);
+      }
+      args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, fingerprint_out);
+      args.fingerprint_out = fingerprint_out;
+    }
     ferry_request_t* request = nullptr;
     throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
     return request;
@@ -513,13 +526,13 @@ class PluginSenderPath final : public SenderDataPath {
     try {
       st.requests.reserve(pieces.size());
       for (const auto& piece : pieces) {
-        if (piece.size == 0) continue;
+        if (piece.size == 0) continue;  // (the caller knows the fingerprint of nothing)
         const auto t0 = Clock::now();
         auto* memory = p_.local(piece.data, piece.size, piece.kind,
                                 piece.kind == FERRY_MEMORY_CUDA ? piece.device : device_);
         st.register_s += std::chrono::duration<double>(Clock::now() - t0).count();
         st.requests.push_back(put(PluginInstance::whole(memory, piece.size), slot, piece.offset,
-                                  deadline, phase, piece.region));
+                                  deadline, phase, piece.region, piece.fingerprint));
       }
       const auto t1 = Clock::now();
       throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &st.flush),

@@ -323,7 +323,7 @@ class Session {
     const auto begin_start = Clock::now();
     update_->begin(version_, label.empty() ? std::nullopt : std::optional<std::string>(label));
     // Before the Ready: from then on the sender writes live parameters.
-    if (direct_) update_->begin_direct_writes();
+    if (direct_) update_->begin_direct_writes(b.getWriterFingerprints());
     logger("session")->debug("{}: begin of version {}: {:.3f} ms", ch_.peer(), version_,
                              std::chrono::duration<double, std::milli>(Clock::now() - begin_start)
                                  .count());
@@ -362,7 +362,8 @@ class Session {
       std::vector<std::uint64_t> prints;
       if (direct_) {
         // The sender's puts into the parameters completed before its BucketReady. What they
-        // wrote is verified at commit, in one pass; the Ack carries no fingerprints.
+        // wrote is verified at commit, in one pass (or, with writer fingerprints trusted, taken
+        // from the manifests); the Ack carries no fingerprints.
         update_->record_direct_bucket(manifest_bytes);
         send_ack(index, slot, prints, phase);
         return;
@@ -462,6 +463,13 @@ class Session {
           data_->receive(ch_, slot, index, bytes, b.getDataFollows(),
                          deadline_in(settings_.bucket_timeout), phase);
           finish_inflight();
+          if (direct_) {
+            // A bucket written in place needs only its bookkeeping (no data to apply): recorded
+            // and acked here, without a worker thread per bucket.
+            apply(slot, index, bytes, std::move(manifest));
+            ++next;
+            break;
+          }
           // The slot of the bucket just finished is free: post the receive that will use it.
           if (index >= 1) {
             const std::uint32_t freed_slot = (slot + data_->slot_count() - 1) % data_->slot_count();

@@ -20,11 +20,13 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "common/log.hpp"
@@ -156,15 +158,49 @@ struct PlannedBucket {
 
 struct PushPlan {
   // Fingerprints and manifests are computed while the sessions set up (handshake, connect,
-  // first copies): each bucket's `fingerprints` and `manifest` may be read only after
-  // `sealed.get()`, which rethrows the fingerprinting's failure.
+  // first copies), once, by the first session that needs them (seal(); a session whose copies
+  // fingerprint what they write needs none): each bucket's `fingerprints` and `manifest` may be
+  // read only after wait_sealed(), which rethrows the fingerprinting's failure.
+  std::function<void()> seal;  // starts the work unless started; any thread
   std::shared_future<void> sealed;
+  void wait_sealed() const {
+    seal();
+    sealed.get();
+  }
   std::vector<PlannedBucket> buckets;
   std::uint64_t capacity = 0;
   std::uint64_t total = 0;
   bool cuda_tensors = false;  // every tensor is in CUDA memory
   int device = -1;            // the GPU of the first CUDA tensor; -1: none
 };
+
+// The manifest of bucket `k`: its tensors at their offsets in the bucket, with `prints` (one
+// per tensor of the push) as their fingerprints.
+std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
+                                          std::span<const TensorView> tensors,
+                                          std::uint64_t version, const std::string& label,
+                                          std::span<const std::uint64_t> prints) {
+  const auto& b = plan.buckets[k];
+  manifest::Manifest m;
+  m.version = version;
+  m.version_label = label;
+  m.bucket_index = k;
+  m.bucket_count = static_cast<std::uint32_t>(plan.buckets.size());
+  m.bucket_bytes = b.bytes;
+  m.tensors.reserve(b.items.size());
+  for (const auto& [index, offset] : b.items) {
+    const auto& t = tensors[index];
+    manifest::Entry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape = t.shape;
+    e.offset = offset;
+    e.size = byte_size(t.dtype, t.shape).value_or(0);
+    e.fingerprint = prints[index];
+    m.tensors.push_back(std::move(e));
+  }
+  return manifest::encode(m);
+}
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
@@ -199,6 +235,21 @@ struct Sender::Impl {
   bool running = false;
   bool aborted = false;
   std::string abort_reason;
+
+  // A push's data paths and channels go away after it returns (deregistrations, disconnect,
+  // unmapping the receiver's memory: ~2 ms that are not part of the update); the next push, and
+  // the Sender's destruction, wait for them first, so nothing accumulates.
+  std::mutex teardown_mutex;
+  std::vector<std::thread> teardowns;
+  void wait_teardowns() noexcept {
+    std::vector<std::thread> pending;
+    {
+      std::lock_guard lock(teardown_mutex);
+      pending.swap(teardowns);
+    }
+    for (auto& t : pending) t.join();
+  }
+  ~Impl() { wait_teardowns(); }
 
   Impl(const config::Config& c, const registry::Registry& r, SenderOptions o)
       : config(c), registry(r), options(std::move(o)) {}
@@ -294,12 +345,22 @@ struct Sender::Impl {
     }
     unregister();
     {
-      // The plugin instance goes now (deregistrations, disconnect, unmapping): timed here.
-      const auto teardown_start = Clock::now();
-      data.reset();
-      channel.reset();
-      logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", address,
-                              seconds_since(teardown_start) * 1e3);
+      // The receiver has committed or failed by now: the plugin instance and the channel go on
+      // a thread of their own (wait_teardowns()).
+      auto teardown = [data = std::move(data), channel = std::move(channel), address]() mutable {
+        const auto teardown_start = Clock::now();
+        data.reset();
+        channel.reset();
+        logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", address,
+                                seconds_since(teardown_start) * 1e3);
+      };
+      std::lock_guard lock(teardown_mutex);
+      try {
+        teardowns.emplace_back(std::move(teardown));
+      } catch (const std::system_error&) {
+        // No thread to be had: the teardown runs here.
+        teardown();
+      }
     }
     result.seconds = seconds_since(start);
     if (!result.committed) logger("sender")->warn("{}", result.error);
@@ -366,10 +427,10 @@ struct Sender::Impl {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got the ack of bucket {}", ch.peer(), phase,
            ack.getIndex());
     }
-    plan.sealed.get();
-    const auto& b = plan.buckets[index];
     auto prints = ack.getFingerprints();
     if (direct && prints.size() == 0) return;
+    plan.wait_sealed();
+    const auto& b = plan.buckets[index];
     if (prints.size() != b.fingerprints.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: {} fingerprints for {} tensors", ch.peer(), phase,
            prints.size(), b.fingerprints.size());
@@ -438,6 +499,14 @@ struct Sender::Impl {
       std::lock_guard lock(mutex);
       if (data) data_paths.insert(data.get());
     }
+    // Direct delivery through a transport whose copies fingerprint what they write needs no
+    // separate pass over the tensors; anything else needs the plan's fingerprints.
+    if (!data || !data->fingerprints_pieces() || !plan.cuda_tensors ||
+        config.update.delivery == config::Delivery::staged) {
+      plan.seal();
+    }
+    bool writer_prints = false;  // direct, and the copies fingerprint what they write
+    std::vector<std::uint64_t> session_prints;  // per tensor, from the copies (writer_prints)
     const double create_s = seconds_since(session_start);
     double connect_s = 0;  // the data path's connect, inside the handshake
     // ---- handshake
@@ -512,6 +581,18 @@ struct Sender::Impl {
         connect_s = seconds_since(connect_start);
         direct = choose_direct(w, *data, plan, tensors.size(), ch.peer(), destinations);
       }
+      writer_prints = direct && data->fingerprints_pieces();
+      if (writer_prints) {
+        session_prints.assign(tensors.size(), 0);
+        for (std::size_t t = 0; t < tensors.size(); ++t) {
+          // An empty tensor is no copy: its fingerprint is that of nothing.
+          if (byte_size(tensors[t].dtype, tensors[t].shape).value_or(0) == 0) {
+            session_prints[t] = kernels::fingerprint_cpu(nullptr, 0, 1);
+          }
+        }
+      } else {
+        plan.seal();
+      }
       if (!direct && config.update.delivery == config::Delivery::direct) {
         fail(FERRY_STATUS_INCOMPATIBLE,
              "{}: update.delivery is \"direct\", but the receiver offers no direct delivery over "
@@ -521,6 +602,7 @@ struct Sender::Impl {
       }
       result.transport = data->name();
       result.direct = direct;
+      result.writer_fingerprints = writer_prints;
       std::lock_guard lock(mutex);
       data_paths.insert(data.get());
       results[index].transport = data->name();
@@ -536,6 +618,7 @@ struct Sender::Impl {
       b.setTotalBytes(plan.total);
       b.setViaPut(data->uses_put());
       b.setDirect(direct);
+      b.setWriterFingerprints(writer_prints);
       ch.send(m, deadline_in(options.bucket_timeout), "begin");
       auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
       auto root = msg->root();
@@ -572,13 +655,13 @@ struct Sender::Impl {
           p.region = destinations[t].first;
           p.offset = destinations[t].second;
         }
+        if (writer_prints) p.fingerprint = &session_prints[t];
         pieces.push_back(p);
       }
       return pieces;
     };
     // Announces bucket k (its bytes are in place).
     auto announce = [&](std::uint32_t k, Clock::time_point deadline) {
-      plan.sealed.get();
       const std::string phase = fmt::format("bucket {}", k);
       const std::uint32_t slot = k % kSlots;
       const auto& b = plan.buckets[k];
@@ -587,7 +670,14 @@ struct Sender::Impl {
       br.setIndex(k);
       br.setSlot(slot);
       br.setBytes(b.bytes);
-      br.setManifest(kj::arrayPtr(b.manifest.data(), b.manifest.size()));
+      if (writer_prints) {
+        // The fingerprints of bucket k's copies are in: its manifest carries them.
+        const auto manifest = bucket_manifest(plan, k, tensors, version, label, session_prints);
+        br.setManifest(kj::arrayPtr(manifest.data(), manifest.size()));
+      } else {
+        plan.wait_sealed();
+        br.setManifest(kj::arrayPtr(b.manifest.data(), b.manifest.size()));
+      }
       br.setDataFollows(data->data_follows());
       ch.send(m, deadline, phase);
       data->after_header(ch, slot, b.bytes, deadline, phase);
@@ -607,30 +697,49 @@ struct Sender::Impl {
       ++acked;
     };
     if (direct) {
-      // Pipelined: bucket k's copies are queued before bucket k-1 is announced, so the copies
-      // run back to back while the control messages go out. No slot is written; acks still
-      // bound the buckets in flight.
-      auto deadline = deadline_in(options.bucket_timeout);
-      for (std::uint32_t k = 0; k < count; ++k) {
-        if (k >= kSlots) await_ack();
-        const auto deliver_start = Clock::now();
-        data->start_pieces(k % kSlots, k, pieces_of(plan.buckets[k]), deadline_in(options.bucket_timeout),
-                           fmt::format("bucket {}", k));
-        if (k > 0) {
-          data->finish_pieces(deadline, fmt::format("bucket {}", k - 1));
-          deliver_s += seconds_since(deliver_start);
-          announce(k - 1, deadline);
-        } else {
-          deliver_s += seconds_since(deliver_start);
+      // Pipelined: group g's copies are queued before group g-1 is announced, so the copies run
+      // back to back while the control messages go out. No slot is written; acks still bound
+      // the groups in flight. A group is one bucket, or, where the copies fingerprint what they
+      // write, consecutive buckets of at least SenderOptions::fingerprinted_group_bytes.
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> groups;  // [first, end) buckets
+      for (std::uint32_t k = 0; k < count;) {
+        std::uint32_t end = k + 1;
+        std::uint64_t bytes = plan.buckets[k].bytes;
+        while (writer_prints && end < count && bytes < options.fingerprinted_group_bytes) {
+          bytes += plan.buckets[end++].bytes;
         }
+        groups.emplace_back(k, end);
+        k = end;
+      }
+      auto group_name = [&](std::size_t g) {
+        const auto [first, end] = groups[g];
+        return end - first == 1 ? fmt::format("bucket {}", first)
+                                : fmt::format("buckets {}..{}", first, end - 1);
+      };
+      auto finish_and_announce = [&](std::size_t g, Clock::time_point deadline) {
+        const auto deliver_start = Clock::now();
+        data->finish_pieces(deadline, group_name(g));
+        deliver_s += seconds_since(deliver_start);
+        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
+      };
+      auto deadline = deadline_in(options.bucket_timeout);
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (g >= kSlots) {
+          while (acked < groups[g - kSlots].second) await_ack();
+        }
+        const auto deliver_start = Clock::now();
+        std::vector<TensorPiece> pieces;
+        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
+          auto more = pieces_of(plan.buckets[k]);
+          pieces.insert(pieces.end(), more.begin(), more.end());
+        }
+        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
+                           std::move(pieces), deadline_in(options.bucket_timeout), group_name(g));
+        deliver_s += seconds_since(deliver_start);
+        if (g > 0) finish_and_announce(g - 1, deadline);
         deadline = deadline_in(options.bucket_timeout);
       }
-      if (count > 0) {
-        const auto deliver_start = Clock::now();
-        data->finish_pieces(deadline, fmt::format("bucket {}", count - 1));
-        deliver_s += seconds_since(deliver_start);
-        announce(count - 1, deadline);
-      }
+      if (!groups.empty()) finish_and_announce(groups.size() - 1, deadline);
     }
     for (std::uint32_t k = 0; k < count && !direct; ++k) {
       const std::string phase = fmt::format("bucket {}", k);
@@ -705,6 +814,7 @@ Sender::~Sender() = default;
 PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t version,
                         const std::optional<std::string>& label) {
   auto& i = *impl_;
+  i.wait_teardowns();  // the previous push's
   const auto start = Clock::now();
   if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
   if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
@@ -793,10 +903,10 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     }
     plan.buckets.push_back(std::move(current));
   }
-  // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::sealed).
-  // Declared after `plan`: its destructor waits for the work, which writes into the plan.
+  // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a
+  // thread joined before `plan` goes (join_sealing, declared after it).
   double plan_s = 0;
-  std::future<void> sealing = std::async(std::launch::async, [&] {
+  std::packaged_task<void()> sealing([&] {
     const auto fingerprint_start = Clock::now();
     std::vector<std::uint64_t> prints(tensors.size());
     fingerprint_device_tensors(tensors, prints);
@@ -808,29 +918,30 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     const auto count = static_cast<std::uint32_t>(plan.buckets.size());
     for (std::uint32_t k = 0; k < count; ++k) {
       auto& b = plan.buckets[k];
-      manifest::Manifest m;
-      m.version = version;
-      m.version_label = version_label;
-      m.bucket_index = k;
-      m.bucket_count = count;
-      m.bucket_bytes = b.bytes;
-      for (std::size_t j = 0; j < b.items.size(); ++j) {
-        const auto& t = tensors[b.items[j].first];
-        b.fingerprints.push_back(prints[b.items[j].first]);
-        manifest::Entry e;
-        e.name = t.name;
-        e.dtype = t.dtype;
-        e.shape = t.shape;
-        e.offset = b.items[j].second;
-        e.size = byte_size(t.dtype, t.shape).value_or(0);
-        e.fingerprint = b.fingerprints[j];
-        m.tensors.push_back(std::move(e));
-      }
-      b.manifest = manifest::encode(m);
+      for (const auto& item : b.items) b.fingerprints.push_back(prints[item.first]);
+      b.manifest = bucket_manifest(plan, k, tensors, version, version_label, prints);
     }
     plan_s = seconds_since(fingerprint_start);
   });
-  plan.sealed = sealing.share();
+  plan.sealed = sealing.get_future().share();
+  std::thread sealing_thread;
+  std::once_flag sealing_once;
+  std::atomic<bool> sealing_started{false};
+  plan.seal = [&] {
+    std::call_once(sealing_once, [&] {
+      sealing_thread = std::thread(std::move(sealing));
+      sealing_started = true;
+    });
+  };
+  struct JoinSealing {
+    std::thread& thread;
+    ~JoinSealing() {
+      if (thread.joinable()) thread.join();
+    }
+  } join_sealing{sealing_thread};
+  // CUDA tensors may go where the copies fingerprint what they write (the sessions decide);
+  // anything else needs the plan's fingerprints, computed from now on.
+  if (!plan.cuda_tensors) plan.seal();
 
   std::vector<std::thread> threads;
   threads.reserve(i.options.receivers.size());
@@ -839,7 +950,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   }
   for (auto& t : threads) t.join();
   try {
-    plan.sealed.get();
+    if (sealing_started) plan.sealed.get();
   } catch (const std::exception& e) {
     // Every receiver saw this failure already; the report says so.
     logger("sender")->warn("push of version {}: fingerprints: {}", version, e.what());

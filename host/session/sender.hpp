@@ -64,6 +64,11 @@ struct SenderOptions {
   std::function<void(const std::string& receiver, std::uint32_t bucket)> after_bucket;
   // Threads for fingerprints and packing; 0: the hardware count.
   unsigned threads = 0;
+  // Direct delivery through copies that fingerprint what they write: consecutive buckets are
+  // copied in groups of at least this many bytes (one flush each). Such a copy hashes each
+  // 1 MiB chunk serially (~1 ms on an H200), so a launch needs thousands of chunks to fill the
+  // GPU; smaller groups pipeline more finely but copy slower.
+  std::uint64_t fingerprinted_group_bytes = 4ull << 30;
 };
 
 struct ReceiverResult {
@@ -72,6 +77,9 @@ struct ReceiverResult {
   std::string error;    // why not committed ("" when committed); names the phase
   std::string transport;  // the data path used ("inline", "ucx"), once negotiated
   bool direct = false;    // direct delivery: tensors were written straight into parameters
+  // Direct delivery whose copies fingerprinted what they wrote (one read of the data; the
+  // receiver takes or re-checks those fingerprints, its update.direct_verify).
+  bool writer_fingerprints = false;
   ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;
   std::uint64_t buckets = 0;

@@ -75,6 +75,10 @@ struct Begin {
   totalBytes @3 :UInt64;
   viaPut @4 :Bool;  # transport plugin: buckets arrive by put+flush (else by send into posted recvs)
   direct @5 :Bool;  # the sender writes every tensor straight into its Welcome destination
+  # Direct delivery: each manifest fingerprint was computed by the copy that wrote the tensor,
+  # from the words as it stored them (one read of the data; FERRY_TRANSPORT_CAP_PUT_FINGERPRINT).
+  # The receiver may take them as the fingerprints of what was written (update.direct_verify).
+  writerFingerprints @6 :Bool;
 }
 
 struct Ready {

@@ -49,6 +49,10 @@ class CudaApplier;
 
 struct UpdateOptions {
   bool verify_fingerprints = true;  // check entry fingerprints before writing a bucket
+  // Direct delivery whose fingerprints the writing copy computed (begin_direct_writes(true)):
+  // take them as the fingerprints of what was written instead of reading it back at commit
+  // (config update.direct_verify = "writer").
+  bool trust_writer_fingerprints = true;
   unsigned threads = 0;             // kernel threads; 0: the hardware count
   std::size_t plan_cache_capacity = 1024;
   std::size_t missing_names_listed = 8;  // how many missing parameters an error names
@@ -126,14 +130,17 @@ class UpdateEngine {
       std::span<const ferry_tensor_desc_t> tensors);
   // Declares that a peer writes the active update's parameters in place from now on: the store
   // is dirty at once (a failure rolls back or fences, see Transactions). Call it before the peer
-  // may write.
-  void begin_direct_writes();
+  // may write. `writer_fingerprints`: the manifests' fingerprints are computed by the copy that
+  // writes each tensor, from the words it stores (see UpdateOptions::trust_writer_fingerprints).
+  void begin_direct_writes(bool writer_fingerprints = false);
   // Records one bucket a peer wrote in place (begin_direct_writes first): every manifest entry
   // must have a direct destination of its size; marks what it covers. Errors end the update.
   // The bytes are verified at commit, in one pass over everything written in place (a pass per
   // bucket would cost a fingerprint kernel's latency per bucket): each destination's
   // fingerprint (what was written) against its entry's (verify_fingerprints; CORRUPT_DATA
-  // naming the tensor); those of whole parameters are then the parameters' fingerprints.
+  // naming the tensor); those of whole parameters are then the parameters' fingerprints. With
+  // writer fingerprints trusted, an entry's own fingerprint stands for what was written and
+  // only entries without one are read back.
   void record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
 
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
@@ -241,6 +248,7 @@ class UpdateEngine {
   bool active_ = false;
   bool dirty_ = false;
   bool direct_writes_ = false;  // begin_direct_writes() was called for the active update
+  bool writer_fingerprints_ = false;  // ... with fingerprints computed by the writing copy
   std::uint64_t active_version_ = 0;
   std::string active_label_;
   WeightVersion published_;

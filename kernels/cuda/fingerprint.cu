@@ -4,10 +4,12 @@
 // accumulator's 8-byte word of every 32-byte stripe straight from global memory, with a ring of
 // loads kept in flight in registers, and the group's first thread converges the accumulators and
 // finishes the chunk's tail. The combine kernel hashes each range's chunk hashes (XXH64 of 8 bytes
-// per chunk, seeded with the range's length) with the same four-thread routine.
+// per chunk, seeded with the range's length) with the same four-thread routine. That routine
+// (group_hash) lives in the plugin SDK (ferry/sdk/fingerprint_cuda.cuh), which the cuda_ipc
+// plugin's fingerprinting copy uses too.
 #include "launch.hpp"
 
-#include "ferry/kernels/xxh64.hpp"
+#include "ferry/sdk/fingerprint_cuda.cuh"
 
 #include <cstdint>
 #include <vector>
@@ -15,9 +17,11 @@
 namespace ferry::kernels::cuda_detail {
 namespace {
 
-constexpr std::uint64_t kChunkBytes = 1ull << 20;  // kFingerprintChunkBytes of cpu.hpp
-constexpr unsigned kGroup = 4;                     // threads per hash: XXH64's four accumulators
-constexpr unsigned kThreads = 64;                  // per block: 16 hashes
+namespace fp = ferry::sdk::fingerprint_cuda;
+
+constexpr std::uint64_t kChunkBytes = fp::kChunkBytes;  // kFingerprintChunkBytes of cpu.hpp
+constexpr unsigned kGroup = fp::kGroup;                 // threads per hash
+constexpr unsigned kThreads = 64;                       // per block: 16 hashes
 constexpr unsigned kGroupsPerBlock = kThreads / kGroup;
 static_assert(kThreads % 32 == 0 && 32 % kGroup == 0, "a group must lie within one warp");
 
@@ -60,103 +64,6 @@ __device__ std::uint64_t find_range(const Batch& b, std::uint64_t g) {
   return lo;
 }
 
-// A read-only 8-byte load that asks L2 to fetch the whole 128-byte line from memory (the next
-// stripes of the chunk then hit L2). Measured on an H200 (4096 x 4 MiB): 4.0 TB/s against 3.7
-// with __ldg, 3.4 with L1::no_allocate.L2::256B; keeping L1 allocation doubles the misaligned
-// path (its two aligned loads overlap the neighbouring thread's).
-__device__ __forceinline__ unsigned long long load_stream(const unsigned long long* p) {
-  unsigned long long v;
-  asm("ld.global.nc.L2::128B.u64 %0, [%1];" : "=l"(v) : "l"(p));
-  return v;
-}
-
-// Reads one accumulator's words from an 8-byte aligned input: stripe s's word is words[4 s].
-struct AlignedWords {
-  static constexpr unsigned kDepth = 32;  // loads in flight per thread
-  using Raw = unsigned long long;
-  const unsigned long long* words;  // the thread's first word
-  unsigned shift;                   // unused (0)
-
-  __device__ __forceinline__ Raw load(std::uint64_t s) const { return load_stream(words + 4 * s); }
-  __device__ __forceinline__ std::uint64_t word(Raw raw) const { return raw; }
-};
-
-// Reads one accumulator's words from an input `shift / 8` bytes past an 8-byte boundary: each
-// word is put together from the two aligned words that hold it. Both hold a byte of the word, so
-// they lie in its pages (the loads cannot fault) although up to 7 of their bytes lie outside
-// the range; those bytes are shifted out.
-struct MisalignedWords {
-  static constexpr unsigned kDepth = 16;  // two loads per word: the same bytes in flight
-  struct Raw {
-    unsigned long long lo;
-    unsigned long long hi;
-  };
-  const unsigned long long* words;  // the aligned word holding the thread's first byte
-  unsigned shift;                   // 8, 16, .. 56 bits
-
-  __device__ __forceinline__ Raw load(std::uint64_t s) const {
-    return {load_stream(words + 4 * s), load_stream(words + 4 * s + 1)};
-  }
-  __device__ __forceinline__ std::uint64_t word(Raw raw) const {
-    return (raw.lo >> shift) | (raw.hi << (64 - shift));
-  }
-};
-
-// Runs one XXH64 accumulator over `stripes` stripes. Every word is loaded kDepth stripes before
-// its use, so the loads overlap the dependent chain of accumulate steps.
-template <class Words>
-__device__ __forceinline__ std::uint64_t run_accumulator(const Words& in, std::uint64_t stripes,
-                                                         std::uint64_t acc) {
-  constexpr unsigned kDepth = Words::kDepth;
-  std::uint64_t s = 0;  // stripes accumulated so far
-  if (stripes >= kDepth) {
-    typename Words::Raw ring[kDepth];  // ring[u] holds stripe s + u
-#pragma unroll
-    for (unsigned u = 0; u < kDepth; ++u) ring[u] = in.load(u);
-    for (; s + 2 * kDepth <= stripes; s += kDepth) {
-#pragma unroll
-      for (unsigned u = 0; u < kDepth; ++u) {
-        acc = xxh64::accumulate(acc, in.word(ring[u]));
-        ring[u] = in.load(s + kDepth + u);
-      }
-    }
-#pragma unroll
-    for (unsigned u = 0; u < kDepth; ++u) acc = xxh64::accumulate(acc, in.word(ring[u]));
-    s += kDepth;
-  }
-  for (; s < stripes; ++s) acc = xxh64::accumulate(acc, in.word(in.load(s)));
-  return acc;
-}
-
-// XXH64 of `len` bytes at `p` with `seed`, by the four threads of a group (consecutive lanes
-// 4k .. 4k + 3 of a warp; `lane` = 0..3 within the group). Every thread of the warp must call it
-// (it shuffles); a thread with `active` false (no hash for its group) takes part and reads
-// nothing. The value is returned to the group's lane 0 (others get 0).
-__device__ std::uint64_t group_hash(const unsigned char* p, std::uint64_t len, std::uint64_t seed,
-                                    unsigned lane, bool active) {
-  const std::uint64_t stripes = active ? len / xxh64::kStripeBytes : 0;
-  std::uint64_t acc = xxh64::initial_accumulator(static_cast<int>(lane), seed);
-  const auto misalignment = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(p) & 7u);
-  if (misalignment == 0) {
-    const AlignedWords in{reinterpret_cast<const unsigned long long*>(p) + lane, 0};
-    acc = run_accumulator(in, stripes, acc);
-  } else {
-    const MisalignedWords in{reinterpret_cast<const unsigned long long*>(p - misalignment) + lane,
-                             8 * misalignment};
-    acc = run_accumulator(in, stripes, acc);
-  }
-  const unsigned first = (threadIdx.x % 32) & ~(kGroup - 1);
-  std::uint64_t v[kGroup];
-#pragma unroll
-  for (unsigned i = 0; i < kGroup; ++i) {
-    v[i] = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(acc), first + i);
-  }
-  if (!active || lane != 0) return 0;
-  const std::uint64_t striped = stripes * xxh64::kStripeBytes;
-  const std::uint64_t h = len >= xxh64::kStripeBytes ? xxh64::converge(v) : seed + xxh64::kPrime5;
-  return xxh64::finish(h, len, p + striped, len - striped);
-}
-
 // One group per chunk of the batch: hashes[g] = XXH64(chunk, seed = its index in its range).
 __global__ void __launch_bounds__(kThreads) chunk_kernel(Batch b) {
   const std::uint64_t g =
@@ -170,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) chunk_kernel(Batch b) {
   const std::uint64_t rest = range.bytes - begin;
   const std::uint64_t len = active ? (rest < kChunkBytes ? rest : kChunkBytes) : 0;
   const unsigned char* p = active ? range.data + begin : nullptr;
-  const std::uint64_t h = group_hash(p, len, index, lane, active);
+  const std::uint64_t h = fp::group_hash(p, len, index, lane, active);
   if (active && lane == 0) b.hashes[g] = h;
 }
 
@@ -186,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Batch b) {
   // An empty range reads nothing (and `hashes` may be null when every range is empty).
   const auto* p =
       chunks > 0 ? reinterpret_cast<const unsigned char*>(b.hashes + range.first_chunk) : nullptr;
-  const std::uint64_t h = group_hash(p, chunks * sizeof(std::uint64_t), range.bytes, lane, active);
+  const std::uint64_t h =
+      fp::group_hash(p, chunks * sizeof(std::uint64_t), range.bytes, lane, active);
   if (active && lane == 0) b.results[r] = h;
 }
 

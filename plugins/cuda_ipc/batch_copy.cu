@@ -1,7 +1,12 @@
 // cuda_ipc/batch_copy.cu: the batched copy kernel (see batch_copy.hpp). Block row y copies op y;
 // the blocks of a row stride over it with 16-byte loads and stores where source and destination
-// are equally aligned (head and tail bytewise), bytewise otherwise.
+// are equally aligned (head and tail bytewise), bytewise otherwise. The fingerprinted copy runs
+// the SDK's xxh64-chunked-v1 chunk routine (ferry/sdk/fingerprint_cuda.cuh) over every 1 MiB
+// chunk of every op with a destination to store each hashed word to, then combines each op's
+// chunk hashes, like kernels/cuda/fingerprint.cu.
 #include "batch_copy.hpp"
+
+#include "ferry/sdk/fingerprint_cuda.cuh"
 
 namespace ferry::cuda_ipc {
 namespace {
@@ -50,6 +55,85 @@ __global__ void __launch_bounds__(kThreads) batch_copy_kernel(const CopyBatch ba
   for (std::uint64_t t = vectors * 16 + first; t < bytes; t += stride) dst[t] = src[t];
 }
 
+namespace fp = ferry::sdk::fingerprint_cuda;
+
+constexpr unsigned kHashThreads = 64;  // per block: 16 groups of fp::kGroup
+constexpr unsigned kGroupsPerBlock = kHashThreads / fp::kGroup;
+static_assert(kHashThreads % 32 == 0 && 32 % fp::kGroup == 0, "a group must lie within one warp");
+
+// One op as the fingerprinting kernels see it: its chunks are global chunks first_chunk ..
+// first_chunk + ceil(bytes / C) - 1 of the launch, their hashes hashes[first_chunk ..].
+struct HashedOp {
+  const unsigned char* src;
+  unsigned char* dst;
+  std::uint64_t bytes;
+  std::uint64_t first_chunk;
+};
+
+// Both kernels' parameter (16 KiB for 512 ops, within the 32 KiB CUDA 12.1+ allows).
+struct HashedBatch {
+  HashedOp ops[kMaxCopyOps];  // `n` entries in order of first_chunk
+  std::uint64_t n;
+  std::uint64_t chunks;    // of all ops together
+  std::uint64_t* hashes;   // `chunks` entries (device scratch)
+  std::uint64_t* results;  // `n` entries
+};
+
+// The op holding global chunk `g` (< b.chunks): the last one whose first_chunk <= g. Empty ops
+// share their first_chunk with the next op, so the search never lands on one.
+__device__ std::uint64_t find_op(const HashedBatch& b, std::uint64_t g) {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = b.n - 1;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (b.ops[mid].first_chunk <= g) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// One group per chunk of the launch: copies the chunk and sets hashes[g] = XXH64(chunk, seed = its
+// index in its op).
+__global__ void __launch_bounds__(kHashThreads) copy_chunk_kernel(const HashedBatch b) {
+  const std::uint64_t g =
+      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / fp::kGroup;
+  const unsigned lane = threadIdx.x % fp::kGroup;
+  const bool active = g < b.chunks;
+  HashedOp op{nullptr, nullptr, 0, 0};
+  if (active) op = b.ops[find_op(b, g)];
+  const std::uint64_t index = active ? g - op.first_chunk : 0;
+  const std::uint64_t begin = index * fp::kChunkBytes;
+  const std::uint64_t rest = op.bytes - begin;
+  const std::uint64_t len = active ? (rest < fp::kChunkBytes ? rest : fp::kChunkBytes) : 0;
+  const unsigned char* src = active ? op.src + begin : nullptr;
+  unsigned char* dst = active ? op.dst + begin : nullptr;
+  const std::uint64_t h = fp::group_hash(src, len, index, lane, active, fp::CopyTo{dst});
+  if (active && lane == 0) b.hashes[g] = h;
+}
+
+// One group per op: results[i] = XXH64(its chunk hashes as little-endian u64, seed = bytes).
+__global__ void __launch_bounds__(kHashThreads) combine_kernel(const HashedBatch b) {
+  const std::uint64_t i =
+      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / fp::kGroup;
+  const unsigned lane = threadIdx.x % fp::kGroup;
+  const bool active = i < b.n;
+  HashedOp op{nullptr, nullptr, 0, 0};
+  if (active) op = b.ops[i];
+  const std::uint64_t chunks = (op.bytes + fp::kChunkBytes - 1) / fp::kChunkBytes;
+  // An empty op reads nothing (and `hashes` is null when every op is empty): XXH64 of no bytes.
+  const auto* p =
+      chunks > 0 ? reinterpret_cast<const unsigned char*>(b.hashes + op.first_chunk) : nullptr;
+  const std::uint64_t h = fp::group_hash(p, chunks * sizeof(std::uint64_t), op.bytes, lane, active);
+  if (active && lane == 0) b.results[i] = h;
+}
+
+unsigned hash_blocks_for(std::uint64_t groups) {
+  return static_cast<unsigned>((groups + kGroupsPerBlock - 1) / kGroupsPerBlock);
+}
+
 }  // namespace
 
 cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t stream) {
@@ -67,6 +151,43 @@ cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t str
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n));
   batch_copy_kernel<<<grid, kThreads, 0, stream>>>(batch);
   return cudaGetLastError();
+}
+
+cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
+                                      std::uint64_t* device_results, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > kMaxCopyOps || device_results == nullptr) return cudaErrorInvalidValue;
+  HashedBatch batch{};
+  std::uint64_t chunks = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    batch.ops[i] = {static_cast<const unsigned char*>(ops[i].src),
+                    static_cast<unsigned char*>(ops[i].dst), ops[i].bytes, chunks};
+    // ceil(bytes / C) without overflowing near 2^64.
+    chunks += ops[i].bytes / fp::kChunkBytes + (ops[i].bytes % fp::kChunkBytes != 0 ? 1 : 0);
+  }
+  // The grid is 1-D: 2^31 - 1 blocks of kGroupsPerBlock groups.
+  constexpr std::uint64_t kMaxGroups = 0x7fffffffull * kGroupsPerBlock;
+  if (chunks > kMaxGroups) return cudaErrorInvalidValue;
+  batch.n = n;
+  batch.chunks = chunks;
+  batch.results = device_results;
+  cudaError_t err = cudaSuccess;
+  if (chunks > 0) {
+    err = cudaMallocAsync(reinterpret_cast<void**>(&batch.hashes),
+                          chunks * sizeof(std::uint64_t), stream);
+    if (err != cudaSuccess) return err;
+    copy_chunk_kernel<<<hash_blocks_for(chunks), kHashThreads, 0, stream>>>(batch);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    combine_kernel<<<hash_blocks_for(n), kHashThreads, 0, stream>>>(batch);
+    err = cudaGetLastError();
+  }
+  if (batch.hashes != nullptr) {
+    const cudaError_t free_err = cudaFreeAsync(batch.hashes, stream);
+    if (err == cudaSuccess) err = free_err;
+  }
+  return err;
 }
 
 }  // namespace ferry::cuda_ipc

@@ -1,7 +1,8 @@
 // cuda_ipc/batch_copy.hpp: one kernel launch for many device-to-device copies (the puts queued
 // before a flush). A copy call costs ~4 us of host time per copy, even through
 // cudaMemcpyBatchAsync (measured on an H200, docs/benchmarks.md), more than a small tensor's
-// copy takes on the GPU; one launch costs the same for 1 or 512 copies.
+// copy takes on the GPU; one launch costs the same for 1 or 512 copies. The fingerprinted copy
+// also hashes what it copies (xxh64-chunked-v1), from the words it stores, in the same pass.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,5 +25,16 @@ inline constexpr std::size_t kMaxCopyOps = 512;
 // Enqueues the `n` (1 .. kMaxCopyOps) copies on `stream`; any alignment and size. Device
 // memory of the current device (or mapped into it) on both sides. Returns the launch's error.
 cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t stream);
+
+// Copies like launch_batch_copy and writes each op's fingerprint (xxh64-chunked-v1 of the bytes
+// copied, the value ferry::kernels::fingerprint_cpu gives for them) to device_results[i]
+// (device memory, n entries), reading each source byte once. n: 1 .. kMaxCopyOps (0 enqueues
+// nothing; more, or a null device_results, is refused with cudaErrorInvalidValue). No op's source
+// may overlap any op's destination (sources are read through the read-only cache). Two launches
+// and a stream-ordered scratch allocation (8 bytes per MiB) on `stream`; the results are there
+// once the stream reaches them. A chunk's 1 MiB is hashed by four threads in sequence, so a
+// launch with few chunks is bounded by one chunk's time, not by memory bandwidth.
+cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
+                                      std::uint64_t* device_results, cudaStream_t stream);
 
 }  // namespace ferry::cuda_ipc

@@ -6,12 +6,16 @@
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
+#include <ferry/sdk/xxh64.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace ferry::cuda_ipc {
 
@@ -44,6 +48,55 @@ LegacyOpening::~LegacyOpening() {
 }
 
 namespace {
+
+// Page-locked arrays for fingerprint read-backs, shared by every instance of the process and
+// kept for its life (the library is pinned in memory): a session makes a new instance, and
+// cudaMallocHost costs about a millisecond, more than a bucket's copies.
+struct PinnedPrints {
+  std::mutex mutex;
+  std::vector<std::pair<std::uint64_t*, std::size_t>> free;  // (array, entries)
+};
+PinnedPrints& pinned_prints() {
+  static PinnedPrints* pool = new PinnedPrints;  // never destroyed: used until the process ends
+  return *pool;
+}
+
+// An array of at least `n` entries: one that fits from the pool, else a new one.
+std::pair<std::uint64_t*, std::size_t> take_pinned_prints(std::size_t n) {
+  auto& pool = pinned_prints();
+  {
+    std::lock_guard lock(pool.mutex);
+    auto fit = std::find_if(pool.free.begin(), pool.free.end(),
+                            [&](const auto& a) { return a.second >= n; });
+    if (fit != pool.free.end()) {
+      const auto out = *fit;
+      pool.free.erase(fit);
+      return out;
+    }
+  }
+  const std::size_t entries = std::max<std::size_t>(n, 1024);
+  void* host = nullptr;
+  const cudaError_t err =
+      cudaHostAlloc(&host, entries * sizeof(std::uint64_t), cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(FERRY_STATUS_OUT_OF_MEMORY, "cuda_ipc: cudaHostAlloc of {} bytes (fingerprint "
+         "read-back): {}", entries * sizeof(std::uint64_t), cudaGetErrorString(err));
+  }
+  return {static_cast<std::uint64_t*>(host), entries};
+}
+
+void give_pinned_prints(std::uint64_t* array, std::size_t entries) noexcept {
+  if (array == nullptr) return;
+  auto& pool = pinned_prints();
+  std::lock_guard lock(pool.mutex);
+  try {
+    pool.free.emplace_back(array, entries);
+  } catch (...) {
+    // Out of memory for the list: the array is dropped (still page-locked, a few KiB).
+  }
+}
+
 
 // A deadline of 0 or less means the caller gave none: still never wait forever.
 constexpr std::int64_t kDefaultWaitNs = 300'000'000'000;
@@ -108,6 +161,7 @@ ferry_transport::~ferry_transport() {
     try {
       ferry::cuda_ipc::DeviceScope scope(device_);
       for (auto e : free_events_) (void)cudaEventDestroy(e);
+      for (auto& b : print_batches_) give_pinned_prints(b.host, b.capacity);
       (void)cudaStreamDestroy(stream_);
     } catch (const Error&) {
       // The device cannot be made current any more: the process is going down with it.
@@ -213,7 +267,10 @@ void ferry_transport::disconnect(ferry_peer* peer) noexcept {
 void ferry_transport::unmap(Imported& imported) noexcept {
   if (imported.va != 0) {
     const Driver& d = Driver::get();
-    (void)d.unmap(imported.va, imported.span);
+    for (const auto& c : imported.chunks) {
+      if (c.mapped) (void)d.unmap(imported.va + c.offset, c.size);
+    }
+    imported.chunks.clear();  // closes the fds of chunks never mapped
     (void)d.address_free(imported.va, imported.span);
     imported.va = 0;
   }
@@ -425,7 +482,7 @@ Endpoint::ImportAnswer ferry_transport::answer_import(std::uint64_t memory_id) {
   return answer;
 }
 
-Imported ferry_transport::map_vmm(PayloadReader& body, std::vector<UniqueFd>& fds,
+Imported ferry_transport::reserve_vmm(PayloadReader& body, std::vector<UniqueFd>& fds,
                                   const std::string& peer) {
   const Driver& d = Driver::get();
   const std::uint32_t count = body.u32();
@@ -449,31 +506,46 @@ Imported ferry_transport::map_vmm(PayloadReader& body, std::vector<UniqueFd>& fd
   Imported out;
   out.span = span;
   check_cu(d.address_reserve(&out.va, span, 0, 0, 0), "cuMemAddressReserve for an import");
-  std::uint64_t mapped = 0;  // bytes mapped from va
-  try {
-    for (std::uint32_t i = 0; i < count; ++i) {
-      CUmemGenericAllocationHandle handle = 0;
-      check_cu(d.import_handle(&handle,
-                               reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i].get())),
-                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-               "cuMemImportFromShareableHandle");
-      fds[i].reset();  // the handle holds the allocation now
-      const CUresult mapped_result = d.map(out.va + chunks[i].first, chunks[i].second, 0, handle, 0);
-      (void)d.release(handle);  // the mapping keeps the memory alive until cuMemUnmap
-      check_cu(mapped_result, "cuMemMap of an imported chunk");
-      mapped += chunks[i].second;
-    }
+  out.chunks.reserve(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    Imported::Chunk c;
+    c.offset = chunks[i].first;
+    c.size = chunks[i].second;
+    c.fd = std::move(fds[i]);
+    out.chunks.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::uint8_t* ferry_transport::mapped(ferry_peer* peer, Imported& imported, std::uint64_t offset,
+                                      std::uint64_t bytes) {
+  std::uint8_t* const at = imported.base + offset;
+  if (imported.va == 0 || bytes == 0) return at;
+  const std::uint64_t begin = static_cast<std::uint64_t>(at - reinterpret_cast<std::uint8_t*>(imported.va));
+  const std::uint64_t end = begin + bytes;
+  std::lock_guard lock(peer->mutex);
+  const Driver& d = Driver::get();
+  for (auto& c : imported.chunks) {
+    if (c.mapped || c.offset >= end || c.offset + c.size <= begin) continue;
+    DeviceScope scope(device_);
+    CUmemGenericAllocationHandle handle = 0;
+    check_cu(d.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(c.fd.get())),
+                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             "cuMemImportFromShareableHandle");
+    const CUresult mapped_result = d.map(imported.va + c.offset, c.size, 0, handle, 0);
+    (void)d.release(handle);  // the mapping keeps the memory alive until cuMemUnmap
+    check_cu(mapped_result, "cuMemMap of an imported chunk");
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    check_cu(d.set_access(out.va, span, &access, 1), "cuMemSetAccess on an import");
-  } catch (...) {
-    if (mapped > 0) (void)d.unmap(out.va, mapped);
-    (void)d.address_free(out.va, span);
-    throw;
+    const CUresult access_result = d.set_access(imported.va + c.offset, c.size, &access, 1);
+    if (access_result != CUDA_SUCCESS) (void)d.unmap(imported.va + c.offset, c.size);
+    check_cu(access_result, "cuMemSetAccess on an import");
+    c.mapped = true;
+    c.fd.reset();  // the mapping holds the allocation now
   }
-  return out;
+  return at;
 }
 
 Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
@@ -484,7 +556,9 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
   ensure_cuda();
   DeviceScope scope(device_);
   const std::string& name = peer->link->name();
+  const std::int64_t asked_ns = monotonic_ns();
   Frame reply = peer->link->import(peer->link->remote().nonce, memory_id, deadline_ns);
+  const std::int64_t answered_ns = monotonic_ns();
   std::vector<UniqueFd> fds;
   for (int fd : reply.fds) fds.emplace_back(fd);
   PayloadReader body(reply.payload, "import reply");
@@ -497,7 +571,7 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
   }
   Imported imported;
   if (kind == ShareKind::Vmm) {
-    imported = map_vmm(body, fds, name);
+    imported = reserve_vmm(body, fds, name);
     if (base_offset > imported.span || size > imported.span - base_offset) {
       unmap(imported);
       fail(FERRY_STATUS_CORRUPT_DATA, "cuda_ipc: {} registered {} bytes past its chunks", name,
@@ -530,6 +604,11 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
          static_cast<int>(kind));
   }
   imported.size = size;
+  ferry::sdk::log(FERRY_LOG_DEBUG, "cuda_ipc",
+             fmt::format("imported {}'s memory {} ({} bytes, {} fds): asked and answered in "
+                         "{:.3f} ms, reserved in {:.3f} ms (its chunks are mapped as copies reach them)",
+                         name, memory_id, size, reply.fds.size(), (answered_ns - asked_ns) / 1e6,
+                         (monotonic_ns() - answered_ns) / 1e6));
   return peer->imports.emplace(memory_id, std::move(imported)).first->second;
 }
 
@@ -592,7 +671,18 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          "cuda_ipc put: {} bytes at offset {} exceed {}'s memory {} of {} bytes", bytes,
          args.remote_offset, peer->link->name(), key.memory_id, key.size);
   }
-  if (bytes == 0) return nullptr;
+  const bool device_source = args.local.memory->kind == FERRY_MEMORY_CUDA;
+  if (args.fingerprint_out != nullptr && !device_source) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cuda_ipc put: fingerprint_out is offered for puts from device memory only");
+  }
+  if (bytes == 0) {
+    // xxh64-chunked-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
+    if (args.fingerprint_out != nullptr) {
+      *args.fingerprint_out = ferry::sdk::xxh64::finish(ferry::sdk::xxh64::kPrime5, 0, nullptr, 0);
+    }
+    return nullptr;
+  }
   Imported& imported = import(peer, key.memory_id, key.kind, effective(args.deadline_ns));
   if (imported.size != key.size) {
     fail(FERRY_STATUS_FAILED_PRECONDITION,
@@ -600,11 +690,11 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          peer->link->name(), key.memory_id, imported.size, key.size);
   }
   ensure_cuda();
+  std::uint8_t* const dst = mapped(peer, imported, args.remote_offset, bytes);
   ferry_request* r = new_request(ferry_request::Kind::Copy, peer);
   std::lock_guard lock(cuda_mutex_);
   r->ticket = ++next_ticket_;
-  pending_.push_back({peer, imported.base + args.remote_offset, src, bytes,
-                      args.local.memory->kind == FERRY_MEMORY_CUDA});
+  pending_.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
   return r;
 }
 
@@ -618,16 +708,49 @@ void ferry_transport::issue_pending_locked() {
   // from host memory, a lone copy, or a launch that fails go one cudaMemcpyAsync each.
   std::vector<CopyOp> ops;
   ops.reserve(copies.size());
+  std::vector<CopyOp> print_ops;  // the copies that also fingerprint what they write
+  std::vector<std::uint64_t*> outs;
   auto copy_call = [&](const void* src, void* dst, std::uint64_t bytes) {
     check_rt(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
              "cudaMemcpyAsync into the peer's memory");
   };
   for (const auto& c : copies) {
-    if (c.device_source) {
+    if (c.fingerprint_out != nullptr) {
+      print_ops.push_back({c.src, c.dst, c.bytes});
+      outs.push_back(c.fingerprint_out);
+    } else if (c.device_source) {
       ops.push_back({c.src, c.dst, c.bytes});
     } else {
       copy_call(c.src, c.dst, c.bytes);
     }
+  }
+  if (!print_ops.empty()) {
+    const std::size_t n = print_ops.size();
+    PrintBatch batch;
+    std::tie(batch.host, batch.capacity) = take_pinned_prints(n);
+    std::uint64_t* device_prints = nullptr;
+    try {
+      check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
+                               stream_),
+               "cudaMallocAsync (fingerprints)");
+      for (std::size_t first = 0; first < n; first += kMaxCopyOps) {
+        const std::size_t m = std::min(kMaxCopyOps, n - first);
+        check_rt(launch_fingerprinted_copy(print_ops.data() + first, m, device_prints + first,
+                                           stream_),
+                 "the fingerprinting copy kernel into the peer's memory");
+      }
+      check_rt(cudaMemcpyAsync(batch.host, device_prints, n * sizeof(std::uint64_t),
+                               cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync (fingerprint read-back)");
+      check_rt(cudaFreeAsync(device_prints, stream_), "cudaFreeAsync (fingerprints)");
+    } catch (...) {
+      if (device_prints != nullptr) (void)cudaFreeAsync(device_prints, stream_);
+      give_pinned_prints(batch.host, batch.capacity);
+      throw;
+    }
+    batch.outs = std::move(outs);
+    batch.issued = issued_ticket_;
+    print_batches_.push_back(std::move(batch));
   }
   if (ops.size() == 1) {
     copy_call(ops[0].src, ops[0].dst, ops[0].bytes);
@@ -638,6 +761,15 @@ void ferry_transport::issue_pending_locked() {
     if (launch_batch_copy(ops.data() + first, n, stream_) == cudaSuccess) continue;
     (void)cudaGetLastError();
     for (std::size_t k = first; k < first + n; ++k) copy_call(ops[k].src, ops[k].dst, ops[k].bytes);
+  }
+}
+
+void ferry_transport::deliver_prints_locked(std::uint64_t covers) noexcept {
+  while (!print_batches_.empty() && print_batches_.front().issued <= covers) {
+    PrintBatch batch = std::move(print_batches_.front());
+    print_batches_.pop_front();
+    for (std::size_t i = 0; i < batch.outs.size(); ++i) *batch.outs[i] = batch.host[i];
+    give_pinned_prints(batch.host, batch.capacity);
   }
 }
 
@@ -653,6 +785,7 @@ ferry_request* ferry_transport::flush(ferry_peer* peer) {
     DeviceScope scope(device_);
     r->event = take_event();
     check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+    r->covers = issued_ticket_;
   } catch (...) {
     request_free(r);
     throw;
@@ -735,9 +868,16 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
           DeviceScope scope(device_);
           r->event = take_event();
           check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
+          r->covers = issued_ticket_;
         }
-        DeviceScope scope(device_);
-        if (!event_done()) return false;
+        {
+          DeviceScope scope(device_);
+          if (!event_done()) return false;
+        }
+        {
+          std::lock_guard lock(cuda_mutex_);
+          deliver_prints_locked(r->covers);
+        }
         // The bytes landed; a peer that died meanwhile must not be reported as served.
         if (r->kind == ferry_request::Kind::Flush) link.check_alive();
         break;
@@ -771,10 +911,10 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
                  link.name(), ready->index, ready->offset, ready->size, ready->memory_id,
                  imported->size);
           }
+          std::uint8_t* const src = mapped(r->peer, *imported, ready->offset, ready->size);
           std::lock_guard lock(cuda_mutex_);
           DeviceScope scope(device_);
-          check_rt(cudaMemcpyAsync(r->dst, imported->base + ready->offset, ready->size,
-                                   cudaMemcpyDefault, stream_),
+          check_rt(cudaMemcpyAsync(r->dst, src, ready->size, cudaMemcpyDefault, stream_),
                    "cudaMemcpyAsync from the sender's staging bucket");
           r->event = take_event();
           check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");

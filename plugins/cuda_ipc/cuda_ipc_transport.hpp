@@ -2,9 +2,10 @@
 // chunks exported as POSIX fds, or legacy cudaIpc handles), the per-peer cache of imported and
 // mapped peer memory, and the copies (put, staged bucket pulls) on the instance's stream.
 //
-// Memory: an import maps a peer registration once per (peer, registration) and keeps it until
-// disconnect/destroy, which unmap it; the fds received for it are closed right after the import
-// (the mapping holds the memory). A registration of the owner retains its VMM allocation handles
+// Memory: an import reserves the address range of a peer registration once per (peer,
+// registration) and maps each of its chunks when a copy first reaches it; disconnect/destroy
+// unmap them. A chunk's fd is closed once it is mapped (the mapping holds the memory), and
+// closed unmapped at disconnect. A registration of the owner retains its VMM allocation handles
 // until deregister, so the physical memory a peer mapped stays valid meanwhile: deregister (and
 // re-register, re-pack keys) around a release/resume of the store's tag.
 //
@@ -20,6 +21,7 @@
 #include <ferry/plugin.h>
 
 #include <array>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -46,12 +48,21 @@ struct LegacyOpening {
   ~LegacyOpening();
 };
 
-// Peer memory mapped into this process.
+// Peer memory mapped into this process. VMM: the address range is reserved at import and each
+// of the peer's chunks is mapped when a copy first touches it (ferry_transport::mapped), so
+// mapping the rest of a large region overlaps the first copies; its fd stays open until then.
 struct Imported {
   std::uint8_t* base = nullptr;  // the registered base in this address space
   std::uint64_t size = 0;
   CUdeviceptr va = 0;            // VMM: the reservation (0 for legacy)
   std::uint64_t span = 0;
+  struct Chunk {
+    std::uint64_t offset = 0;  // from va
+    std::uint64_t size = 0;
+    ferry::cuda_ipc::UniqueFd fd;  // until mapped
+    bool mapped = false;
+  };
+  std::vector<Chunk> chunks;  // VMM, in address order
   std::shared_ptr<LegacyOpening> legacy;
 };
 
@@ -88,6 +99,7 @@ struct ferry_request {
   ferry_peer* peer = nullptr;  // NULL once the peer was disconnected
   cudaEvent_t event = nullptr;
   std::uint64_t ticket = 0;  // Copy: its place among the queued copies (see pending_)
+  std::uint64_t covers = 0;  // Copy/Flush: issued_ticket_ when its event was recorded
   std::uint32_t bucket_index = 0;
   std::uint8_t* dst = nullptr;  // Recv: where the bucket goes
   std::uint64_t capacity = 0;
@@ -134,10 +146,14 @@ struct ferry_transport {
   ferry::cuda_ipc::Imported& import(ferry_peer* peer, std::uint64_t memory_id,
                                     std::optional<ferry::cuda_ipc::ShareKind> expected,
                                     std::int64_t deadline_ns);
-  ferry::cuda_ipc::Imported map_vmm(ferry::cuda_ipc::PayloadReader& body,
+  ferry::cuda_ipc::Imported reserve_vmm(ferry::cuda_ipc::PayloadReader& body,
                                     std::vector<ferry::cuda_ipc::UniqueFd>& fds,
                                     const std::string& peer);
   void unmap(ferry::cuda_ipc::Imported& imported) noexcept;
+  // The address of bytes [offset, offset + bytes) of an import (offset from its registered
+  // base, in range), mapping the chunks they lie in where not mapped yet.
+  std::uint8_t* mapped(ferry_peer* peer, ferry::cuda_ipc::Imported& imported,
+                       std::uint64_t offset, std::uint64_t bytes);
   ferry::cuda_ipc::Endpoint::ImportAnswer answer_import(std::uint64_t memory_id);
   std::uint8_t* local_range(const ferry_memory_range_t& range, const char* what);
   // Finds how CUDA memory is shared (VMM chunks retained, or the legacy allocation's handle);
@@ -148,6 +164,9 @@ struct ferry_transport {
   void check_not_aborted();
   // Enqueues the queued copies on the stream, as one batch (cuda_mutex_ held).
   void issue_pending_locked();
+  // Hands the fingerprints of every batch issued up to `covers` (whose copies and read-back the
+  // stream has passed) to their puts' fingerprint_out (cuda_mutex_ held).
+  void deliver_prints_locked(std::uint64_t covers) noexcept;
 
   ferry_role_t role_;
   int device_;
@@ -167,8 +186,20 @@ struct ferry_transport {
     const std::uint8_t* src = nullptr;
     std::uint64_t bytes = 0;
     bool device_source = false;  // the local side is CUDA memory (else host: a copy call)
+    std::uint64_t* fingerprint_out = nullptr;  // ferry_put_args_t.fingerprint_out
   };
   std::vector<PendingCopy> pending_;
+  // Puts that asked for their fingerprint go through the fused copy kernel
+  // (launch_fingerprinted_copy), which leaves the values in device memory; they are read back
+  // into page-locked memory on the stream and handed out by the request that sees the stream
+  // pass them (deliver_prints_locked).
+  struct PrintBatch {
+    std::uint64_t issued = 0;       // issued_ticket_ after the issue that launched it
+    std::uint64_t* host = nullptr;  // page-locked, at least outs.size() entries
+    std::size_t capacity = 0;
+    std::vector<std::uint64_t*> outs;
+  };
+  std::deque<PrintBatch> print_batches_;  // oldest first; arrays from a process-wide pool
   std::uint64_t next_ticket_ = 0;    // tickets handed to puts so far
   std::uint64_t issued_ticket_ = 0;  // every put up to this ticket is enqueued on the stream
 

@@ -80,6 +80,8 @@ TEST(ConfigDefaults, MatchTheDocumentedValues) {
   EXPECT_EQ(c.update.read_threads, 0u);
   EXPECT_EQ(c.update.apply_threads, 0u);
   EXPECT_TRUE(c.update.verify_fingerprints);
+  EXPECT_EQ(c.update.delivery, fc::Delivery::automatic);
+  EXPECT_EQ(c.update.direct_verify, fc::DirectVerify::writer);
   EXPECT_EQ(c.update.bucket_timeout_ms, 60000u);
   EXPECT_EQ(c.update.commit_timeout_ms, 60000u);
   EXPECT_EQ(c.memory.weights_policy, fc::ReleasePolicy::backup);
@@ -120,6 +122,8 @@ bucket_bytes = 1073741824
 read_threads = 8
 apply_threads = 2
 verify_fingerprints = false
+delivery = "staged"
+direct_verify = "reread"
 bucket_timeout_ms = 5000
 commit_timeout_ms = 7000
 
@@ -155,6 +159,8 @@ device = "cuda"
   EXPECT_EQ(c.update.read_threads, 8u);
   EXPECT_EQ(c.update.apply_threads, 2u);
   EXPECT_FALSE(c.update.verify_fingerprints);
+  EXPECT_EQ(c.update.delivery, fc::Delivery::staged);
+  EXPECT_EQ(c.update.direct_verify, fc::DirectVerify::reread);
   EXPECT_EQ(c.update.bucket_timeout_ms, 5000u);
   EXPECT_EQ(c.update.commit_timeout_ms, 7000u);
   EXPECT_EQ(c.memory.weights_policy, fc::ReleasePolicy::discard);

@@ -1,15 +1,19 @@
-// Tests of the cuda_ipc plugin's batched copy kernel (plugins/cuda_ipc/batch_copy.cu) on a real
+// Tests of the cuda_ipc plugin's batched copy kernels (plugins/cuda_ipc/batch_copy.cu) on a real
 // device: every byte of every op lands, nothing outside the ops is touched, whatever the sizes
-// (0, 1, odd, many MiB) and the alignments of source and destination (equal or not); a batch
-// larger than kMaxCopyOps is refused. Exits 77 (skip) without a CUDA device.
+// (0, 1, odd, many MiB) and the alignments of source and destination (equal or not); the
+// fingerprinted copy's results equal fingerprint_cpu (xxh64-chunked-v1) of each op's bytes; a
+// batch larger than kMaxCopyOps is refused. Exits 77 (skip) without a CUDA device.
 #include "batch_copy.hpp"
+#include "ferry/kernels/cpu.hpp"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace ferry::cuda_ipc {
@@ -17,44 +21,109 @@ namespace {
 
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
+constexpr std::uint64_t kMiB = 1ull << 20;
+
 struct Case {
   std::uint64_t src_offset = 0;
   std::uint64_t dst_offset = 0;
   std::uint64_t bytes = 0;
 };
 
+enum class Launch { kCopy, kFingerprintedCopy };
+
+// A device buffer freed on scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::uint64_t bytes) {
+    if (cudaMalloc(&data_, bytes) != cudaSuccess) data_ = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  unsigned char* get() const { return static_cast<unsigned char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+};
+
 // Runs `cases` as one batch from a random source buffer into a poisoned destination buffer and
-// checks the destination byte for byte against what the copies must produce.
-void run_batch(const std::vector<Case>& cases, std::uint64_t buffer_bytes) {
-  std::vector<unsigned char> source(buffer_bytes);
-  std::mt19937_64 rng(cases.size() * 131 + buffer_bytes);
+// checks the destination byte for byte against what the copies must produce; the fingerprinted
+// copy's results must equal fingerprint_cpu of each op's source bytes. Destination ranges must
+// not overlap (sources may).
+void run_batch(const std::vector<Case>& cases, Launch launch) {
+  std::uint64_t src_bytes = 64;
+  std::uint64_t dst_bytes = 64;
+  for (const auto& c : cases) {
+    src_bytes = std::max(src_bytes, c.src_offset + c.bytes + 64);
+    dst_bytes = std::max(dst_bytes, c.dst_offset + c.bytes + 64);
+  }
+  std::vector<unsigned char> source(src_bytes);
+  std::mt19937_64 rng(cases.size() * 131 + src_bytes);
   for (auto& b : source) b = static_cast<unsigned char>(rng());
-  std::vector<unsigned char> expected(buffer_bytes, 0xEE);
-  void* src = nullptr;
-  void* dst = nullptr;
-  ASSERT_CUDA(cudaMalloc(&src, buffer_bytes));
-  ASSERT_CUDA(cudaMalloc(&dst, buffer_bytes));
-  ASSERT_CUDA(cudaMemcpy(src, source.data(), buffer_bytes, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemset(dst, 0xEE, buffer_bytes));
+  std::vector<unsigned char> expected(dst_bytes, 0xEE);
+  DeviceBuffer src(src_bytes);
+  DeviceBuffer dst(dst_bytes);
+  DeviceBuffer results(std::max<std::size_t>(cases.size(), 1) * sizeof(std::uint64_t));
+  ASSERT_NE(src.get(), nullptr);
+  ASSERT_NE(dst.get(), nullptr);
+  ASSERT_NE(results.get(), nullptr);
+  ASSERT_CUDA(cudaMemcpy(src.get(), source.data(), src_bytes, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(dst.get(), 0xEE, dst_bytes));
+  ASSERT_CUDA(cudaMemset(results.get(), 0xAB, cases.size() * sizeof(std::uint64_t)));
   std::vector<CopyOp> ops;
   for (const auto& c : cases) {
-    ops.push_back({static_cast<unsigned char*>(src) + c.src_offset,
-                   static_cast<unsigned char*>(dst) + c.dst_offset, c.bytes});
+    ops.push_back({src.get() + c.src_offset, dst.get() + c.dst_offset, c.bytes});
     std::memcpy(expected.data() + c.dst_offset, source.data() + c.src_offset, c.bytes);
   }
   cudaStream_t stream = nullptr;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   ASSERT_CUDA(cudaDeviceSynchronize());
-  ASSERT_CUDA(launch_batch_copy(ops.data(), ops.size(), stream));
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
-  std::vector<unsigned char> got(buffer_bytes);
-  ASSERT_CUDA(cudaMemcpy(got.data(), dst, buffer_bytes, cudaMemcpyDeviceToHost));
-  for (std::uint64_t i = 0; i < buffer_bytes; ++i) {
-    ASSERT_EQ(got[i], expected[i]) << "byte " << i;
+  auto* device_results = reinterpret_cast<std::uint64_t*>(results.get());
+  if (launch == Launch::kCopy) {
+    ASSERT_CUDA(launch_batch_copy(ops.data(), ops.size(), stream));
+  } else {
+    ASSERT_CUDA(launch_fingerprinted_copy(ops.data(), ops.size(), device_results, stream));
   }
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
   ASSERT_CUDA(cudaStreamDestroy(stream));
-  ASSERT_CUDA(cudaFree(src));
-  ASSERT_CUDA(cudaFree(dst));
+  std::vector<unsigned char> got(dst_bytes);
+  ASSERT_CUDA(cudaMemcpy(got.data(), dst.get(), dst_bytes, cudaMemcpyDeviceToHost));
+  if (got != expected) {
+    const auto diff = std::mismatch(got.begin(), got.end(), expected.begin());
+    FAIL() << "destination byte " << (diff.first - got.begin()) << " is "
+           << static_cast<int>(*diff.first) << ", expected " << static_cast<int>(*diff.second);
+  }
+  if (launch == Launch::kCopy) return;
+  std::vector<std::uint64_t> fingerprints(cases.size());
+  ASSERT_CUDA(cudaMemcpy(fingerprints.data(), device_results,
+                         cases.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    EXPECT_EQ(fingerprints[i], ferry::kernels::fingerprint_cpu(source.data() + c.src_offset,
+                                                                c.bytes, 0))
+        << "op " << i << ": " << c.bytes << " bytes, source offset " << c.src_offset
+        << ", destination offset " << c.dst_offset;
+  }
+}
+
+// Every size of `sizes` with every (source, destination) misalignment of `alignments`, laid out
+// one after the other in the destination (64 bytes apart) and read from one source buffer.
+std::vector<Case> size_alignment_cases(
+    const std::vector<std::uint64_t>& sizes,
+    const std::vector<std::pair<unsigned, unsigned>>& alignments) {
+  std::vector<Case> cases;
+  std::uint64_t cursor = 0;
+  for (const auto& [src_mis, dst_mis] : alignments) {
+    for (const std::uint64_t bytes : sizes) {
+      Case c;
+      c.bytes = bytes;
+      c.src_offset = 4096 * (cases.size() % 7) + src_mis;
+      c.dst_offset = cursor + dst_mis;
+      cursor = (c.dst_offset + bytes + 64 + 63) / 64 * 64;
+      cases.push_back(c);
+    }
+  }
+  return cases;
 }
 
 TEST(BatchCopy, EverySizeAndAlignmentLandsAndNothingElseIsTouched) {
@@ -67,7 +136,7 @@ TEST(BatchCopy, EverySizeAndAlignmentLandsAndNothingElseIsTouched) {
              {7, 1 << 20, (1 << 20) + 9},
              {2, (3 << 20) + 9, 65537},
              {16, 4 << 20, 4 << 20}},
-            (9 << 20) + 64);
+            Launch::kCopy);
 }
 
 TEST(BatchCopy, FiveHundredSmallCopiesInOneLaunch) {
@@ -82,7 +151,69 @@ TEST(BatchCopy, FiveHundredSmallCopiesInOneLaunch) {
     cursor = c.dst_offset + c.bytes;
     cases.push_back(c);
   }
-  run_batch(cases, std::max<std::uint64_t>(cursor, (1 << 20) + 5000) + 64);
+  run_batch(cases, Launch::kCopy);
+}
+
+// Sizes around the stripe (32 bytes) and chunk (1 MiB) boundaries of xxh64-chunked-v1.
+const std::vector<std::uint64_t> kFingerprintSizes = {
+    0, 1, 7, 8, 31, 32, 33, 63, 64, 100, 4095, 4096, kMiB - 1, kMiB, kMiB + 7, 2 * kMiB + 32,
+    5 * kMiB + 3};
+
+TEST(FingerprintedCopy, EverySizeWithEqualAlignmentsLandsAndHashesLikeTheCpu) {
+  run_batch(size_alignment_cases(kFingerprintSizes, {{0, 0}, {3, 3}, {4, 4}, {7, 7}}),
+            Launch::kFingerprintedCopy);
+}
+
+TEST(FingerprintedCopy, EverySizeWithUnequalAlignmentsLandsAndHashesLikeTheCpu) {
+  // Misaligned source into an 8-byte aligned destination, aligned source into destinations off
+  // 8-byte boundaries (byte stores), and both off by different amounts.
+  run_batch(size_alignment_cases(kFingerprintSizes, {{5, 0}, {1, 0}, {0, 3}, {0, 4}, {2, 7}}),
+            Launch::kFingerprintedCopy);
+}
+
+TEST(FingerprintedCopy, FiveHundredOpsOfMixedSizesInOneLaunch) {
+  // Mostly small ops, every 50th spanning several chunks and every 37th empty, so chunks find
+  // their op among neighbours of every kind.
+  std::vector<Case> cases;
+  std::mt19937_64 rng(11);
+  std::uint64_t cursor = 0;
+  for (int i = 0; i < 500; ++i) {
+    Case c;
+    c.bytes = rng() % 5000;
+    if (i % 50 == 0) c.bytes = kMiB + rng() % (3 * kMiB);
+    if (i % 37 == 0) c.bytes = 0;
+    c.src_offset = rng() % kMiB;
+    c.dst_offset = cursor + rng() % 16;
+    cursor = c.dst_offset + c.bytes;
+    cases.push_back(c);
+  }
+  run_batch(cases, Launch::kFingerprintedCopy);
+}
+
+TEST(FingerprintedCopy, SixtyFourMiBOpsLandAndHashLikeTheCpu) {
+  run_batch({{0, 0, 64 * kMiB}, {5, 64 * kMiB + 64, 64 * kMiB + 1}}, Launch::kFingerprintedCopy);
+}
+
+TEST(FingerprintedCopy, EmptyOpsGetTheFingerprintOfNoBytes) {
+  // docs/fingerprint.md: L = 0 gives XXH64(empty, seed = 0).
+  EXPECT_EQ(ferry::kernels::fingerprint_cpu(nullptr, 0, 1), 0xef46db3751d8e999ull);
+  run_batch({{0, 0, 0}, {3, 8, 0}, {0, 64, 0}}, Launch::kFingerprintedCopy);
+}
+
+TEST(FingerprintedCopy, NoOpsEnqueueNothingAndTooManyOrNoResultsAreRefused) {
+  std::vector<CopyOp> ops(kMaxCopyOps + 1);
+  DeviceBuffer results(sizeof(std::uint64_t) * ops.size());
+  ASSERT_NE(results.get(), nullptr);
+  auto* device_results = reinterpret_cast<std::uint64_t*>(results.get());
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), ops.size(), device_results, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 1, nullptr, nullptr), cudaErrorInvalidValue);
+  ASSERT_CUDA(cudaMemset(results.get(), 0xAB, sizeof(std::uint64_t)));
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 0, device_results, nullptr), cudaSuccess);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  std::uint64_t untouched = 0;
+  ASSERT_CUDA(cudaMemcpy(&untouched, device_results, sizeof untouched, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(untouched, 0xABABABABABABABABull);
 }
 
 TEST(BatchCopy, MoreOpsThanOneLaunchCarriesAreRefused) {

@@ -23,13 +23,14 @@ ferry_status_code_t code_and_message(ferry_error_t* raw, std::string* message) {
   return error_code(e.get());
 }
 
-TEST(CudaIpcPlugin, DeclaresSameNodeDirectWrites) {
+TEST(CudaIpcPlugin, DeclaresSameNodeDirectWritesThatFingerprint) {
   ferry_transport_caps_t caps{};
   caps.struct_size = sizeof caps;
   ErrorPtr e(plugin()->get_caps(&caps));
   ASSERT_FALSE(e) << error_message(e.get());
   EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
-                            FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_ASYNC);
+                            FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_ASYNC |
+                            FERRY_TRANSPORT_CAP_PUT_FINGERPRINT);
   EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_CUDA | FERRY_MEMORY_PINNED));
   for (auto fn : {reinterpret_cast<void*>(plugin()->put), reinterpret_cast<void*>(plugin()->flush),
                   reinterpret_cast<void*>(plugin()->pack_key),

@@ -1,8 +1,8 @@
 // Tests of the xxh64-chunked-v1 fingerprint: the test vectors of docs/fingerprint.md, the chunk
-// boundaries, independence from the thread count, and the device-side XXH64 (xxh64.hpp, used by
-// the CUDA kernel) against libxxhash on the host.
+// boundaries, independence from the thread count, and the device-side XXH64 (ferry/sdk/xxh64.hpp,
+// used by the CUDA kernels) against libxxhash on the host.
 #include "ferry/kernels/cpu.hpp"
-#include "ferry/kernels/xxh64.hpp"
+#include "ferry/sdk/xxh64.hpp"
 
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 namespace fk = ferry::kernels;
+namespace xxh64 = ferry::sdk::xxh64;
 
 namespace {
 
@@ -97,12 +98,12 @@ TEST(Fingerprint, DeviceXxh64EqualsLibxxhash) {
   std::mt19937_64 rng(5);
   for (std::uint64_t len = 0; len <= 200; ++len) {
     const std::uint64_t seed = rng();
-    ASSERT_EQ(fk::xxh64::hash(data.data() + 3, len, seed), XXH64(data.data() + 3, len, seed))
+    ASSERT_EQ(xxh64::hash(data.data() + 3, len, seed), XXH64(data.data() + 3, len, seed))
         << len;
   }
   for (std::uint64_t len : {1000, 1023, 4000}) {
-    ASSERT_EQ(fk::xxh64::hash(data.data(), len, len), XXH64(data.data(), len, len)) << len;
+    ASSERT_EQ(xxh64::hash(data.data(), len, len), XXH64(data.data(), len, len)) << len;
   }
   const auto chunk = random_bytes(kMiB, 6);
-  EXPECT_EQ(fk::xxh64::hash(chunk.data(), kMiB, 7), XXH64(chunk.data(), kMiB, 7));
+  EXPECT_EQ(xxh64::hash(chunk.data(), kMiB, 7), XXH64(chunk.data(), kMiB, 7));
 }

@@ -30,7 +30,7 @@ TEST(RegistryAccepts, MockTransportIsListedWithItsCapabilities) {
   EXPECT_EQ(info.kind, FERRY_PLUGIN_TRANSPORT);
   EXPECT_EQ(info.path, path);
   EXPECT_EQ(info.abi_major, 1u);
-  EXPECT_EQ(info.abi_minor, 0u);
+  EXPECT_EQ(info.abi_minor, static_cast<unsigned>(FERRY_PLUGIN_ABI_MINOR));
   EXPECT_EQ(info.version, "0.1-test");
   ASSERT_TRUE(info.transport_caps.has_value());
   EXPECT_EQ(info.transport_caps->flags,

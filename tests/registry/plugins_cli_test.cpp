@@ -9,9 +9,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include <ferry/plugin.h>
+
 #include "plugin_files.hpp"
 
 namespace {
+
+// The ABI version this tree builds ("1.1").
+const std::string kAbi =
+    std::to_string(FERRY_PLUGIN_ABI_MAJOR) + "." + std::to_string(FERRY_PLUGIN_ABI_MINOR);
 
 using ferry::testing::TempDir;
 using ::testing::HasSubstr;
@@ -64,7 +70,7 @@ TEST_F(PluginsCommand, JsonListsMocksWithCapabilitiesAndRefusalsWithReasons) {
     if (plugin["path"].get<std::string>().rfind(dir_.string(), 0) != 0) continue;  // in-tree ones
     ++mocks;
     EXPECT_EQ(plugin["name"], "mock");
-    EXPECT_EQ(plugin["abi"], "1.0");
+    EXPECT_EQ(plugin["abi"], kAbi);
     EXPECT_EQ(plugin["version"], "0.1-test");
     if (plugin["kind"] == "transport") {
       EXPECT_EQ(plugin["path"], (dir_ / "libferry_transport_mock.so").string());
@@ -83,7 +89,7 @@ TEST_F(PluginsCommand, JsonListsMocksWithCapabilitiesAndRefusalsWithReasons) {
     reasons[std::filesystem::path(refusal["path"].get<std::string>()).filename().string()] =
         refusal["reason"].get<std::string>();
   }
-  EXPECT_THAT(reasons["libferry_transport_wrongmajor.so"], HasSubstr("implements plugin ABI 2.0"));
+  EXPECT_THAT(reasons["libferry_transport_wrongmajor.so"], HasSubstr("implements plugin ABI 2."));
   EXPECT_THAT(reasons["libferry_transport_alpha.so"], HasSubstr("reports name 'beta'"));
   EXPECT_THAT(reasons["libferry_transport_text.so"], HasSubstr("not a loadable shared object"));
 }
@@ -95,14 +101,14 @@ TEST_F(PluginsCommand, TableShowsCapabilityWordsAndRefusedLines) {
   EXPECT_THAT(run.out, HasSubstr("host,pinned"));
   EXPECT_THAT(run.out, HasSubstr("refused:\n"));
   EXPECT_THAT(run.out, HasSubstr((dir_ / "libferry_transport_wrongmajor.so").string() +
-                                 ": implements plugin ABI 2.0"));
+                                 ": implements plugin ABI 2."));
 }
 
 TEST(VersionCommand, PrintsVersionAbiAndFeatures) {
   const CommandRun run = run_ferry("version");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("ferry 0.1.0\n"));
-  EXPECT_THAT(run.out, HasSubstr("plugin ABI 1.0"));
+  EXPECT_THAT(run.out, HasSubstr("plugin ABI " + kAbi));
   EXPECT_THAT(run.out, HasSubstr("features: cuda "));
 }
 

@@ -164,6 +164,9 @@ session::SenderOptions sender_options(const std::vector<std::string>& receivers,
   o.bucket_bytes = bucket_bytes;
   o.bucket_timeout = std::chrono::milliseconds(20000);
   o.commit_timeout = std::chrono::milliseconds(20000);
+  // Direct delivery copies (and fingerprints) groups of several buckets per flush; small groups
+  // here, so that groups are pipelined as with gigabytes.
+  o.fingerprinted_group_bytes = 5ull << 20;
   return o;
 }
 
@@ -180,13 +183,13 @@ std::size_t count_lines(const fs::path& file) {
   return n;
 }
 
-// `count()` once it equals `baseline`, or its last value after ~5 s: a push's threads (their
-// stacks and guard pages) may still be finishing their teardown when the push returns, so a
-// sample taken at once can count two transient mappings. Real growth over 100 updates does not
+// `count()` once it equals `baseline`, or its last value after ~5 s: a push's data paths are
+// torn down on threads of their own after the push returns (stacks, guard pages, the plugin
+// instance), so a sample taken at once can count transient mappings. Real growth over 100 updates does not
 // settle and still fails.
-template <typename Count>
-std::size_t settled(std::size_t baseline, Count count) {
-  std::size_t now = count();
+template <typename Value, typename Count>
+Value settled(Value baseline, Count count) {
+  Value now = count();
   for (int i = 0; i < 50 && now != baseline; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     now = count();
@@ -237,6 +240,8 @@ void expect_committed(const session::PushReport& report, std::uint64_t version,
   EXPECT_EQ(r.transport, "cuda_ipc");
   if (direct) {
     EXPECT_EQ(r.direct, *direct) << "direct delivery";
+    // cuda_ipc fingerprints in its copy kernel whenever it writes in place.
+    EXPECT_EQ(r.writer_fingerprints, *direct) << "fingerprints from the writing copy";
   }
   EXPECT_EQ(report.version, version);
 }
@@ -331,6 +336,25 @@ INSTANTIATE_TEST_SUITE_P(
                          std::get<1>(info.param) == config::Delivery::direct ? "direct" : "staged");
     });
 
+// A receiver that reads back what was written in place (update.direct_verify = "reread")
+// checks the fingerprints the sender's copy kernel computed as it wrote: a wrong one would fail
+// the commit. Tensor sizes of 4 mod 8 bytes exercise the kernel's tail.
+TEST_F(SessionCudaIpc, RereadAtCommitAgreesWithTheWritingCopysFingerprints) {
+  DeviceTensors tensors(256, (1ull << 20) / 4 + 1);
+  ServeOptions options = gpu_receiver();
+  options.sets.push_back("update.direct_verify=reread");
+  ServeProcess serve(options);
+  session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                         sender_options({address_of(serve)}, 16ull << 20));
+  for (std::uint64_t version = 1; version <= 2; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    tensors.fill(version * 77);
+    expect_committed(sender.push(tensors.views(), version), version, true);
+    EXPECT_EQ(serve.fingerprints(), tensors.expected());
+    EXPECT_EQ(version_of(serve), static_cast<long long>(version));
+  }
+}
+
 // Automatic delivery picks direct for an identity layout on the GPU.
 TEST_F(SessionCudaIpc, AutoDeliveryWritesInPlaceWhenEveryPlanIsACopy) {
   DeviceTensors tensors(8, 4096);
@@ -409,8 +433,12 @@ TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
   ::unsetenv("MALLOC_ARENA_MAX");
   session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
   const auto views = tensors.views();
-  // Warm-up: contexts, pools, the receiver's layout and plan cache exist afterwards.
+  // Warm-up: contexts, pools, the receiver's layout and plan cache exist afterwards, and so does
+  // what the receiver's first fingerprint kernel sets up (its stream-ordered memory pool, whose
+  // address reservation is a new mapping): with the writing copy's fingerprints trusted, no
+  // commit runs one, and the check below does.
   for (std::uint64_t v = 1; v <= 3; ++v) expect_committed(sender.push(views, v), v);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
   const fs::path receiver_proc = fs::path("/proc") / std::to_string(serve.pid());
   const std::size_t fds = count_entries("/proc/self/fd");
   const std::size_t maps = count_lines("/proc/self/maps");
@@ -434,7 +462,7 @@ TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
             receiver_maps)
       << "new mappings:"
       << new_mappings(receiver_maps_kinds, mapping_kinds(receiver_proc / "maps"));
-  EXPECT_EQ(device_used(), used);
+  EXPECT_EQ(settled(used, [] { return device_used(); }), used);
 }
 
 TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {

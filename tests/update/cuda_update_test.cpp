@@ -261,6 +261,59 @@ TEST_F(CudaUpdate, InPlaceWritesAreVerifiedAndAWrongByteRollsBack) {
   }
 }
 
+// Direct delivery whose manifests carry the writing copy's fingerprints (cuda_ipc's fused copy
+// kernel): trusted (update.direct_verify = "writer", the default) the commit reads nothing back
+// and publishes the writer's fingerprints; with "reread" it reads what was written and a byte
+// that differs from what the writer hashed is caught and rolled back.
+TEST_F(CudaUpdate, WriterFingerprintsAreTakenWhenTrustedAndRereadOtherwise) {
+  const auto descs = testing::descs_of(layout);
+  const auto v2 = buckets_for(layout, 2);
+  const auto weights = random_weights(layout, 2);
+  for (const bool trusted : {true, false}) {
+    SCOPED_TRACE(trusted ? "writer fingerprints trusted" : "reread");
+    IdentityPlans plans(layout);
+    UpdateOptions options;
+    options.trust_writer_fingerprints = trusted;
+    UpdateEngine engine(cuda_store, plans, options);
+    apply(engine, 1, buckets_for(layout, 1), Source::pageable);
+    const auto dests = engine.direct_destinations(descs);
+    std::map<std::string, std::byte*> where;
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      ASSERT_TRUE(dests[i].has_value()) << layout[i].name;
+      where[layout[i].name] = dests[i]->data;
+    }
+    engine.begin(2, "v2");
+    engine.begin_direct_writes(/*writer_fingerprints=*/true);
+    for (std::size_t k = 0; k < v2.size(); ++k) {
+      for (const auto& e : v2[k].manifest.tensors) {
+        std::vector<std::byte> bytes(
+            v2[k].bytes.begin() + static_cast<std::ptrdiff_t>(e.offset),
+            v2[k].bytes.begin() + static_cast<std::ptrdiff_t>(e.offset + e.size));
+        // One byte lands other than the writer hashed it (first tensor of bucket 1).
+        if (k == 1 && &e == &v2[k].manifest.tensors.front()) bytes[0] ^= std::byte{1};
+        ASSERT_CUDA(cudaMemcpy(where.at(e.name), bytes.data(), bytes.size(),
+                               cudaMemcpyHostToDevice));
+      }
+      engine.record_direct_bucket(v2[k].encoded());
+    }
+    if (trusted) {
+      engine.commit();
+      EXPECT_EQ(engine.version().number, 2u);
+      for (const auto& p : layout) {
+        const auto& want = weights.at(p.name);
+        EXPECT_EQ(engine.fingerprints().at(p.name),
+                  kernels::fingerprint_cpu(want.data(), want.size()))
+            << p.name << ": the writer's fingerprint is published";
+      }
+    } else {
+      const auto error = testing::error_of([&] { engine.commit(); });
+      EXPECT_EQ(error.code(), FERRY_STATUS_CORRUPT_DATA) << error.what();
+      EXPECT_EQ(engine.version().number, 1u);
+      EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+    }
+  }
+}
+
 // The wrapping sum of the 32-bit words of `bytes` (what the graph kernel computes).
 unsigned long long word_sum(const std::vector<std::byte>& bytes) {
   unsigned long long sum = 0;

@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 0
+#define FERRY_PLUGIN_ABI_MINOR 1
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -180,7 +180,10 @@ typedef enum ferry_transport_cap {
   FERRY_TRANSPORT_CAP_SAME_NODE_ONLY = 1u << 2, /* peers must share a host (CUDA IPC) */
   FERRY_TRANSPORT_CAP_DIRECT_WRITE = 1u << 3,   /* sender can put into receiver-registered memory */
   FERRY_TRANSPORT_CAP_ASYNC = 1u << 4,          /* send/recv return before completion */
-  FERRY_TRANSPORT_CAP_SOURCE = 1u << 5          /* produces buckets itself from a URI (disk) */
+  FERRY_TRANSPORT_CAP_SOURCE = 1u << 5,         /* produces buckets itself from a URI (disk) */
+  /* ABI 1.1: a put from device memory can fingerprint what it writes (ferry_put_args_t
+   * .fingerprint_out). */
+  FERRY_TRANSPORT_CAP_PUT_FINGERPRINT = 1u << 6
 } ferry_transport_cap_t;
 
 typedef struct ferry_transport_caps {
@@ -248,6 +251,12 @@ typedef struct ferry_put_args {
   const ferry_blob_t* remote_key; /* from the peer's pack_key, carried by the host */
   uint64_t remote_offset;
   int64_t deadline_ns;
+  /* ABI 1.1, optional (CAP_PUT_FINGERPRINT; only for a local range in device memory). When
+   * non-NULL, the transport also computes the fingerprint of the bytes it writes
+   * (xxh64-chunked-v1, docs/fingerprint.md) from the words as it stores them, so the data is
+   * read once, and stores it here (host memory the caller keeps valid) before the flush that
+   * covers this put completes. Undefined when the put or the flush fails. */
+  uint64_t* fingerprint_out;
 } ferry_put_args_t;
 
 /* A request to a source (CAP_SOURCE): fill `dst` with the next tensors that fit. */

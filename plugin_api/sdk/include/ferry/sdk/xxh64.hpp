@@ -1,7 +1,8 @@
-// ferry/kernels/xxh64.hpp: XXH64 written from its specification (xxHash spec, "XXH64
-// algorithm description") as __host__ __device__ building blocks, so the CUDA fingerprint kernel
-// can hash a chunk on the device. The CPU path uses libxxhash; tests/kernels checks that this
-// implementation equals libxxhash on the host.
+// ferry/sdk/xxh64.hpp: XXH64 written from its specification (xxHash spec, "XXH64 algorithm
+// description") as __host__ __device__ building blocks, so device code (ferry's CUDA fingerprint
+// kernel, transport plugins that fingerprint while they copy) can hash on the GPU without
+// libxxhash. The CPU path uses libxxhash; tests/kernels checks that this implementation equals
+// libxxhash on the host.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 #define FERRY_XXH_HD inline
 #endif
 
-namespace ferry::kernels::xxh64 {
+namespace ferry::sdk::xxh64 {
 
 inline constexpr std::uint64_t kPrime1 = 0x9E3779B185EBCA87ull;
 inline constexpr std::uint64_t kPrime2 = 0xC2B2AE3D27D4EB4Full;
@@ -113,4 +114,4 @@ FERRY_XXH_HD std::uint64_t hash(const void* data, std::uint64_t len, std::uint64
   return finish(acc, len, p + done, len - done);
 }
 
-}  // namespace ferry::kernels::xxh64
+}  // namespace ferry::sdk::xxh64
