@@ -439,6 +439,25 @@ std::vector<std::optional<UpdateEngine::DirectDestination>> UpdateEngine::direct
     active = active_;
   }
   if (!active) bind_layout_locked();
+  // Every push of a training run sends the same catalog: its answer is kept while the targets'
+  // memory stays where it was.
+  std::string key = manifest::catalog_key(tensors);
+  std::vector<const std::byte*> where;
+  where.reserve(2 * targets_.size());
+  for (const auto& t : targets_) {
+    where.push_back(t.view.data);
+    where.push_back(t.block);
+  }
+  if (key == destinations_key_ && where == destinations_where_) return destinations_;
+  auto out = compute_direct_destinations_locked(tensors);
+  destinations_key_ = std::move(key);
+  destinations_where_ = std::move(where);
+  destinations_ = out;
+  return out;
+}
+
+std::vector<std::optional<UpdateEngine::DirectDestination>>
+UpdateEngine::compute_direct_destinations_locked(std::span<const ferry_tensor_desc_t> tensors) {
   std::vector<std::optional<DirectDestination>> out(tensors.size());
   // One plan call for the whole catalog (a call per tensor cost ~1 us each); where some tensor
   // has no plan, per tensor, so that the error stays that tensor's.

@@ -234,11 +234,18 @@ class UpdateEngine {
   std::vector<InPlaceWrite> in_place_;
   // Verifies in_place_; returns per target the fingerprints of those written whole.
   std::vector<std::optional<std::uint64_t>> verify_in_place_locked();
+  std::vector<std::optional<DirectDestination>> compute_direct_destinations_locked(
+      std::span<const ferry_tensor_desc_t> tensors);
   std::map<std::string, std::uint64_t> expected_;
   std::uint64_t buckets_this_update_ = 0;
   std::optional<std::uint32_t> current_bucket_;
   std::shared_ptr<CudaApplier> cuda_;  // null until needed (and always without the cuda feature)
   std::vector<const std::byte*> bound_addresses_;  // of targets_, to invalidate device op tables
+  // The last direct_destinations answer, for the same catalog (manifest::catalog_key) while the
+  // targets' memory stays where it was (each target's data and block pointers).
+  std::string destinations_key_;
+  std::vector<const std::byte*> destinations_where_;
+  std::vector<std::optional<DirectDestination>> destinations_;
   std::array<std::shared_ptr<std::byte>, 2> staging_;
   std::array<std::uint64_t, 2> staging_bytes_{};
   std::array<bool, 2> staging_pinned_{};

@@ -524,28 +524,32 @@ std::uint8_t* ferry_transport::mapped(ferry_peer* peer, Imported& imported, std:
   const std::uint64_t begin = static_cast<std::uint64_t>(at - reinterpret_cast<std::uint8_t*>(imported.va));
   const std::uint64_t end = begin + bytes;
   std::lock_guard lock(peer->mutex);
-  const Driver& d = Driver::get();
   for (auto& c : imported.chunks) {
     if (c.mapped || c.offset >= end || c.offset + c.size <= begin) continue;
-    DeviceScope scope(device_);
-    CUmemGenericAllocationHandle handle = 0;
-    check_cu(d.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(c.fd.get())),
-                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-             "cuMemImportFromShareableHandle");
-    const CUresult mapped_result = d.map(imported.va + c.offset, c.size, 0, handle, 0);
-    (void)d.release(handle);  // the mapping keeps the memory alive until cuMemUnmap
-    check_cu(mapped_result, "cuMemMap of an imported chunk");
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device_;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    const CUresult access_result = d.set_access(imported.va + c.offset, c.size, &access, 1);
-    if (access_result != CUDA_SUCCESS) (void)d.unmap(imported.va + c.offset, c.size);
-    check_cu(access_result, "cuMemSetAccess on an import");
-    c.mapped = true;
-    c.fd.reset();  // the mapping holds the allocation now
+    map_chunk_locked(imported, c);
   }
   return at;
+}
+
+void ferry_transport::map_chunk_locked(Imported& imported, Imported::Chunk& c) {
+  const Driver& d = Driver::get();
+  DeviceScope scope(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  check_cu(d.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(c.fd.get())),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+           "cuMemImportFromShareableHandle");
+  const CUresult mapped_result = d.map(imported.va + c.offset, c.size, 0, handle, 0);
+  (void)d.release(handle);  // the mapping keeps the memory alive until cuMemUnmap
+  check_cu(mapped_result, "cuMemMap of an imported chunk");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult access_result = d.set_access(imported.va + c.offset, c.size, &access, 1);
+  if (access_result != CUDA_SUCCESS) (void)d.unmap(imported.va + c.offset, c.size);
+  check_cu(access_result, "cuMemSetAccess on an import");
+  c.mapped = true;
+  c.fd.reset();  // the mapping holds the allocation now
 }
 
 Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,

@@ -154,6 +154,8 @@ struct ferry_transport {
   // base, in range), mapping the chunks they lie in where not mapped yet.
   std::uint8_t* mapped(ferry_peer* peer, ferry::cuda_ipc::Imported& imported,
                        std::uint64_t offset, std::uint64_t bytes);
+  void map_chunk_locked(ferry::cuda_ipc::Imported& imported,
+                        ferry::cuda_ipc::Imported::Chunk& chunk);  // peer->mutex held
   ferry::cuda_ipc::Endpoint::ImportAnswer answer_import(std::uint64_t memory_id);
   std::uint8_t* local_range(const ferry_memory_range_t& range, const char* what);
   // Finds how CUDA memory is shared (VMM chunks retained, or the legacy allocation's handle);

@@ -342,6 +342,27 @@ std::uint64_t signature(const Manifest& m) {
   return h.value();
 }
 
+std::string catalog_key(std::span<const ferry_tensor_desc_t> descs) {
+  std::string key;
+  auto u64 = [&](std::uint64_t v) {
+    char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
+    key.append(b, 8);
+  };
+  u64(descs.size());
+  for (const auto& d : descs) {
+    // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+    const std::string_view name = d.name != nullptr ? std::string_view(d.name) : std::string_view();
+    u64(name.size());
+    key.append(name);
+    u64(static_cast<std::uint64_t>(d.dtype));
+    u64(d.ndim);
+    const std::uint64_t dims = std::min<std::uint64_t>(d.ndim, FERRY_MAX_DIMS);
+    for (std::uint64_t k = 0; k < dims; ++k) u64(d.shape[k]);
+  }
+  return key;
+}
+
 ferry_tensor_desc_t tensor_desc(const std::string& name, ferry_dtype_t dtype,
                                 std::span<const std::uint64_t> shape) {
   if (shape.size() > FERRY_MAX_DIMS) {

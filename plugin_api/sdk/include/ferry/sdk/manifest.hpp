@@ -85,6 +85,11 @@ Manifest decode(std::span<const std::uint8_t> bytes, const Limits& limits = {});
 // count, then per entry the name length, the name bytes, the dtype, ndim and each dim.
 std::uint64_t signature(const Manifest& manifest);
 
+// The descriptions' names, dtypes and shapes, in order, as one byte string: equal strings <=>
+// equal lists. For caching what depends only on them (compare the strings; a signature could
+// collide). A NULL name counts as empty.
+std::string catalog_key(std::span<const ferry_tensor_desc_t> descs);
+
 // One tensor as a ferry_tensor_desc_t; its name points into `name`, which must outlive it.
 // INVALID_ARGUMENT when the shape has more than FERRY_MAX_DIMS dims.
 ferry_tensor_desc_t tensor_desc(const std::string& name, ferry_dtype_t dtype,
