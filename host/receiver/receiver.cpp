@@ -778,10 +778,19 @@ void Receiver::StreamingUpdate::begin_direct_writes(bool writer_fingerprints) {
 }
 
 void Receiver::StreamingUpdate::record_direct_bucket(std::span<const std::uint8_t> manifest) {
+  record_in_place([&](update::UpdateEngine& engine) { engine.record_direct_bucket(manifest); });
+}
+
+void Receiver::StreamingUpdate::record_direct_bucket(const manifest::Manifest& manifest) {
+  record_in_place([&](update::UpdateEngine& engine) { engine.record_direct_bucket(manifest); });
+}
+
+void Receiver::StreamingUpdate::record_in_place(
+    const std::function<void(update::UpdateEngine&)>& record) {
   auto& i = *impl_;
   if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
   try {
-    i.s.engine->record_direct_bucket(manifest);
+    record(*i.s.engine);
     i.report.buckets += 1;
   } catch (...) {
     i.finished = true;  // the engine ended the update (rolled back or fenced)

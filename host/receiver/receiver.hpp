@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -137,12 +138,15 @@ class Receiver {
         std::span<const ferry_tensor_desc_t> tensors);
     void begin_direct_writes(bool writer_fingerprints = false);
     void record_direct_bucket(std::span<const std::uint8_t> manifest);
+    void record_direct_bucket(const manifest::Manifest& decoded);  // decoded (and validated)
     UpdateReport commit();
     void abort(const std::string& reason);
 
    private:
     friend class Receiver;
     struct Impl;
+    // Runs one recording of a bucket written in place; a failure ends the update.
+    void record_in_place(const std::function<void(update::UpdateEngine&)>& record);
     explicit StreamingUpdate(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
   };

@@ -364,7 +364,7 @@ class Session {
         // The sender's puts into the parameters completed before its BucketReady. What they
         // wrote is verified at commit, in one pass (or, with writer fingerprints trusted, taken
         // from the manifests); the Ack carries no fingerprints.
-        update_->record_direct_bucket(manifest_bytes);
+        update_->record_direct_bucket(decoded);
         send_ack(index, slot, prints, phase);
         return;
       }

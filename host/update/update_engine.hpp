@@ -142,6 +142,8 @@ class UpdateEngine {
   // writer fingerprints trusted, an entry's own fingerprint stands for what was written and
   // only entries without one are read back.
   void record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
+  // The same for a manifest the caller decoded already (manifest::decode validated it).
+  void record_direct_bucket(const manifest::Manifest& decoded);
 
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
@@ -234,6 +236,8 @@ class UpdateEngine {
   std::vector<InPlaceWrite> in_place_;
   // Verifies in_place_; returns per target the fingerprints of those written whole.
   std::vector<std::optional<std::uint64_t>> verify_in_place_locked();
+  void record_direct_bucket_impl(const std::span<const std::uint8_t>* manifest_bytes,
+                                 const manifest::Manifest* decoded);
   std::vector<std::optional<DirectDestination>> compute_direct_destinations_locked(
       std::span<const ferry_tensor_desc_t> tensors);
   std::map<std::string, std::uint64_t> expected_;
@@ -241,6 +245,7 @@ class UpdateEngine {
   std::optional<std::uint32_t> current_bucket_;
   std::shared_ptr<CudaApplier> cuda_;  // null until needed (and always without the cuda feature)
   std::vector<const std::byte*> bound_addresses_;  // of targets_, to invalidate device op tables
+  std::optional<std::size_t> bound_param_count_;  // the store's, when targets_ were bound
   // The last direct_destinations answer, for the same catalog (manifest::catalog_key) while the
   // targets' memory stays where it was (each target's data and block pointers).
   std::string destinations_key_;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -411,6 +412,18 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
   if (!memory->not_shareable.empty()) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "cuda_ipc pack_key: {}", memory->not_shareable);
   }
+  if (memory->share == ShareKind::Vmm) {
+    // The peer that gets this key imports the memory next: its fds are made meanwhile.
+    std::lock_guard lock(memory_mutex_);
+    if (!memory->early_export.valid()) {
+      try {
+        memory->early_export =
+            std::async(std::launch::async, [this, memory] { return export_chunks(*memory); });
+      } catch (const std::system_error&) {
+        // No thread to be had: the import answer exports them.
+      }
+    }
+  }
   return encode_key(Key{nonce_, memory->id, memory->base_offset, memory->size, memory->share});
 }
 
@@ -433,6 +446,13 @@ void ferry_transport::deregister_memory(ferry_memory* memory) noexcept {
       } catch (const std::exception&) {
         // The peer is gone or its socket broke: nothing can use the key any more.
       }
+    }
+  }
+  if (memory->early_export.valid()) {
+    // It reads the chunks' handles: done before they go (its fds, never sent, close here).
+    try {
+      (void)memory->early_export.get();
+    } catch (const std::exception&) {
     }
   }
   std::lock_guard share_lock(share_mutex_);
@@ -462,15 +482,19 @@ Endpoint::ImportAnswer ferry_transport::answer_import(std::uint64_t memory_id) {
   PayloadWriter w;
   w.u8(static_cast<std::uint8_t>(m.share)).u64(m.size).u64(m.base_offset);
   if (m.share == ShareKind::Vmm) {
-    DeviceScope scope(device_);
-    const Driver& d = Driver::get();
+    std::vector<UniqueFd> fds;
+    if (m.early_export.valid()) {
+      try {
+        fds = m.early_export.get();
+      } catch (const std::exception&) {
+        fds.clear();  // exported again below, where the error recurs with its message
+      }
+    }
+    if (fds.size() != m.chunks.size()) fds = export_chunks(m);
     w.u32(static_cast<std::uint32_t>(m.chunks.size()));
-    for (const auto& c : m.chunks) {
-      int fd = -1;
-      check_cu(d.export_handle(&fd, c.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-               "cuMemExportToShareableHandle");
-      answer.fds.emplace_back(fd);
-      w.u64(c.offset).u64(c.size);
+    for (std::size_t i = 0; i < m.chunks.size(); ++i) {
+      answer.fds.push_back(std::move(fds[i]));
+      w.u64(m.chunks[i].offset).u64(m.chunks[i].size);
     }
   } else {
     // The allocation's address here names it for the importer's cache (one opening per
@@ -480,6 +504,20 @@ Endpoint::ImportAnswer ferry_transport::answer_import(std::uint64_t memory_id) {
   }
   answer.body = w.take();
   return answer;
+}
+
+std::vector<UniqueFd> ferry_transport::export_chunks(const ferry_memory& m) {
+  DeviceScope scope(device_);
+  const Driver& d = Driver::get();
+  std::vector<UniqueFd> fds;
+  fds.reserve(m.chunks.size());
+  for (const auto& c : m.chunks) {
+    int fd = -1;
+    check_cu(d.export_handle(&fd, c.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+             "cuMemExportToShareableHandle");
+    fds.emplace_back(fd);
+  }
+  return fds;
 }
 
 Imported ferry_transport::reserve_vmm(PayloadReader& body, std::vector<UniqueFd>& fds,
