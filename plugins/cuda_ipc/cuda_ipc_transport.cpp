@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -96,6 +100,53 @@ void give_pinned_prints(std::uint64_t* array, std::size_t entries) noexcept {
   } catch (...) {
     // Out of memory for the list: the array is dropped (still page-locked, a few KiB).
   }
+}
+
+// One worker thread for the whole process (started on first use, kept for its life, like the
+// pinned library): work that should not wait for its caller, without a thread per session,
+// which would add its stack to the process's mappings whenever sessions overlap.
+class BackgroundWorker {
+ public:
+  static BackgroundWorker& get() {
+    static BackgroundWorker* worker = new BackgroundWorker;  // never destroyed
+    return *worker;
+  }
+  void post(std::function<void()> job) {
+    std::lock_guard lock(mutex_);
+    if (!started_) {
+      std::thread([this] { run(); }).detach();
+      started_ = true;
+    }
+    jobs_.push_back(std::move(job));
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return !jobs_.empty(); });
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool started_ = false;
+};
+
+// Runs `work` on the background worker; its result (or exception) comes through the future.
+template <typename Work>
+auto background(Work work) -> std::future<decltype(work())> {
+  auto task = std::make_shared<std::packaged_task<decltype(work())()>>(std::move(work));
+  auto result = task->get_future();
+  BackgroundWorker::get().post([task] { (*task)(); });
+  return result;
 }
 
 
@@ -418,7 +469,7 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
     if (!memory->early_export.valid()) {
       try {
         memory->early_export =
-            std::async(std::launch::async, [this, memory] { return export_chunks(*memory); });
+            background([this, memory] { return export_chunks(*memory); });
       } catch (const std::system_error&) {
         // No thread to be had: the import answer exports them.
       }
