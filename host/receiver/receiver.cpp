@@ -130,6 +130,10 @@ struct Receiver::State {
   // manifest::catalog_key of the last session catalog found equal to `catalog` (open_session):
   // a session with the same tensor list skips the check. Cleared whenever `catalog` changes.
   std::string accepted_catalog;
+  // Bumped by release() and resume(), under update_mutex (StreamingUpdate::memory_epoch).
+  std::uint64_t memory_epoch = 0;
+  std::mutex release_hook_mutex;  // guards release_hook (set from the endpoint's thread)
+  std::function<void(const std::string&)> release_hook;
 
   State(const config::Config& c, const registry::Registry& r) : config(c), registry(r) {}
 
@@ -583,6 +587,13 @@ void Receiver::release(const std::vector<std::string>& tags) {
     std::erase_if(chosen, [&](const std::string& t) { return s.store->released(t); });
     if (chosen.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "every tag is already released");
   }
+  ++s.memory_epoch;
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard hook_lock(s.release_hook_mutex);
+    hook = s.release_hook;
+  }
+  if (hook) hook("the receiver releases its memory");
   s.store->release(chosen);
 }
 
@@ -595,7 +606,13 @@ void Receiver::resume(const std::vector<std::string>& tags) {
     std::erase_if(chosen, [&](const std::string& t) { return !s.store->released(t); });
     if (chosen.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "no tag is released");
   }
+  ++s.memory_epoch;
   s.store->resume(chosen);
+}
+
+void Receiver::set_release_hook(std::function<void(const std::string& reason)> hook) {
+  std::lock_guard lock(state_->release_hook_mutex);
+  state_->release_hook = std::move(hook);
 }
 
 std::vector<TagState> Receiver::memory_state() const {
@@ -821,6 +838,8 @@ UpdateReport Receiver::StreamingUpdate::commit() {
                            i.report.seconds);
   return i.report;
 }
+
+std::uint64_t Receiver::StreamingUpdate::memory_epoch() const { return impl_->s.memory_epoch; }
 
 void Receiver::StreamingUpdate::abort(const std::string& reason) {
   auto& i = *impl_;

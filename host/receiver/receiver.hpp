@@ -141,6 +141,9 @@ class Receiver {
     void record_direct_bucket(const manifest::Manifest& decoded);  // decoded (and validated)
     UpdateReport commit();
     void abort(const std::string& reason);
+    // Counts the releases and resumes of the receiver's memory (read under the update lock): a
+    // session that shared memory with its sender may write it only while this is unchanged.
+    std::uint64_t memory_epoch() const;
 
    private:
     friend class Receiver;
@@ -165,9 +168,15 @@ class Receiver {
   Health health() const;
 
   // Tags: empty means every tag. Errors: unknown tag, double release/resume.
+  // release() first runs the release hook (below), under the update lock.
   void release(const std::vector<std::string>& tags);
   void resume(const std::vector<std::string>& tags);
   std::vector<TagState> memory_state() const;
+  // Called by release() with the update lock held, before any memory goes, with a reason to
+  // give: the session endpoint ends its kept sessions there, so that no sender still maps memory
+  // being released (an importer's mapping keeps the physical memory alive). One hook per
+  // receiver (its endpoint's); an empty function removes it. Must not call into the receiver.
+  void set_release_hook(std::function<void(const std::string& reason)> hook);
 
   // Fingerprints (docs/fingerprint.md) of every parameter, by parameter name.
   std::map<std::string, std::uint64_t> fingerprints() const;

@@ -152,6 +152,9 @@ class SenderDataPath {
   virtual bool data_follows() const { return false; }
   virtual void after_header(Channel& /*channel*/, std::uint32_t /*slot*/, std::uint64_t /*bytes*/,
                             Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
+  // A push ended and the path is kept for the next one (a kept session): it lets go of
+  // everything of that push's tensors (their registrations), which need not outlive it.
+  virtual void end_push() noexcept {}
   virtual void abort(const std::string& /*reason*/) noexcept {}
 };
 

@@ -208,7 +208,15 @@ class PluginInstance {
     return buffers_.at(index).bytes();
   }
 
-  // The registration of a tensor's memory the sender puts from; registered once per session.
+  // Drops the registrations of tensors' memory (the tensors need not outlive a push).
+  void forget_local() noexcept {
+    if (api_->deregister_memory != nullptr) {
+      for (auto& [range, m] : local_) api_->deregister_memory(transport_, m);
+    }
+    local_.clear();
+  }
+
+  // The registration of a tensor's memory the sender puts from; registered once per push.
   ferry_memory_t* local(const void* data, std::uint64_t size, ferry_memory_kind_t kind,
                         int device) {
     const auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(data), size,
@@ -584,6 +592,7 @@ class PluginSenderPath final : public SenderDataPath {
     }
   }
   void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+  void end_push() noexcept override { p_.forget_local(); }
   ~PluginSenderPath() override {
     for (auto& st : started_) release(st);
   }

@@ -24,6 +24,9 @@ namespace {
 
 std::atomic<unsigned> g_endpoint_counter{0};
 
+// How long a release waits for the senders of kept sessions to let go of the memory.
+constexpr std::chrono::seconds kClosingTimeout{5};
+
 // A Unix socket path unique to this process and endpoint; empty when no folder fits.
 std::string unix_socket_path() {
   const char* dir = std::getenv("XDG_RUNTIME_DIR");
@@ -53,6 +56,7 @@ struct ReceiverEndpoint::Impl {
     std::unique_ptr<Channel> channel;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::shared_ptr<SessionLink> link = std::make_shared<SessionLink>();
   };
   std::mutex connections_mutex;
   std::list<Connection> connections;
@@ -84,9 +88,48 @@ struct ReceiverEndpoint::Impl {
     c.channel = std::make_unique<Channel>(fd, "sender " + peer);
     Connection* conn = &c;
     conn->thread = std::thread([this, conn] {
-      serve_session(*conn->channel, receiver, registry, config, settings);
+      serve_session(*conn->channel, receiver, registry, config, settings, *conn->link);
       conn->done.store(true);
     });
+  }
+
+  // The receiver's release hook: every kept session between updates is told (Closing); its
+  // sender drops its data path, unmapping what it imported of this receiver's memory, and
+  // disconnects, which ends the session here. Waits for that up to kClosingTimeout; a sender
+  // that does not answer is disconnected (its mapping then lasts until it notices).
+  void close_kept_sessions(const std::string& reason) {
+    // Held throughout: no channel is reaped while it is written to or waited for.
+    std::lock_guard lock(connections_mutex);
+    std::vector<Connection*> closing;
+    for (auto& c : connections) {
+      if (!c.link->start_closing()) continue;
+      closing.push_back(&c);
+      try {
+        capnp::MallocMessageBuilder m;
+        m.initRoot<wire::Message>().initClosing().setReason(reason);
+        c.channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "closing");
+      } catch (const Error& e) {
+        logger("session")->debug("{}: closing: {}", c.channel->peer(), e.what());
+        c.channel->shutdown();
+      }
+    }
+    const auto start = Clock::now();
+    const auto deadline = start + kClosingTimeout;
+    for (auto* c : closing) {
+      if (!c->link->wait_ended(deadline)) {
+        logger("session")->warn(
+            "{} did not close its kept session within {} s of being told ({}); disconnected. "
+            "Memory it imported stays allocated until it notices",
+            c->channel->peer(), kClosingTimeout.count(), reason);
+        c->channel->shutdown();
+        c->link->wait_ended(Clock::now() + kClosingTimeout);
+      }
+    }
+    if (!closing.empty()) {
+      logger("session")->info("{} kept session(s) closed in {:.3f} ms ({})", closing.size(),
+                              std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
+                              reason);
+    }
   }
 
   void accept_loop() {
@@ -143,6 +186,8 @@ void ReceiverEndpoint::start() {
   i.settings.name = fmt::format("{}:{}", i.config.receiver.host, i.control->port());
   i.stopping = false;
   i.accept_thread = std::thread([impl = impl_.get()] { impl->accept_loop(); });
+  i.receiver.set_release_hook(
+      [impl = impl_.get()](const std::string& reason) { impl->close_kept_sessions(reason); });
   i.started = true;
   logger("session")->info("sessions on {}:{}{}", i.config.receiver.host, i.tcp.port,
                           i.unix_socket.unix_path.empty() ? "" : " and " + i.unix_socket.unix_path);
@@ -152,6 +197,7 @@ void ReceiverEndpoint::stop() {
   if (!impl_) return;
   auto& i = *impl_;
   if (!i.started) return;
+  i.receiver.set_release_hook({});
   i.stopping = true;
   if (i.accept_thread.joinable()) i.accept_thread.join();
   {

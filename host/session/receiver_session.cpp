@@ -43,6 +43,7 @@ const char* message_name(Which which) {
     case Which::COMMIT: return "commit";
     case Which::COMMITTED: return "committed";
     case Which::ABORT: return "abort";
+    case Which::CLOSING: return "closing";
   }
   return "unknown";
 }
@@ -81,13 +82,18 @@ struct Inflight {
 class Session {
  public:
   Session(Channel& ch, receiver::Receiver& r, const registry::Registry& reg,
-          const config::Config& cfg, const ReceiverSessionSettings& st)
-      : ch_(ch), receiver_(r), registry_(reg), config_(cfg), settings_(st) {}
+          const config::Config& cfg, const ReceiverSessionSettings& st, SessionLink& link)
+      : ch_(ch), receiver_(r), registry_(reg), config_(cfg), settings_(st), link_(link) {}
 
   void run() {
     handshake();
-    begin();
-    buckets_and_commit();
+    auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
+    while (msg) {
+      begin(msg->root());
+      buckets_and_commit();
+      if (!keep_) return;
+      msg = next_update();
+    }
   }
 
   // Ends a failed session: waits for the bucket being applied, aborts the update, tells the
@@ -148,11 +154,12 @@ class Session {
            "{}: {}: the session needs the receiver's control API token", ch_.peer(), phase);
     }
     sender_ = text(hello.getSenderName());
-    // The catalog: the names must stay alive while descs point at them.
+    // The catalog, kept for the session's later updates: the names must stay alive (and in
+    // place) while descs point at them.
     auto tensors = hello.getTensors();
-    std::vector<std::string> names;
+    auto& names = names_;
     names.reserve(tensors.size());
-    std::vector<ferry_tensor_desc_t> descs;
+    auto& descs = descs_;
     descs.reserve(tensors.size());
     for (auto t : tensors) names.push_back(text(t.getName()));
     for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -176,11 +183,14 @@ class Session {
       descs.push_back(d);
     }
     const auto open_start = Clock::now();
+    config_json_ = text(hello.getConfigJson());
     try {
-      update_ = receiver_.open_session(descs, text(hello.getConfigJson()));
+      update_ = receiver_.open_session(descs, config_json_);
     } catch (const Error& e) {
       fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
     }
+    epoch_ = update_->memory_epoch();
+    keep_ = settings_.keep_sessions && hello.getKeepSession();
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -244,6 +254,7 @@ class Session {
     welcome.setBucketTimeoutMs(static_cast<std::uint64_t>(settings_.bucket_timeout.count()));
     welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
     welcome.setRmaNative(data_->rma_native());
+    welcome.setKeepSession(keep_);
     if (!destinations_.empty()) {
       auto regions = welcome.initRegions(static_cast<unsigned>(region_keys_.size()));
       for (unsigned i = 0; i < region_keys_.size(); ++i) {
@@ -297,15 +308,58 @@ class Session {
     logger("session")->info("session with {}: staged delivery ({})", ch_.peer(), why_not);
   }
 
-  void begin() {
+  // A kept session between updates: the sender's next Begin, or nullptr when the session ends
+  // (the sender closed it, it stayed idle past its limit, or the receiver is closing it).
+  std::unique_ptr<Received> next_update() {
+    std::unique_ptr<Received> msg;
+    try {
+      msg = ch_.recv(deadline_in(settings_.idle_timeout), "between updates");
+    } catch (const Error& e) {
+      if (e.code() == FERRY_STATUS_TIMEOUT) {
+        logger("session")->info("kept session with {} ends: no update for {} s", ch_.peer(),
+                                settings_.idle_timeout.count() / 1000);
+      } else {
+        logger("session")->debug("kept session with {} ends: {}", ch_.peer(), e.what());
+      }
+      return nullptr;
+    }
+    if (!link_.leave_idle()) {
+      // This message crossed the Closing: the sender drops the session when it reads that.
+      logger("session")->info("kept session with {} ends: the receiver closed it", ch_.peer());
+      return nullptr;
+    }
+    if (msg->root().which() == Which::ABORT) {
+      logger("session")->debug("kept session with {} ends: {}", ch_.peer(),
+                               text(msg->root().getAbort().getReason()));
+      return nullptr;
+    }
+    return msg;
+  }
+
+  // A later update of a kept session takes the update lock again and checks that the memory
+  // shared in the handshake is still what the receiver's parameters live in.
+  void reopen(const std::string& phase) {
+    try {
+      update_ = receiver_.open_session(descs_, config_json_);
+    } catch (const Error& e) {
+      fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
+    }
+    if (update_->memory_epoch() != epoch_) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "{}: {}: the receiver's memory was released or resumed since this session's "
+           "handshake; the session ends (the sender opens a new one)",
+           ch_.peer(), phase);
+    }
+  }
+
+  void begin(wire::Message::Reader root) {
     const std::string phase = "begin";
-    auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), phase);
-    auto root = msg->root();
     if (root.which() == Which::ABORT) {
       fail(FERRY_STATUS_ABORTED, "{}: the sender aborted before begin: {}", ch_.peer(),
            text(root.getAbort().getReason()));
     }
     if (root.which() != Which::BEGIN) unexpected(ch_, phase, root.which());
+    if (!update_) reopen(phase);
     auto b = root.getBegin();
     version_ = b.getVersion();
     bucket_count_ = b.getBucketCount();
@@ -505,7 +559,6 @@ class Session {
           }
           const auto commit_start = Clock::now();
           const auto report = update_->commit();
-          update_.reset();
           logger("session")->debug(
               "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
               "and of what was written in place, publish)",
@@ -517,6 +570,11 @@ class Session {
           c.setLabel(report.version.label);
           c.setSeconds(report.seconds);
           ch_.send(m, deadline_in(settings_.commit_timeout), "commit (committed)");
+          // Idle from here (a kept session), then the update lock goes: a release of the
+          // receiver's memory, which takes that lock, finds this session idle and closes it.
+          // Not before the Committed is out: a Closing must never overtake it.
+          if (keep_) link_.set_idle();
+          update_.reset();
           return;
         }
         case Which::ABORT:
@@ -533,7 +591,14 @@ class Session {
   const registry::Registry& registry_;
   const config::Config& config_;
   const ReceiverSessionSettings& settings_;
+  SessionLink& link_;
   std::string sender_;
+  // The Hello's catalog and config.json (a kept session's later updates check them again).
+  std::vector<std::string> names_;
+  std::vector<ferry_tensor_desc_t> descs_;  // names point into names_
+  std::string config_json_;
+  bool keep_ = false;        // kept after each commit (both sides agreed)
+  std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
   std::unique_ptr<ReceiverDataPath> data_;
   int device_ = -1;  // the GPU of the data path's device slots; -1: host slots
@@ -551,22 +616,59 @@ class Session {
 
 }  // namespace
 
+void SessionLink::set_idle() {
+  std::lock_guard lock(mutex_);
+  idle_ = true;
+}
+
+bool SessionLink::leave_idle() {
+  std::lock_guard lock(mutex_);
+  idle_ = false;
+  return !closing_;
+}
+
+void SessionLink::set_ended() {
+  {
+    std::lock_guard lock(mutex_);
+    ended_ = true;
+    idle_ = false;
+  }
+  changed_.notify_all();
+}
+
+bool SessionLink::start_closing() {
+  std::lock_guard lock(mutex_);
+  if (!idle_ || closing_ || ended_) return false;
+  closing_ = true;
+  return true;
+}
+
+bool SessionLink::wait_ended(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_until(lock, deadline, [&] { return ended_; });
+}
+
 void serve_session(Channel& channel, receiver::Receiver& receiver,
                    const registry::Registry& registry, const config::Config& config,
-                   const ReceiverSessionSettings& settings) {
-  Session session(channel, receiver, registry, config, settings);
-  try {
-    session.run();
-  } catch (const Error& e) {
-    session.fail_session(e.code(), e.what());
-  } catch (const kj::Exception& e) {
-    session.fail_session(FERRY_STATUS_CORRUPT_DATA,
-                         fmt::format("{}: malformed session message ({})", channel.peer(),
-                                     e.getDescription().cStr()));
-  } catch (const std::exception& e) {
-    session.fail_session(FERRY_STATUS_INTERNAL,
-                         fmt::format("{}: {}", channel.peer(), e.what()));
+                   const ReceiverSessionSettings& settings, SessionLink& link) {
+  {
+    // The session (and its data path: registrations, exports, staging slots) is gone before
+    // the link says so.
+    Session session(channel, receiver, registry, config, settings, link);
+    try {
+      session.run();
+    } catch (const Error& e) {
+      session.fail_session(e.code(), e.what());
+    } catch (const kj::Exception& e) {
+      session.fail_session(FERRY_STATUS_CORRUPT_DATA,
+                           fmt::format("{}: malformed session message ({})", channel.peer(),
+                                       e.getDescription().cStr()));
+    } catch (const std::exception& e) {
+      session.fail_session(FERRY_STATUS_INTERNAL,
+                           fmt::format("{}: {}", channel.peer(), e.what()));
+    }
   }
+  link.set_ended();
 }
 
 }  // namespace ferry::session

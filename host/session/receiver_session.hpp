@@ -1,10 +1,13 @@
 // session/receiver_session.hpp: the receiver's side of one session connection: handshake (protocol
 // version, token, layout check), begin, buckets applied through the receiver's streaming update
-// with double buffering, acks, commit or abort (docs/session-protocol.md).
+// with double buffering, acks, commit or abort; a kept session then waits for the sender's next
+// update (docs/session-protocol.md).
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "session/channel.hpp"
@@ -28,12 +31,42 @@ struct ReceiverSessionSettings {
   std::chrono::milliseconds bucket_timeout{60000};  // between messages of a running session
   std::chrono::milliseconds commit_timeout{60000};
   std::uint64_t max_bucket_bytes = 16ull << 30;  // largest staging slot a sender may ask for
+  // Agree to keep a session after its commit when the sender asks (Hello.keepSession): its next
+  // update needs no handshake, data path or import of shared memory. A kept session ends after
+  // `idle_timeout` without an update.
+  bool keep_sessions = true;
+  std::chrono::milliseconds idle_timeout{std::chrono::hours(1)};
 };
 
-// Serves one connection to its end. Never throws: failures are logged, sent to the sender as a
-// Refusal where the connection still works, and leave the receiver at its previous version.
+// One session connection as its endpoint sees it, shared between the session's thread and the
+// threads that may end it (a release of the receiver's memory).
+class SessionLink {
+ public:
+  // Session thread. A kept session between updates is idle: it holds no update lock but may
+  // share memory with its sender. leave_idle() is false once closing was asked for.
+  void set_idle();
+  bool leave_idle();
+  void set_ended();
+  // Any thread: makes an idle session closing; true when this call did (the caller then sends
+  // the Closing message). A closing session takes no further update.
+  bool start_closing();
+  // Waits until the session ended (its data path gone, its sender disconnected); false at the
+  // deadline.
+  bool wait_ended(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool idle_ = false;
+  bool closing_ = false;
+  bool ended_ = false;
+};
+
+// Serves one connection to its end (a kept session: through several updates). Never throws:
+// failures are logged, sent to the sender as a Refusal where the connection still works, and
+// leave the receiver at its previous version. Marks `link` ended when it returns.
 void serve_session(Channel& channel, receiver::Receiver& receiver,
                    const registry::Registry& registry, const config::Config& config,
-                   const ReceiverSessionSettings& settings);
+                   const ReceiverSessionSettings& settings, SessionLink& link);
 
 }  // namespace ferry::session

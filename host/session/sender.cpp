@@ -8,6 +8,8 @@
 #include <ferry/sdk/manifest.hpp>
 #include <httplib.h>
 #include <kj/exception.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "ferry_build_config.h"
@@ -204,6 +206,124 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
+// The tensors' names, dtypes and shapes in order: what a session's handshake was made for.
+std::string catalog_text(std::span<const TensorView> tensors) {
+  std::string out;
+  for (const auto& t : tensors) {
+    out += t.name;
+    out += fmt::format("\x1f{}", static_cast<unsigned>(t.dtype));
+    for (auto d : t.shape) out += fmt::format(",{}", d);
+    out += '\x1e';
+  }
+  return out;
+}
+
+// A session kept after its commit for the next push to the same receiver (docs/
+// session-protocol.md, "Kept sessions"): its handshake, its data path's connect and whatever
+// that imported of the receiver's memory serve every later push of the same tensors. Between
+// pushes a watcher thread answers the receiver: its Closing (it is about to release that
+// memory) or its disconnect makes the watcher drop the data path, unmapping what it imported,
+// and then close the connection, which the receiver waits for.
+struct Link {
+  std::unique_ptr<Channel> channel;
+  std::unique_ptr<SenderDataPath> data;
+  bool keep = false;    // the receiver keeps the session (Welcome.keepSession)
+  bool direct = false;  // direct delivery was chosen in the handshake
+  bool writer_prints = false;  // direct, and the copies fingerprint what they write
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
+  // Set by the watcher, read after stop_watching(): the session is gone, and why.
+  bool closed = false;
+  std::string closed_why;
+
+  Link() = default;
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+  ~Link() {
+    stop_watching();
+    data.reset();  // first: the receiver takes the disconnect as the sign it is done
+    channel.reset();
+  }
+
+  // What the handshake was made for, and whether a push fits it.
+  void remember(std::span<const TensorView> tensors, const PushPlan& plan) {
+    catalog_ = catalog_text(tensors);
+    capacity_ = plan.capacity;
+    device_ = plan.device;
+    cuda_tensors_ = plan.cuda_tensors;
+  }
+  bool fits(std::span<const TensorView> tensors, const PushPlan& plan) const {
+    return plan.capacity <= capacity_ && plan.device == device_ &&
+           plan.cuda_tensors == cuda_tensors_ && catalog_text(tensors) == catalog_;
+  }
+
+  // After a commit, before the session is kept: the data path lets go of the push's tensors.
+  void forget_push() noexcept {
+    if (data) data->end_push();
+  }
+
+  // Starts the watcher; false when no thread or eventfd could be had (then not kept).
+  bool start_watching(const std::string& peer) {
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (wake_fd_ < 0) return false;
+    try {
+      watcher_ = std::thread([this, peer] { watch(peer); });
+    } catch (const std::system_error&) {
+      ::close(wake_fd_);
+      wake_fd_ = -1;
+      return false;
+    }
+    return true;
+  }
+
+  // The next push takes the session back (or it is destroyed).
+  void stop_watching() noexcept {
+    if (watcher_.joinable()) {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+      watcher_.join();
+    }
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
+  }
+
+ private:
+  void watch(const std::string& peer) {
+    pollfd fds[2] = {{channel->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    while (true) {
+      const int n = ::poll(fds, 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || fds[1].revents != 0) return;  // taken back (or no way to wait)
+      if (fds[0].revents != 0) break;
+    }
+    // The receiver spoke between pushes: its Closing, or its disconnect.
+    closed_why = "the receiver disconnected";
+    try {
+      auto msg = channel->recv(deadline_in(std::chrono::milliseconds(1000)), "between pushes");
+      if (msg->root().which() == wire::Message::CLOSING) {
+        closed_why = fmt::format("the receiver closed it: {}",
+                                 text(msg->root().getClosing().getReason()));
+      } else {
+        closed_why = "the receiver sent an unexpected message between pushes";
+      }
+    } catch (const std::exception& e) {
+      closed_why = e.what();
+    }
+    const auto start = Clock::now();
+    data.reset();
+    channel.reset();
+    closed = true;
+    logger("sender")->info("{}: kept session ended ({}); dropped in {:.3f} ms", peer, closed_why,
+                           seconds_since(start) * 1e3);
+  }
+
+  std::string catalog_;
+  std::uint64_t capacity_ = 0;
+  int device_ = -1;
+  bool cuda_tensors_ = false;
+  std::thread watcher_;
+  int wake_fd_ = -1;
+};
+
 const char* delivery_name(config::Delivery d) {
   switch (d) {
     case config::Delivery::direct: return "direct";
@@ -249,10 +369,17 @@ struct Sender::Impl {
     }
     for (auto& t : pending) t.join();
   }
-  ~Impl() { wait_teardowns(); }
+  // Per receiver (SenderOptions::receivers order): the session kept from the last push, or
+  // null. Only that receiver's push thread touches its entry.
+  std::vector<std::unique_ptr<Link>> links;
+
+  ~Impl() {
+    links.clear();  // closes the kept sessions
+    wait_teardowns();
+  }
 
   Impl(const config::Config& c, const registry::Registry& r, SenderOptions o)
-      : config(c), registry(r), options(std::move(o)) {}
+      : config(c), registry(r), options(std::move(o)), links(options.receivers.size()) {}
 
   // The data transport for one receiver (session/transport_choice.hpp): "inline" or a plugin
   // name, `required` false when "auto" chose it. Throws INCOMPATIBLE for a same-node-only
@@ -292,28 +419,81 @@ struct Sender::Impl {
     return aborted;
   }
 
+  // One push to receiver `index`: through the session kept from the previous push when it fits
+  // (same tensors, bucket capacity and memory) and is still open, else through a new one. A
+  // kept session that turns out closed before its update began (the receiver released its
+  // memory, restarted, or stopped) is replaced by a new session within the same push.
   void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
                     std::uint64_t version, const std::string& label) {
     const std::string address = options.receivers[index];
     ReceiverResult result;
     result.address = address;
     const auto start = Clock::now();
-    std::unique_ptr<Channel> channel;
-    std::unique_ptr<SenderDataPath> data;
-    auto unregister = [&] {
+    std::unique_ptr<Link> link = std::move(links[index]);
+    if (link) {
+      link->stop_watching();
+      std::string why;
+      if (link->closed) {
+        why = link->closed_why;
+      } else if (!link->fits(tensors, plan)) {
+        why = "another set of tensors, bucket capacity or device";
+      }
+      if (!why.empty()) {
+        logger("sender")->debug("{}: kept session not used ({})", address, why);
+        retire(std::move(link));
+      }
+    }
+    // abort() reaches the link's channel and data path while it is registered.
+    auto track = [&](bool on) {
+      if (!link) return;
       std::lock_guard lock(mutex);
-      if (channel) channels.erase(channel.get());
-      if (data) data_paths.erase(data.get());
+      if (on) {
+        if (link->channel) channels.insert(link->channel.get());
+        if (link->data) data_paths.insert(link->data.get());
+      } else {
+        channels.erase(link->channel.get());
+        data_paths.erase(link->data.get());
+      }
     };
     try {
-      const TransportChoice transport = choose_transport(address, plan.cuda_tensors);
-      channel = open_channel(address);
-      {
-        std::lock_guard lock(mutex);
-        if (aborted) fail(FERRY_STATUS_ABORTED, "aborted: {}", abort_reason);
-        channels.insert(channel.get());
+      bool done = false;
+      if (link) {
+        track(true);
+        bool began = false;
+        try {
+          {
+            std::lock_guard lock(mutex);
+            if (aborted) fail(FERRY_STATUS_ABORTED, "aborted: {}", abort_reason);
+          }
+          result.reused_session = true;
+          update(*link, index, tensors, plan, version, label, result, began);
+          done = true;
+        } catch (const Error& e) {
+          std::string reason;
+          if (began || is_aborted(reason)) throw;
+          // Nothing of this update was written: a new session takes over.
+          logger("sender")->info("{}: kept session closed ({}); opening a new one", address,
+                                 e.what());
+          track(false);
+          retire(std::move(link));
+          result = ReceiverResult{};
+          result.address = address;
+        }
       }
-      session(*channel, index, tensors, plan, version, label, transport, data, result);
+      if (!done) {
+        link = std::make_unique<Link>();
+        const TransportChoice transport = choose_transport(address, plan.cuda_tensors);
+        link->channel = open_channel(address);
+        track(true);
+        {
+          std::lock_guard lock(mutex);
+          if (aborted) fail(FERRY_STATUS_ABORTED, "aborted: {}", abort_reason);
+        }
+        open_link(*link, index, tensors, plan, transport);
+        track(true);  // the data path, created by open_link
+        bool began = false;
+        update(*link, index, tensors, plan, version, label, result, began);
+      }
       result.committed = true;
     } catch (const Error& e) {
       std::string reason;
@@ -327,11 +507,11 @@ struct Sender::Impl {
           result.error = fmt::format("receiver {}: {}", address, result.error);
         }
       }
-      if (channel && !channel->is_shut_down()) {
+      if (link && link->channel && !link->channel->is_shut_down()) {
         try {
           capnp::MallocMessageBuilder m;
           m.initRoot<wire::Message>().initAbort().setReason(result.error);
-          channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "abort");
+          link->channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "abort");
         } catch (...) {
         }
       }
@@ -343,28 +523,38 @@ struct Sender::Impl {
       result.code = FERRY_STATUS_INTERNAL;
       result.error = fmt::format("receiver {}: {}", address, e.what());
     }
-    unregister();
-    {
-      // The receiver has committed or failed by now: the plugin instance and the channel go on
-      // a thread of their own (wait_teardowns()).
-      auto teardown = [data = std::move(data), channel = std::move(channel), address]() mutable {
-        const auto teardown_start = Clock::now();
-        data.reset();
-        channel.reset();
-        logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", address,
-                                seconds_since(teardown_start) * 1e3);
-      };
-      std::lock_guard lock(teardown_mutex);
-      try {
-        teardowns.emplace_back(std::move(teardown));
-      } catch (const std::system_error&) {
-        // No thread to be had: the teardown runs here.
-        teardown();
+    track(false);
+    if (link && result.committed && link->keep && options.keep_sessions) {
+      // Kept for the next push; meanwhile its watcher answers the receiver.
+      link->forget_push();
+      if (link->start_watching(address)) {
+        links[index] = std::move(link);
       }
     }
+    // Not kept: the plugin instance and the channel go on a thread of their own
+    // (wait_teardowns()); the receiver has committed or failed by now.
+    if (link) retire(std::move(link));
     result.seconds = seconds_since(start);
     if (!result.committed) logger("sender")->warn("{}", result.error);
     set_result(index, result);
+  }
+
+  // Destroys a session that is not kept (unregistrations, disconnect, unmapping the receiver's
+  // memory: ~2 ms that are not part of any update) on a thread of its own.
+  void retire(std::unique_ptr<Link> link) {
+    auto teardown = [link = std::move(link)]() mutable {
+      const auto teardown_start = Clock::now();
+      const std::string peer = link->channel ? link->channel->peer() : std::string("receiver");
+      link.reset();
+      logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", peer,
+                              seconds_since(teardown_start) * 1e3);
+    };
+    std::lock_guard lock(teardown_mutex);
+    try {
+      teardowns.emplace_back(std::move(teardown));
+    } catch (const std::system_error&) {
+      teardown();  // no thread to be had: here
+    }
   }
 
   std::unique_ptr<Channel> open_channel(const std::string& address) {
@@ -471,20 +661,16 @@ struct Sender::Impl {
     return true;
   }
 
-  // One receiver's session. `data` (owned by the caller, so that abort() never sees a freed one)
-  // receives the data path.
-  void session(Channel& ch, std::size_t index, std::span<const TensorView> tensors,
-               const PushPlan& plan, std::uint64_t version, const std::string& label,
-               const TransportChoice& transport, std::unique_ptr<SenderDataPath>& data,
-               ReceiverResult& result) {
+  // Opens a session on `link`'s channel: the data path and the handshake (link's members are
+  // owned by the caller, so that abort() never sees a freed one).
+  void open_link(Link& link, std::size_t index, std::span<const TensorView> tensors,
+                 const PushPlan& plan, const TransportChoice& transport) {
     const std::string& address = options.receivers[index];
-    // Phase timings for --log-level debug (where a push spends its time, per receiver).
+    Channel& ch = *link.channel;
+    auto& data = link.data;
     const auto session_start = Clock::now();
-    double setup_s = 0;    // data path creation, handshake, connect, begin
-    double deliver_s = 0;  // puts + flush (or packing + deliver) of every bucket
-    double ack_s = 0;      // waiting for acks (the receiver's apply and checks)
-    bool direct = false;   // direct delivery (the Welcome offered it and it was chosen)
-    std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
+    bool direct = false;  // direct delivery (the Welcome offered it and it was chosen)
+    auto& destinations = link.destinations;  // per tensor, direct
     if (transport.name != "inline") {
       try {
         data = make_plugin_sender_path(registry, config, transport.name, plan.capacity, kSlots,
@@ -506,7 +692,6 @@ struct Sender::Impl {
       plan.seal();
     }
     bool writer_prints = false;  // direct, and the copies fingerprint what they write
-    std::vector<std::uint64_t> session_prints;  // per tensor, from the copies (writer_prints)
     const double create_s = seconds_since(session_start);
     double connect_s = 0;  // the data path's connect, inside the handshake
     // ---- handshake
@@ -536,6 +721,7 @@ struct Sender::Impl {
       hello.setBucketBytes(plan.capacity);
       hello.setSlots(kSlots);
       hello.setDelivery(delivery_name(config.update.delivery));
+      hello.setKeepSession(options.keep_sessions);
       ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
     }
     {
@@ -582,17 +768,8 @@ struct Sender::Impl {
         direct = choose_direct(w, *data, plan, tensors.size(), ch.peer(), destinations);
       }
       writer_prints = direct && data->fingerprints_pieces();
-      if (writer_prints) {
-        session_prints.assign(tensors.size(), 0);
-        for (std::size_t t = 0; t < tensors.size(); ++t) {
-          // An empty tensor is no copy: its fingerprint is that of nothing.
-          if (byte_size(tensors[t].dtype, tensors[t].shape).value_or(0) == 0) {
-            session_prints[t] = kernels::fingerprint_cpu(nullptr, 0, 1);
-          }
-        }
-      } else {
-        plan.seal();
-      }
+      if (!writer_prints) plan.seal();
+      link.keep = w.getKeepSession();
       if (!direct && config.update.delivery == config::Delivery::direct) {
         fail(FERRY_STATUS_INCOMPATIBLE,
              "{}: update.delivery is \"direct\", but the receiver offers no direct delivery over "
@@ -600,14 +777,53 @@ struct Sender::Impl {
              "cuda_ipc, and a pure-copy plan for every tensor; see the receiver's log)",
              ch.peer(), data->name());
       }
-      result.transport = data->name();
-      result.direct = direct;
-      result.writer_fingerprints = writer_prints;
       std::lock_guard lock(mutex);
       data_paths.insert(data.get());
+    }
+    link.direct = direct;
+    link.writer_prints = writer_prints;
+    link.remember(tensors, plan);
+    logger("sender")->debug("{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
+                            "(connect {:.3f} ms)",
+                            address, create_s * 1e3,
+                            (seconds_since(session_start) - create_s) * 1e3, connect_s * 1e3);
+  }
+
+  // One update over an open session: begin, buckets, commit. `began` turns true once the
+  // receiver is Ready (from then on a failure is this update's, not the session's).
+  void update(Link& link, std::size_t index, std::span<const TensorView> tensors,
+              const PushPlan& plan, std::uint64_t version, const std::string& label,
+              ReceiverResult& result, bool& began) {
+    const std::string& address = options.receivers[index];
+    Channel& ch = *link.channel;
+    SenderDataPath* data = link.data.get();
+    const bool direct = link.direct;
+    const bool writer_prints = link.writer_prints;
+    const auto& destinations = link.destinations;
+    // Phase timings for --log-level debug (where a push spends its time, per receiver).
+    const auto session_start = Clock::now();
+    double setup_s = 0;    // begin
+    double deliver_s = 0;  // puts + flush (or packing + deliver) of every bucket
+    double ack_s = 0;      // waiting for acks (the receiver's apply and checks)
+    std::vector<std::uint64_t> session_prints;  // per tensor, from the copies (writer_prints)
+    if (writer_prints) {
+      session_prints.assign(tensors.size(), 0);
+      for (std::size_t t = 0; t < tensors.size(); ++t) {
+        // An empty tensor is no copy: its fingerprint is that of nothing.
+        if (byte_size(tensors[t].dtype, tensors[t].shape).value_or(0) == 0) {
+          session_prints[t] = kernels::fingerprint_cpu(nullptr, 0, 1);
+        }
+      }
+    } else {
+      plan.seal();
+    }
+    result.transport = data->name();
+    result.direct = direct;
+    result.writer_fingerprints = writer_prints;
+    {
+      std::lock_guard lock(mutex);
       results[index].transport = data->name();
     }
-    const double handshake_s = seconds_since(session_start) - create_s;
     // ---- begin
     {
       capnp::MallocMessageBuilder m;
@@ -627,15 +843,16 @@ struct Sender::Impl {
         fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused begin: {}", ch.peer(),
              text(r.getMessage()));
       }
+      if (root.which() == wire::Message::CLOSING) {
+        fail(FERRY_STATUS_PEER_FAILED, "{}: begin: the receiver closed the session ({})",
+             ch.peer(), text(root.getClosing().getReason()));
+      }
       if (root.which() != wire::Message::READY) {
         fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
       }
     }
+    began = true;
     setup_s = seconds_since(session_start);
-    logger("sender")->debug(
-        "{}: set-up: data path {:.3f} ms, handshake {:.3f} ms (connect {:.3f} ms), begin {:.3f} ms",
-        address, create_s * 1e3, handshake_s * 1e3, connect_s * 1e3,
-        (setup_s - create_s - handshake_s) * 1e3);
     // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
     std::uint32_t acked = 0;
     const auto count = static_cast<std::uint32_t>(plan.buckets.size());
@@ -798,7 +1015,7 @@ struct Sender::Impl {
       }
     }
     logger("sender")->debug(
-        "{}: version {}: {} buckets, {} tensors: set-up {:.3f} ms, delivering {:.3f} ms, waiting "
+        "{}: version {}: {} buckets, {} tensors: begin {:.3f} ms, delivering {:.3f} ms, waiting "
         "for acks {:.3f} ms, commit {:.3f} ms (receiver's checks included), session {:.3f} ms",
         address, version, count, tensors.size(), setup_s * 1e3, deliver_s * 1e3, ack_s * 1e3,
         seconds_since(commit_start) * 1e3, seconds_since(session_start) * 1e3);

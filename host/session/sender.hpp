@@ -15,6 +15,8 @@
 //
 // Threading: push() and abort() may be called from different threads; abort() makes a running
 // push() fail every receiver that has not committed yet. One push() at a time per Sender.
+// Sessions are kept between pushes (SenderOptions::keep_sessions); destroying the Sender closes
+// them.
 #pragma once
 
 #include <ferry/plugin.h>
@@ -69,6 +71,11 @@ struct SenderOptions {
   // 1 MiB chunk serially (~1 ms on an H200), so a launch needs thousands of chunks to fill the
   // GPU; smaller groups pipeline more finely but copy slower.
   std::uint64_t fingerprinted_group_bytes = 4ull << 30;
+  // Keep each receiver's session after a commit for the next push of the same tensors (the
+  // receiver agreeing): that push needs no handshake, data path set-up or import of the
+  // receiver's memory. Between pushes a thread per kept session answers the receiver, which
+  // ends the session before it releases its memory (docs/session-protocol.md, "Kept sessions").
+  bool keep_sessions = true;
 };
 
 struct ReceiverResult {
@@ -80,6 +87,7 @@ struct ReceiverResult {
   // Direct delivery whose copies fingerprinted what they wrote (one read of the data; the
   // receiver takes or re-checks those fingerprints, its update.direct_verify).
   bool writer_fingerprints = false;
+  bool reused_session = false;  // the push went through the session kept from the previous one
   ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;
   std::uint64_t buckets = 0;

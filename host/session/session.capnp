@@ -31,6 +31,9 @@ struct Hello {
   bucketBytes @8 :UInt64;      # capacity every staging slot must have
   slots @9 :UInt32;            # staging slots the sender wants (2: double buffering)
   delivery @10 :Text;          # "auto", "direct" or "staged" (config update.delivery); "": auto
+  # The sender would keep this session after its commit for its next updates (same catalog):
+  # another Begin then follows on this connection, without a new handshake.
+  keepSession @11 :Bool;
 }
 
 # Direct delivery: where one Hello tensor goes, as a byte offset into a shared region.
@@ -60,6 +63,9 @@ struct Welcome {
   # destination per Hello tensor, in order. Empty when the receiver offers only staging.
   regions @10 :List(Data);
   destinations @11 :List(Destination);
+  # The receiver keeps the session (Hello.keepSession): after Committed it waits for the next
+  # Begin. Until then it holds no update lock; it may end the session with Closing.
+  keepSession @12 :Bool;
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.
@@ -115,6 +121,13 @@ struct Abort {
   reason @0 :Text;
 }
 
+# receiver -> sender, on a kept session between updates: the receiver is about to release the
+# memory the session shares (or stops). The sender drops its data path (unmapping anything of the
+# receiver's it imported), then closes the connection; the receiver waits for that close.
+struct Closing {
+  reason @0 :Text;
+}
+
 struct Message {
   union {
     hello @0 :Hello;
@@ -127,5 +140,6 @@ struct Message {
     commit @7 :Commit;
     committed @8 :Committed;
     abort @9 :Abort;
+    closing @10 :Closing;
   }
 }

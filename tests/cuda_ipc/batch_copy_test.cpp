@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -224,13 +223,3 @@ TEST(BatchCopy, MoreOpsThanOneLaunchCarriesAreRefused) {
 
 }  // namespace
 }  // namespace ferry::cuda_ipc
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIP: the batched copy kernel needs a CUDA device (none visible)\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

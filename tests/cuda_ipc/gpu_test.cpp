@@ -325,13 +325,3 @@ TEST(CudaIpcGpu, RestartedReceiversOldKeyIsRefused) {
 
 }  // namespace
 }  // namespace ferry::cuda_ipc::test
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIP: cuda_ipc GPU tests need a CUDA device (none visible)\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

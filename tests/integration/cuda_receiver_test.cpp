@@ -167,13 +167,3 @@ TEST_F(CudaReceiver, ServeWithDeviceCudaServesTheCheckpointsFingerprints) {
 
 }  // namespace
 }  // namespace ferry::test
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::puts("no CUDA device: skipped (the CUDA receiver tests need a GPU)");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -356,7 +356,7 @@ ServeProcess::ServeProcess(ServeOptions options)
   const std::string exe = required_env("FERRY_EXE");
   const std::string ready = dir_->file("ready");
   const std::string log = dir_->file("log");
-  std::vector<std::string> args = {exe, "--log-level", "warn"};
+  std::vector<std::string> args = {exe, "--log-level", options_.log_level};
   for (const auto& s : options_.sets) {
     args.push_back("--set");
     args.push_back(s);

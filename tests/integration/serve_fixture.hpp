@@ -122,6 +122,7 @@ struct ServeOptions {
   std::vector<std::string> sets;  // --set key=value
   std::string model_family = "dense";
   double ready_deadline_s = 60;
+  std::string log_level = "warn";  // --log-level of the process (its log())
 };
 
 struct Reply {

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -417,14 +416,4 @@ TEST(GpuFingerprint, ManyRefusesMismatchedSpansAndNullData) {
   std::uint64_t value = 0;
   std::memcpy(&value, raw.data() + 8, 8);
   EXPECT_EQ(value, 0xef46db3751d8e999ull);
-}
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("no CUDA device: skipped");
-    return 77;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
 }

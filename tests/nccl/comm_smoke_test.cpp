@@ -7,16 +7,17 @@
 #include <ferry/sdk/error.hpp>
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "load_plugin.hpp"
 #include "nccl/broadcast_group.hpp"
 #include "nccl/group_table.hpp"
+#include "tests/common/gpu_test_main.hpp"
 
 namespace ferry::nccl {
 namespace {
@@ -223,13 +224,10 @@ TEST(NcclOneRank, RefusesHostMemory) {
 }  // namespace
 }  // namespace ferry::nccl
 
-int main(int argc, char** argv) {
+// main() is the GPU tests' shared one (tests/common/gpu_test_main.cpp: exit 77 without a CUDA
+// device). NCCL reads NCCL_NVLS_ENABLE when a communicator is created, so setting it here, before
+// any test runs, holds for a run outside meson too.
+std::optional<int> ferry::test::before_gpu_tests(int /*argc*/, char** /*argv*/) {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::puts("nccl_comm_smoke: no CUDA device: skipped (the one-rank NCCL smoke test needs a GPU)");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return std::nullopt;
 }

@@ -520,15 +520,14 @@ TEST_F(SessionCudaIpc, ReceiverKilledMidUpdateIsNamedAndARestartedOneImportsAfre
 }  // namespace
 }  // namespace ferry::test
 
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIP: cuda_ipc session tests need a CUDA device (none visible)\n");
-    return 77;
-  }
+// main() is the GPU tests' shared one (tests/common/gpu_test_main.cpp: exit 77 without a CUDA
+// device); it asks this hook first, so that this binary run again as a child with
+// FERRY_TEST_DIRECT_PUSH_TO set does one direct push instead of running the tests.
+#include "tests/common/gpu_test_main.hpp"
+
+std::optional<int> ferry::test::before_gpu_tests(int /*argc*/, char** /*argv*/) {
   if (const char* to = std::getenv("FERRY_TEST_DIRECT_PUSH_TO")) {
-    return ferry::test::direct_push_child(to);
+    return direct_push_child(to);
   }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return std::nullopt;
 }

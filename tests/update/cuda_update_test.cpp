@@ -428,13 +428,3 @@ TEST_F(CudaUpdate, HundredReleaseResumeCyclesWithUpdatesLeakNoDeviceOrPinnedMemo
 
 }  // namespace
 }  // namespace ferry::update
-
-int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::puts("no CUDA device: skipped (the CUDA update tests need a GPU)");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -1,0 +1,159 @@
+// Kept sessions between pushes, against real `ferry serve` processes: a Sender's second push of
+// the same tensors goes through the session kept from the first (no new handshake) and is
+// bit-identical; an idle kept session blocks no other update; a release of the receiver's memory
+// closes the kept session first (the sender lets go, the next push opens a new session); a
+// receiver killed between pushes makes the next push fail with its address, without hanging;
+// keep_sessions = false opens a session per push.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+
+#include "config/config.hpp"
+#include "registry/registry.hpp"
+#include "session_fixture.hpp"
+
+namespace ferry::test {
+namespace {
+
+using nlohmann::json;
+
+class SessionKept : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
+  static void TearDownTestSuite() { versions_.reset(); }
+
+  // An in-process sender of these tests' checkpoints over inline buckets of 512 bytes.
+  static std::unique_ptr<session::Sender> make_sender(const std::vector<std::string>& receivers,
+                                                      bool keep = true) {
+    session::SenderOptions options;
+    options.receivers = receivers;
+    options.transport = "inline";
+    options.bucket_bytes = 512;
+    options.keep_sessions = keep;
+    options.bucket_timeout = std::chrono::milliseconds(5000);
+    options.commit_timeout = std::chrono::milliseconds(5000);
+    return std::make_unique<session::Sender>(config_, registry_, options);
+  }
+
+  static session::ReceiverResult push(session::Sender& sender, const Checkpoint& checkpoint,
+                                      std::uint64_t version) {
+    const auto views = views_of(checkpoint);
+    const auto report = sender.push(views, version);
+    EXPECT_EQ(report.receivers.size(), 1u);
+    return report.receivers.at(0);
+  }
+
+  // A receiver of v1 whose log shows its sessions (info).
+  static ServeOptions receiver() {
+    auto options = receiver_options(versions_->v1_path());
+    options.log_level = "info";
+    return options;
+  }
+
+  static std::unique_ptr<TwoVersions> versions_;
+  static config::Config config_;
+  static registry::Registry registry_;
+};
+std::unique_ptr<TwoVersions> SessionKept::versions_;
+config::Config SessionKept::config_;
+registry::Registry SessionKept::registry_({});
+
+TEST_F(SessionKept, LaterPushesGoThroughTheKeptSessionAndAreBitIdentical) {
+  ServeProcess serve(receiver());
+  auto sender = make_sender({address_of(serve)});
+  const auto first = push(*sender, versions_->v2, 2);
+  ASSERT_TRUE(first.committed) << first.error;
+  EXPECT_FALSE(first.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+
+  const auto second = push(*sender, versions_->v1, 3);
+  ASSERT_TRUE(second.committed) << second.error;
+  EXPECT_TRUE(second.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  const auto third = push(*sender, versions_->v2, 4);
+  ASSERT_TRUE(third.committed) << third.error;
+  EXPECT_TRUE(third.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  EXPECT_EQ(version_of(serve), 4);
+  // One handshake for three updates.
+  const std::string log = serve.log();
+  std::size_t handshakes = 0;
+  for (auto at = log.find("layout accepted"); at != std::string::npos;
+       at = log.find("layout accepted", at + 1)) {
+    ++handshakes;
+  }
+  EXPECT_EQ(handshakes, 1u) << log;
+}
+
+TEST_F(SessionKept, AnIdleKeptSessionBlocksNoOtherUpdate) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  auto a = make_sender({address_of(serve)});
+  auto b = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*a, versions_->v2, 2).committed);
+  // A's session is kept and idle: B's session and B's update are not refused as "another
+  // update is in progress", and then A's kept session still works.
+  const auto from_b = push(*b, versions_->v1, 3);
+  ASSERT_TRUE(from_b.committed) << from_b.error;
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  const auto from_a = push(*a, versions_->v2, 4);
+  ASSERT_TRUE(from_a.committed) << from_a.error;
+  EXPECT_TRUE(from_a.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+TEST_F(SessionKept, ReleaseClosesTheKeptSessionAndTheNextPushOpensANewOne) {
+  ServeProcess serve(receiver());
+  auto sender = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
+  ASSERT_EQ(release.status, 200) << release.text;
+  // The receiver told the sender and waited for it to let go, rather than cutting it off.
+  const std::string log = serve.log();
+  EXPECT_NE(log.find("1 kept session(s) closed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("did not close its kept session"), std::string::npos) << log;
+  // Released: a push now is refused, naming why.
+  const auto while_released = push(*sender, versions_->v1, 3);
+  EXPECT_FALSE(while_released.committed);
+  EXPECT_FALSE(while_released.reused_session);
+  EXPECT_NE(while_released.error.find("released"), std::string::npos) << while_released.error;
+  EXPECT_EQ(version_of(serve), 2);
+
+  const Reply resume = serve.post("/resume_memory_occupation", json::object(), serve.auth());
+  ASSERT_EQ(resume.status, 200) << resume.text;
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  const auto after = push(*sender, versions_->v1, 4);
+  ASSERT_TRUE(after.committed) << after.error;
+  EXPECT_FALSE(after.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  const auto kept_again = push(*sender, versions_->v2, 5);
+  ASSERT_TRUE(kept_again.committed) << kept_again.error;
+  EXPECT_TRUE(kept_again.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+TEST_F(SessionKept, AReceiverKilledBetweenPushesFailsTheNextPushWithItsAddress) {
+  auto serve = std::make_unique<ServeProcess>(receiver_options(versions_->v1_path()));
+  const std::string address = address_of(*serve);
+  auto sender = make_sender({address});
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  ::kill(serve->pid(), SIGKILL);
+  serve.reset();
+  const auto next = push(*sender, versions_->v1, 3);
+  EXPECT_FALSE(next.committed);
+  EXPECT_FALSE(next.reused_session);
+  EXPECT_NE(next.error.find(address), std::string::npos) << next.error;
+}
+
+TEST_F(SessionKept, WithoutKeepSessionsEveryPushOpensItsOwnSession) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  auto sender = make_sender({address_of(serve)}, /*keep=*/false);
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  const auto second = push(*sender, versions_->v1, 3);
+  ASSERT_TRUE(second.committed) << second.error;
+  EXPECT_FALSE(second.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
+}  // namespace
+}  // namespace ferry::test
