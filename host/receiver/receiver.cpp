@@ -802,6 +802,18 @@ void Receiver::StreamingUpdate::record_direct_bucket(const manifest::Manifest& m
   record_in_place([&](update::UpdateEngine& engine) { engine.record_direct_bucket(manifest); });
 }
 
+void Receiver::StreamingUpdate::attach_direct_fingerprints(std::span<const std::uint64_t> prints) {
+  auto& i = *impl_;
+  if (!i.begun || i.finished) fail(FERRY_STATUS_FAILED_PRECONDITION, "no session update is active");
+  try {
+    i.s.engine->attach_direct_fingerprints(prints);
+  } catch (...) {
+    i.finished = true;  // the engine ended the update (rolled back or fenced)
+    i.busy.reset();
+    throw;
+  }
+}
+
 void Receiver::StreamingUpdate::record_in_place(
     const std::function<void(update::UpdateEngine&)>& record) {
   auto& i = *impl_;

@@ -139,6 +139,7 @@ class Receiver {
     void begin_direct_writes(bool writer_fingerprints = false);
     void record_direct_bucket(std::span<const std::uint8_t> manifest);
     void record_direct_bucket(const manifest::Manifest& decoded);  // decoded (and validated)
+    void attach_direct_fingerprints(std::span<const std::uint64_t> prints);  // before commit()
     UpdateReport commit();
     void abort(const std::string& reason);
     // Counts the releases and resumes of the receiver's memory (read under the update lock): a

@@ -255,6 +255,7 @@ class Session {
     welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
     welcome.setRmaNative(data_->rma_native());
     welcome.setKeepSession(keep_);
+    welcome.setFingerprintsAtCommit(true);
     if (!destinations_.empty()) {
       auto regions = welcome.initRegions(static_cast<unsigned>(region_keys_.size()));
       for (unsigned i = 0; i < region_keys_.size(); ++i) {
@@ -372,6 +373,13 @@ class Session {
     direct_ = b.getDirect();
     if (direct_ && (destinations_.empty() || !b.getViaPut())) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
+           ch_.peer(), phase);
+    }
+    prints_at_commit_ = b.getFingerprintsAtCommit();
+    if (prints_at_commit_ && !(direct_ && b.getWriterFingerprints())) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: {}: fingerprints at commit announced without direct delivery by fingerprinting "
+           "copies",
            ch_.peer(), phase);
     }
     const auto begin_start = Clock::now();
@@ -558,6 +566,16 @@ class Session {
                  ch_.peer(), root.getCommit().getVersion(), version_);
           }
           const auto commit_start = Clock::now();
+          const auto prints = root.getCommit().getFingerprints();
+          if (prints_at_commit_) {
+            std::vector<std::uint64_t> values;
+            values.reserve(prints.size());
+            for (auto v : prints) values.push_back(v);
+            update_->attach_direct_fingerprints(values);
+          } else if (prints.size() != 0) {
+            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit: fingerprints that the Begin did not announce",
+                 ch_.peer());
+          }
           const auto report = update_->commit();
           logger("session")->debug(
               "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
@@ -611,6 +629,7 @@ class Session {
   std::vector<std::vector<std::uint8_t>> region_keys_;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations_;
   bool direct_ = false;
+  bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
   std::atomic<bool> apply_refused_{false};
 };
 

@@ -29,7 +29,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
+#include <string_view>
 #include <thread>
+#include <unordered_set>
 
 #include "common/log.hpp"
 #include "config/config.hpp"
@@ -177,7 +179,7 @@ struct PushPlan {
 };
 
 // The manifest of bucket `k`: its tensors at their offsets in the bucket, with `prints` (one
-// per tensor of the push) as their fingerprints.
+// per tensor of the push) as their fingerprints; none when `prints` is empty.
 std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
                                           std::span<const TensorView> tensors,
                                           std::uint64_t version, const std::string& label,
@@ -198,7 +200,7 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
     e.shape = t.shape;
     e.offset = offset;
     e.size = byte_size(t.dtype, t.shape).value_or(0);
-    e.fingerprint = prints[index];
+    if (!prints.empty()) e.fingerprint = prints[index];
     m.tensors.push_back(std::move(e));
   }
   return manifest::encode(m);
@@ -206,17 +208,6 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
-// The tensors' names, dtypes and shapes in order: what a session's handshake was made for.
-std::string catalog_text(std::span<const TensorView> tensors) {
-  std::string out;
-  for (const auto& t : tensors) {
-    out += t.name;
-    out += fmt::format("\x1f{}", static_cast<unsigned>(t.dtype));
-    for (auto d : t.shape) out += fmt::format(",{}", d);
-    out += '\x1e';
-  }
-  return out;
-}
 
 // A session kept after its commit for the next push to the same receiver (docs/
 // session-protocol.md, "Kept sessions"): its handshake, its data path's connect and whatever
@@ -230,6 +221,7 @@ struct Link {
   bool keep = false;    // the receiver keeps the session (Welcome.keepSession)
   bool direct = false;  // direct delivery was chosen in the handshake
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
+  bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
   // Set by the watcher, read after stop_watching(): the session is gone, and why.
   bool closed = false;
@@ -244,16 +236,27 @@ struct Link {
     channel.reset();
   }
 
-  // What the handshake was made for, and whether a push fits it.
+  // What the handshake was made for (the catalog: names, dtypes, shapes in order), and whether
+  // a push fits it.
   void remember(std::span<const TensorView> tensors, const PushPlan& plan) {
-    catalog_ = catalog_text(tensors);
+    catalog_.clear();
+    catalog_.reserve(tensors.size());
+    for (const auto& t : tensors) catalog_.push_back({t.name, t.dtype, t.shape});
     capacity_ = plan.capacity;
     device_ = plan.device;
     cuda_tensors_ = plan.cuda_tensors;
   }
   bool fits(std::span<const TensorView> tensors, const PushPlan& plan) const {
-    return plan.capacity <= capacity_ && plan.device == device_ &&
-           plan.cuda_tensors == cuda_tensors_ && catalog_text(tensors) == catalog_;
+    if (plan.capacity > capacity_ || plan.device != device_ ||
+        plan.cuda_tensors != cuda_tensors_ || tensors.size() != catalog_.size()) {
+      return false;
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      const auto& c = catalog_[i];
+      if (t.dtype != c.dtype || t.name != c.name || t.shape != c.shape) return false;
+    }
+    return true;
   }
 
   // After a commit, before the session is kept: the data path lets go of the push's tensors.
@@ -316,7 +319,12 @@ struct Link {
                            seconds_since(start) * 1e3);
   }
 
-  std::string catalog_;
+  struct Described {
+    std::string name;
+    ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+    std::vector<std::uint64_t> shape;
+  };
+  std::vector<Described> catalog_;
   std::uint64_t capacity_ = 0;
   int device_ = -1;
   bool cuda_tensors_ = false;
@@ -770,6 +778,7 @@ struct Sender::Impl {
       writer_prints = direct && data->fingerprints_pieces();
       if (!writer_prints) plan.seal();
       link.keep = w.getKeepSession();
+      link.prints_at_commit = w.getFingerprintsAtCommit();
       if (!direct && config.update.delivery == config::Delivery::direct) {
         fail(FERRY_STATUS_INCOMPATIBLE,
              "{}: update.delivery is \"direct\", but the receiver offers no direct delivery over "
@@ -799,6 +808,10 @@ struct Sender::Impl {
     SenderDataPath* data = link.data.get();
     const bool direct = link.direct;
     const bool writer_prints = link.writer_prints;
+    // The copies' fingerprints go with the Commit, and each bucket is announced as soon as its
+    // copies are queued (Begin.fingerprintsAtCommit): the receiver records it while the copies
+    // run, and only the Commit waits for them.
+    const bool prints_at_commit = writer_prints && link.prints_at_commit;
     const auto& destinations = link.destinations;
     // Phase timings for --log-level debug (where a push spends its time, per receiver).
     const auto session_start = Clock::now();
@@ -835,6 +848,7 @@ struct Sender::Impl {
       b.setViaPut(data->uses_put());
       b.setDirect(direct);
       b.setWriterFingerprints(writer_prints);
+      b.setFingerprintsAtCommit(prints_at_commit);
       ch.send(m, deadline_in(options.bucket_timeout), "begin");
       auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
       auto root = msg->root();
@@ -877,7 +891,7 @@ struct Sender::Impl {
       }
       return pieces;
     };
-    // Announces bucket k (its bytes are in place).
+    // Announces bucket k: its bytes are in place, or (prints_at_commit) its copies are queued.
     auto announce = [&](std::uint32_t k, Clock::time_point deadline) {
       const std::string phase = fmt::format("bucket {}", k);
       const std::uint32_t slot = k % kSlots;
@@ -887,7 +901,10 @@ struct Sender::Impl {
       br.setIndex(k);
       br.setSlot(slot);
       br.setBytes(b.bytes);
-      if (writer_prints) {
+      if (prints_at_commit) {
+        const auto manifest = bucket_manifest(plan, k, tensors, version, label, {});
+        br.setManifest(kj::arrayPtr(manifest.data(), manifest.size()));
+      } else if (writer_prints) {
         // The fingerprints of bucket k's copies are in: its manifest carries them.
         const auto manifest = bucket_manifest(plan, k, tensors, version, label, session_prints);
         br.setManifest(kj::arrayPtr(manifest.data(), manifest.size()));
@@ -940,7 +957,34 @@ struct Sender::Impl {
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       };
       auto deadline = deadline_in(options.bucket_timeout);
-      for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (std::size_t g = 0; g < groups.size() && prints_at_commit; ++g) {
+        // Announced as queued; at most kSlots groups unfinished, and a group's acks are awaited
+        // once its copies completed (bounding what is in flight).
+        if (g >= kSlots) {
+          const auto deliver_start = Clock::now();
+          data->finish_pieces(deadline, group_name(g - kSlots));
+          deliver_s += seconds_since(deliver_start);
+          while (acked < groups[g - kSlots].second) await_ack();
+        }
+        const auto deliver_start = Clock::now();
+        std::vector<TensorPiece> pieces;
+        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
+          auto more = pieces_of(plan.buckets[k]);
+          pieces.insert(pieces.end(), more.begin(), more.end());
+        }
+        deadline = deadline_in(options.bucket_timeout);
+        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
+                           std::move(pieces), deadline, group_name(g));
+        deliver_s += seconds_since(deliver_start);
+        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
+      }
+      for (std::size_t g = groups.size() > kSlots ? groups.size() - kSlots : 0;
+           g < groups.size() && prints_at_commit; ++g) {
+        const auto deliver_start = Clock::now();
+        data->finish_pieces(deadline_in(options.bucket_timeout), group_name(g));
+        deliver_s += seconds_since(deliver_start);
+      }
+      for (std::size_t g = 0; g < groups.size() && !prints_at_commit; ++g) {
         if (g >= kSlots) {
           while (acked < groups[g - kSlots].second) await_ack();
         }
@@ -956,7 +1000,7 @@ struct Sender::Impl {
         if (g > 0) finish_and_announce(g - 1, deadline);
         deadline = deadline_in(options.bucket_timeout);
       }
-      if (!groups.empty()) finish_and_announce(groups.size() - 1, deadline);
+      if (!groups.empty() && !prints_at_commit) finish_and_announce(groups.size() - 1, deadline);
     }
     for (std::uint32_t k = 0; k < count && !direct; ++k) {
       const std::string phase = fmt::format("bucket {}", k);
@@ -997,7 +1041,18 @@ struct Sender::Impl {
     const auto commit_start = Clock::now();
     {
       capnp::MallocMessageBuilder m;
-      m.initRoot<wire::Message>().initCommit().setVersion(version);
+      auto commit = m.initRoot<wire::Message>().initCommit();
+      commit.setVersion(version);
+      if (prints_at_commit) {
+        // Every copy completed (finish_pieces): the fingerprints are in.
+        std::uint32_t entries = 0;
+        for (const auto& b : plan.buckets) entries += static_cast<std::uint32_t>(b.items.size());
+        auto list = commit.initFingerprints(entries);
+        std::uint32_t at = 0;
+        for (const auto& b : plan.buckets) {
+          for (const auto& item : b.items) list.set(at++, session_prints[item.first]);
+        }
+      }
       ch.send(m, deadline_in(options.commit_timeout), "commit");
       auto msg = ch.recv(deadline_in(options.commit_timeout), "commit");
       auto root = msg->root();
@@ -1036,7 +1091,8 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
   if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
   for (const auto& r : i.options.receivers) parse_address(r);
-  std::set<std::string> names;
+  std::unordered_set<std::string_view> names;
+  names.reserve(tensors.size());
   std::uint64_t largest = 0;
   std::uint64_t total = 0;
   for (const auto& t : tensors) {

@@ -66,6 +66,8 @@ struct Welcome {
   # The receiver keeps the session (Hello.keepSession): after Committed it waits for the next
   # Begin. Until then it holds no update lock; it may end the session with Closing.
   keepSession @12 :Bool;
+  # The receiver takes writer fingerprints with the Commit (Begin.fingerprintsAtCommit).
+  fingerprintsAtCommit @13 :Bool;
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.
@@ -85,6 +87,11 @@ struct Begin {
   # from the words as it stored them (one read of the data; FERRY_TRANSPORT_CAP_PUT_FINGERPRINT).
   # The receiver may take them as the fingerprints of what was written (update.direct_verify).
   writerFingerprints @6 :Bool;
+  # With writerFingerprints (and Welcome.fingerprintsAtCommit): the bucket manifests carry no
+  # fingerprints and each BucketReady goes out as soon as its copies are queued, before they
+  # complete; the Commit, sent once every copy completed, carries the copies' fingerprints.
+  # Nothing written in place is read before the Commit, so the early announcement is safe.
+  fingerprintsAtCommit @7 :Bool;
 }
 
 struct Ready {
@@ -109,6 +116,9 @@ struct Ack {
 
 struct Commit {
   version @0 :UInt64;
+  # Begin.fingerprintsAtCommit: the writing copies' fingerprint of every manifest entry, buckets
+  # in order, entries in manifest order.
+  fingerprints @1 :List(UInt64);
 }
 
 struct Committed {

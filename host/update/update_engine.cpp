@@ -592,6 +592,34 @@ void UpdateEngine::record_direct_bucket_impl(const std::span<const std::uint8_t>
   }
 }
 
+void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> prints) {
+  std::lock_guard lock(op_mutex_);
+  {
+    std::lock_guard state(state_mutex_);
+    if (!active_ || !direct_writes_) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "attach_direct_fingerprints: no update with direct writes is active");
+    }
+  }
+  try {
+    if (prints.size() != in_place_.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{} writer fingerprints for {} tensors written in place", prints.size(),
+           in_place_.size());
+    }
+    for (std::size_t i = 0; i < prints.size(); ++i) {
+      if (in_place_[i].expected) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}': a second fingerprint from its writer",
+             in_place_[i].name);
+      }
+      in_place_[i].expected = prints[i];
+    }
+  } catch (const std::exception& e) {
+    fail_locked("at commit (writer fingerprints)", e.what());
+    throw;
+  }
+}
+
 std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked() {
   std::vector<std::optional<std::uint64_t>> known(targets_.size());
   if (in_place_.empty()) return known;
@@ -602,6 +630,11 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
   std::vector<std::size_t> reread;  // indices into in_place_
   for (std::size_t i = 0; i < in_place_.size(); ++i) {
     const auto& w = in_place_[i];
+    if (writer_fingerprints_ && !w.expected) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "tensor '{}' was written in place without a fingerprint from the copy that wrote it",
+           w.name);
+    }
     if (trusted && w.expected) {
       if (w.whole) known[w.param] = *w.expected;
       continue;

@@ -144,6 +144,11 @@ class UpdateEngine {
   void record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
   // The same for a manifest the caller decoded already (manifest::decode validated it).
   void record_direct_bucket(const manifest::Manifest& decoded);
+  // Writer fingerprints that came after their buckets (the session's Commit): one per entry
+  // recorded by record_direct_bucket, in recording order, for entries that had none. A count
+  // that differs, or an entry given one twice, is CORRUPT_DATA and ends the update. With writer
+  // fingerprints (begin_direct_writes(true)), commit fails for any entry still without one.
+  void attach_direct_fingerprints(std::span<const std::uint64_t> prints);
 
   // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.

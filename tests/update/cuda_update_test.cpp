@@ -314,6 +314,77 @@ TEST_F(CudaUpdate, WriterFingerprintsAreTakenWhenTrustedAndRereadOtherwise) {
   }
 }
 
+// Writer fingerprints that come with the Commit (the session's Begin.fingerprintsAtCommit):
+// bucket manifests without fingerprints are recorded, then the prints are attached in recording
+// order. Attached right, they are published (trusted) or checked against a reread (one wrong
+// byte caught); missing, or of the wrong count, the update fails and version 1 stays.
+TEST_F(CudaUpdate, FingerprintsThatComeWithTheCommitAreCheckedAndRequired) {
+  const auto descs = testing::descs_of(layout);
+  const auto v2 = buckets_for(layout, 2);
+  const auto weights = random_weights(layout, 2);
+  enum class Case { attached, attached_reread_wrong_byte, missing, wrong_count };
+  for (const Case c : {Case::attached, Case::attached_reread_wrong_byte, Case::missing,
+                       Case::wrong_count}) {
+    SCOPED_TRACE(static_cast<int>(c));
+    IdentityPlans plans(layout);
+    UpdateOptions options;
+    options.trust_writer_fingerprints = c != Case::attached_reread_wrong_byte;
+    UpdateEngine engine(cuda_store, plans, options);
+    apply(engine, 1, buckets_for(layout, 1), Source::pageable);
+    const auto dests = engine.direct_destinations(descs);
+    engine.begin(2, "v2");
+    engine.begin_direct_writes(/*writer_fingerprints=*/true);
+    std::vector<std::uint64_t> prints;
+    for (std::size_t k = 0; k < v2.size(); ++k) {
+      auto without = v2[k].manifest;
+      for (auto& e : without.tensors) {
+        prints.push_back(*e.fingerprint);
+        e.fingerprint.reset();
+        std::vector<std::byte> bytes(
+            v2[k].bytes.begin() + static_cast<std::ptrdiff_t>(e.offset),
+            v2[k].bytes.begin() + static_cast<std::ptrdiff_t>(e.offset + e.size));
+        if (c == Case::attached_reread_wrong_byte && k == 1 && &e == &without.tensors.front()) {
+          bytes[0] ^= std::byte{1};
+        }
+        std::size_t at = 0;
+        while (layout[at].name != e.name) ++at;
+        ASSERT_CUDA(cudaMemcpy(dests[at]->data, bytes.data(), bytes.size(),
+                               cudaMemcpyHostToDevice));
+      }
+      engine.record_direct_bucket(without);
+    }
+    if (c == Case::attached) {
+      engine.attach_direct_fingerprints(prints);
+      engine.commit();
+      EXPECT_EQ(engine.version().number, 2u);
+      for (const auto& p : layout) {
+        const auto& want = weights.at(p.name);
+        EXPECT_EQ(engine.fingerprints().at(p.name),
+                  kernels::fingerprint_cpu(want.data(), want.size()))
+            << p.name;
+      }
+      continue;
+    }
+    Error error(FERRY_STATUS_OK, "");
+    if (c == Case::wrong_count) {
+      prints.pop_back();
+      error = testing::error_of([&] { engine.attach_direct_fingerprints(prints); });
+      EXPECT_NE(std::string(error.what()).find("writer fingerprints for"), std::string::npos)
+          << error.what();
+    } else {
+      if (c == Case::attached_reread_wrong_byte) engine.attach_direct_fingerprints(prints);
+      error = testing::error_of([&] { engine.commit(); });
+      if (c == Case::missing) {
+        EXPECT_NE(std::string(error.what()).find("without a fingerprint"), std::string::npos)
+            << error.what();
+      }
+    }
+    EXPECT_EQ(error.code(), FERRY_STATUS_CORRUPT_DATA) << error.what();
+    EXPECT_EQ(engine.version().number, 1u);
+    EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  }
+}
+
 // The wrapping sum of the 32-bit words of `bytes` (what the graph kernel computes).
 unsigned long long word_sum(const std::vector<std::byte>& bytes) {
   unsigned long long sum = 0;
