@@ -81,6 +81,10 @@ class ReceiverDataPath {
   virtual void receive(Channel& channel, std::uint32_t slot, std::uint32_t bucket_index,
                        std::uint64_t bytes, bool data_follows, Clock::time_point deadline,
                        const std::string& phase) = 0;
+  // Direct delivery was chosen for a kept session: no bucket will ever be in a slot, so their
+  // memory goes (an idle session then holds none of the GPU's memory). slot() must not be
+  // called afterwards; slot_count() is unchanged (slot numbers still label buckets).
+  virtual void release_slots() noexcept {}
   virtual void abort(const std::string& /*reason*/) noexcept {}
 };
 

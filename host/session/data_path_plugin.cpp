@@ -208,6 +208,15 @@ class PluginInstance {
     return buffers_.at(index).bytes();
   }
 
+  // The staging slots go: deregistered, then freed (receiver, direct delivery).
+  void release_slots() noexcept {
+    if (api_->deregister_memory != nullptr) {
+      for (auto* m : memory_) api_->deregister_memory(transport_, m);
+    }
+    memory_.clear();
+    buffers_.clear();
+  }
+
   // Drops the registrations of tensors' memory (the tensors need not outlive a push).
   void forget_local() noexcept {
     if (api_->deregister_memory != nullptr) {
@@ -343,7 +352,7 @@ class PluginReceiverPath final : public ReceiverDataPath {
     }
   }
   std::string name() const override { return p_.name_; }
-  std::size_t slot_count() const override { return p_.buffers_.size(); }
+  std::size_t slot_count() const override { return p_.slots_; }
   std::span<std::byte> slot(std::uint32_t index) override {
     return p_.buffers_.at(index).bytes();
   }
@@ -397,6 +406,14 @@ class PluginReceiverPath final : public ReceiverDataPath {
     p_.finish(request, deadline, "recv_bucket of bucket " + std::to_string(bucket_index));
   }
   void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+  void release_slots() noexcept override {
+    for (auto*& r : posted_) {
+      if (r != nullptr && p_.api_->request_free != nullptr) p_.api_->request_free(p_.transport_, r);
+      r = nullptr;
+    }
+    posted_index_.clear();
+    p_.release_slots();
+  }
 
  private:
   PluginInstance p_;

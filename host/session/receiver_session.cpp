@@ -375,6 +375,12 @@ class Session {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
            ch_.peer(), phase);
     }
+    if (slots_released_ && !direct_) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: {}: staged delivery announced in a session that delivered directly (its staging "
+           "slots are gone)",
+           ch_.peer(), phase);
+    }
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && b.getWriterFingerprints())) {
       fail(FERRY_STATUS_CORRUPT_DATA,
@@ -593,6 +599,12 @@ class Session {
           // Not before the Committed is out: a Closing must never overtake it.
           if (keep_) link_.set_idle();
           update_.reset();
+          // Direct delivery is the session's for good (the handshake decided): a kept session
+          // needs no staging slots, and their memory is the engine's again.
+          if (keep_ && direct_) {
+            data_->release_slots();
+            slots_released_ = true;
+          }
           return;
         }
         case Which::ABORT:
@@ -630,6 +642,7 @@ class Session {
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations_;
   bool direct_ = false;
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
+  bool slots_released_ = false;    // a kept direct session let its staging slots go
   std::atomic<bool> apply_refused_{false};
 };
 

@@ -72,7 +72,7 @@ struct HashedOp {
 
 // Both kernels' parameter (16 KiB for 512 ops, within the 32 KiB CUDA 12.1+ allows).
 struct HashedBatch {
-  HashedOp ops[kMaxCopyOps];  // `n` entries in order of first_chunk
+  const HashedOp* ops;     // `n` entries (device memory) in order of first_chunk
   std::uint64_t n;
   std::uint64_t chunks;    // of all ops together
   std::uint64_t* hashes;   // `chunks` entries (device scratch)
@@ -153,29 +153,39 @@ cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t str
   return cudaGetLastError();
 }
 
+std::size_t fingerprinted_copy_staging_bytes(std::size_t n) { return n * sizeof(HashedOp); }
+
 cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
-                                      std::uint64_t* device_results, cudaStream_t stream) {
+                                      std::uint64_t* device_results, void* pinned_staging,
+                                      cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (n > kMaxCopyOps || device_results == nullptr) return cudaErrorInvalidValue;
+  if (device_results == nullptr || pinned_staging == nullptr) return cudaErrorInvalidValue;
+  auto* table = static_cast<HashedOp*>(pinned_staging);
   HashedBatch batch{};
   std::uint64_t chunks = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    batch.ops[i] = {static_cast<const unsigned char*>(ops[i].src),
-                    static_cast<unsigned char*>(ops[i].dst), ops[i].bytes, chunks};
+    table[i] = {static_cast<const unsigned char*>(ops[i].src),
+                static_cast<unsigned char*>(ops[i].dst), ops[i].bytes, chunks};
     // ceil(bytes / C) without overflowing near 2^64.
     chunks += ops[i].bytes / fp::kChunkBytes + (ops[i].bytes % fp::kChunkBytes != 0 ? 1 : 0);
   }
   // The grid is 1-D: 2^31 - 1 blocks of kGroupsPerBlock groups.
   constexpr std::uint64_t kMaxGroups = 0x7fffffffull * kGroupsPerBlock;
   if (chunks > kMaxGroups) return cudaErrorInvalidValue;
+  if (n > kMaxGroups) return cudaErrorInvalidValue;
   batch.n = n;
   batch.chunks = chunks;
   batch.results = device_results;
-  cudaError_t err = cudaSuccess;
-  if (chunks > 0) {
-    err = cudaMallocAsync(reinterpret_cast<void**>(&batch.hashes),
-                          chunks * sizeof(std::uint64_t), stream);
-    if (err != cudaSuccess) return err;
+  // One scratch allocation: the op table, then a hash per chunk.
+  const std::size_t table_bytes = fingerprinted_copy_staging_bytes(n);
+  unsigned char* scratch = nullptr;
+  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&scratch),
+                                    table_bytes + chunks * sizeof(std::uint64_t), stream);
+  if (err != cudaSuccess) return err;
+  batch.ops = reinterpret_cast<const HashedOp*>(scratch);
+  batch.hashes = chunks > 0 ? reinterpret_cast<std::uint64_t*>(scratch + table_bytes) : nullptr;
+  err = cudaMemcpyAsync(scratch, table, table_bytes, cudaMemcpyHostToDevice, stream);
+  if (err == cudaSuccess && chunks > 0) {
     copy_chunk_kernel<<<hash_blocks_for(chunks), kHashThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
@@ -183,10 +193,8 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
     combine_kernel<<<hash_blocks_for(n), kHashThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
-  if (batch.hashes != nullptr) {
-    const cudaError_t free_err = cudaFreeAsync(batch.hashes, stream);
-    if (err == cudaSuccess) err = free_err;
-  }
+  const cudaError_t free_err = cudaFreeAsync(scratch, stream);
+  if (err == cudaSuccess) err = free_err;
   return err;
 }
 

@@ -26,15 +26,23 @@ inline constexpr std::size_t kMaxCopyOps = 512;
 // memory of the current device (or mapped into it) on both sides. Returns the launch's error.
 cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t stream);
 
+// Bytes of page-locked host memory launch_fingerprinted_copy stages its op table through.
+std::size_t fingerprinted_copy_staging_bytes(std::size_t n);
+
 // Copies like launch_batch_copy and writes each op's fingerprint (xxh64-chunked-v1 of the bytes
 // copied, the value ferry::kernels::fingerprint_cpu gives for them) to device_results[i]
-// (device memory, n entries), reading each source byte once. n: 1 .. kMaxCopyOps (0 enqueues
-// nothing; more, or a null device_results, is refused with cudaErrorInvalidValue). No op's source
-// may overlap any op's destination (sources are read through the read-only cache). Two launches
-// and a stream-ordered scratch allocation (8 bytes per MiB) on `stream`; the results are there
-// once the stream reaches them. A chunk's 1 MiB is hashed by four threads in sequence, so a
-// launch with few chunks is bounded by one chunk's time, not by memory bandwidth.
+// (device memory, n entries), reading each source byte once. Any n (0 enqueues nothing; a null
+// device_results or pinned_staging is refused with cudaErrorInvalidValue): the op table goes
+// to the device through `pinned_staging`, page-locked host memory of at least
+// fingerprinted_copy_staging_bytes(n) bytes (8-byte aligned) that must stay untouched until
+// the stream has passed the launch. One launch takes every op because a chunk's 1 MiB is
+// hashed by four threads in sequence: a launch needs thousands of chunks to fill the GPU, and
+// splitting a batch (a parameter table holds 512 ops) ran a 4 GiB group of 4 MiB tensors ~25%
+// slower. No op's source may overlap any op's destination (sources are read through the
+// read-only cache). A table copy, two launches and a stream-ordered scratch allocation (the
+// table, and 8 bytes per MiB) on `stream`; the results are there once the stream reaches them.
 cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
-                                      std::uint64_t* device_results, cudaStream_t stream);
+                                      std::uint64_t* device_results, void* pinned_staging,
+                                      cudaStream_t stream);
 
 }  // namespace ferry::cuda_ipc

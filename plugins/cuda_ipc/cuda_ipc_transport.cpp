@@ -820,18 +820,18 @@ void ferry_transport::issue_pending_locked() {
   if (!print_ops.empty()) {
     const std::size_t n = print_ops.size();
     PrintBatch batch;
-    std::tie(batch.host, batch.capacity) = take_pinned_prints(n);
+    // One pinned array: the n fingerprints read back, then the kernel's op table.
+    const std::size_t table_words =
+        (fingerprinted_copy_staging_bytes(n) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t);
+    std::tie(batch.host, batch.capacity) = take_pinned_prints(n + table_words);
     std::uint64_t* device_prints = nullptr;
     try {
       check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
                                stream_),
                "cudaMallocAsync (fingerprints)");
-      for (std::size_t first = 0; first < n; first += kMaxCopyOps) {
-        const std::size_t m = std::min(kMaxCopyOps, n - first);
-        check_rt(launch_fingerprinted_copy(print_ops.data() + first, m, device_prints + first,
-                                           stream_),
-                 "the fingerprinting copy kernel into the peer's memory");
-      }
+      check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n,
+                                         stream_),
+               "the fingerprinting copy kernel into the peer's memory");
       check_rt(cudaMemcpyAsync(batch.host, device_prints, n * sizeof(std::uint64_t),
                                cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync (fingerprint read-back)");

@@ -81,7 +81,20 @@ void run_batch(const std::vector<Case>& cases, Launch launch) {
   if (launch == Launch::kCopy) {
     ASSERT_CUDA(launch_batch_copy(ops.data(), ops.size(), stream));
   } else {
-    ASSERT_CUDA(launch_fingerprinted_copy(ops.data(), ops.size(), device_results, stream));
+    // The op table's staging: page-locked, and poisoned to show it is rewritten.
+    void* staging = nullptr;
+    const std::size_t staging_bytes = std::max<std::size_t>(
+        fingerprinted_copy_staging_bytes(ops.size()), 1);
+    ASSERT_CUDA(cudaMallocHost(&staging, staging_bytes));
+    std::memset(staging, 0xCD, staging_bytes);
+    EXPECT_EQ(launch_fingerprinted_copy(ops.data(), ops.size(), device_results, nullptr, stream),
+              ops.empty() ? cudaSuccess : cudaErrorInvalidValue);
+    const cudaError_t launched =
+        launch_fingerprinted_copy(ops.data(), ops.size(), device_results, staging, stream);
+    const cudaError_t done = cudaStreamSynchronize(stream);
+    ASSERT_CUDA(cudaFreeHost(staging));
+    ASSERT_CUDA(launched);
+    ASSERT_CUDA(done);
   }
   ASSERT_CUDA(cudaStreamSynchronize(stream));
   ASSERT_CUDA(cudaStreamDestroy(stream));
@@ -170,13 +183,13 @@ TEST(FingerprintedCopy, EverySizeWithUnequalAlignmentsLandsAndHashesLikeTheCpu) 
             Launch::kFingerprintedCopy);
 }
 
-TEST(FingerprintedCopy, FiveHundredOpsOfMixedSizesInOneLaunch) {
+TEST(FingerprintedCopy, ThreeThousandOpsOfMixedSizesInOneLaunch) {
   // Mostly small ops, every 50th spanning several chunks and every 37th empty, so chunks find
-  // their op among neighbours of every kind.
+  // their op among neighbours of every kind; more ops than a kernel parameter table holds.
   std::vector<Case> cases;
   std::mt19937_64 rng(11);
   std::uint64_t cursor = 0;
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 3000; ++i) {
     Case c;
     c.bytes = rng() % 5000;
     if (i % 50 == 0) c.bytes = kMiB + rng() % (3 * kMiB);
@@ -199,16 +212,19 @@ TEST(FingerprintedCopy, EmptyOpsGetTheFingerprintOfNoBytes) {
   run_batch({{0, 0, 0}, {3, 8, 0}, {0, 64, 0}}, Launch::kFingerprintedCopy);
 }
 
-TEST(FingerprintedCopy, NoOpsEnqueueNothingAndTooManyOrNoResultsAreRefused) {
-  std::vector<CopyOp> ops(kMaxCopyOps + 1);
+TEST(FingerprintedCopy, NoOpsEnqueueNothingAndNoResultsOrStagingAreRefused) {
+  std::vector<CopyOp> ops(4);
   DeviceBuffer results(sizeof(std::uint64_t) * ops.size());
   ASSERT_NE(results.get(), nullptr);
   auto* device_results = reinterpret_cast<std::uint64_t*>(results.get());
-  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), ops.size(), device_results, nullptr),
+  std::vector<std::uint64_t> staging(fingerprinted_copy_staging_bytes(ops.size()) / 8 + 1);
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 1, nullptr, staging.data(), nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 1, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 1, device_results, nullptr, nullptr),
+            cudaErrorInvalidValue);
   ASSERT_CUDA(cudaMemset(results.get(), 0xAB, sizeof(std::uint64_t)));
-  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 0, device_results, nullptr), cudaSuccess);
+  EXPECT_EQ(launch_fingerprinted_copy(ops.data(), 0, device_results, nullptr, nullptr),
+            cudaSuccess);
   ASSERT_CUDA(cudaDeviceSynchronize());
   std::uint64_t untouched = 0;
   ASSERT_CUDA(cudaMemcpy(&untouched, device_results, sizeof untouched, cudaMemcpyDeviceToHost));

@@ -8,7 +8,9 @@
 // restarted receiver imports afresh and commits. The round trips run in both delivery modes:
 // direct (the sender writes each tensor straight into the receiver's parameters) and staged
 // (through the receiver's device slots); a sender killed while writing in place leaves the
-// receiver rolled back. Exits 77 (skip) without a CUDA device.
+// receiver rolled back. Sessions are kept between pushes: a release of the receiver's memory
+// closes the kept session first, and the memory is free when it returns. Exits 77 (skip)
+// without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -463,6 +465,42 @@ TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
       << "new mappings:"
       << new_mappings(receiver_maps_kinds, mapping_kinds(receiver_proc / "maps"));
   EXPECT_EQ(settled(used, [] { return device_used(); }), used);
+}
+
+// A kept session shares the receiver's weights with the sender (the sender maps them): a
+// release first closes it, and the sender unmaps before the receiver lets the release go on,
+// so the device memory is free when the release returns. The next push opens a new session.
+TEST_F(SessionCudaIpc, ReleaseClosesTheKeptSessionAndFreesTheWeightsDeviceMemory) {
+  DeviceTensors tensors(4, (64ull << 20) / 4);  // 256 MiB
+  tensors.fill(1);
+  ServeProcess serve(gpu_receiver());
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 256ull << 20));
+  const auto views = tensors.views();
+  expect_committed(sender.push(views, 1), 1, true);
+  tensors.fill(2);
+  const auto second = sender.push(views, 2);
+  expect_committed(second, 2, true);
+  EXPECT_TRUE(second.receivers[0].reused_session);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+
+  const std::uint64_t used = device_used();
+  const Reply release =
+      serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth());
+  ASSERT_EQ(release.status, 200) << release.text;
+  const std::uint64_t after = device_used();
+  EXPECT_GE(used - std::min(used, after), tensors.payload() * 9 / 10)
+      << "device memory in use went from " << used << " to " << after
+      << " bytes: someone still holds the released weights\n"
+      << serve.log();
+
+  const Reply resume =
+      serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth());
+  ASSERT_EQ(resume.status, 200) << resume.text;
+  tensors.fill(3);
+  const auto third = sender.push(views, 3);
+  expect_committed(third, 3, true);
+  EXPECT_FALSE(third.receivers[0].reused_session);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
 }
 
 TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {
