@@ -861,14 +861,15 @@ void Receiver::StreamingUpdate::abort(const std::string& reason) {
 }
 
 std::unique_ptr<Receiver::StreamingUpdate> Receiver::open_session(
-    std::span<const ferry_tensor_desc_t> catalog, const std::string& config_json) {
+    std::span<const ferry_tensor_desc_t> catalog, const std::string& config_json,
+    const std::string* catalog_key) {
   auto& s = *state_;
   std::unique_lock lock(s.update_mutex, std::try_to_lock);
   if (!lock.owns_lock()) fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
   if (catalog.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "the sender's catalog is empty");
   // The same tensor list as the last session's (the usual case: every push of a training run)
   // was checked then; only a different one is built, validated and checked (~1 us per tensor).
-  std::string key = manifest::catalog_key(catalog);
+  std::string key = catalog_key != nullptr ? *catalog_key : manifest::catalog_key(catalog);
   if (s.engine && !s.accepted_catalog.empty() && key == s.accepted_catalog) {
     s.require_weights_resident();
     return std::unique_ptr<StreamingUpdate>(

@@ -158,8 +158,11 @@ class Receiver {
   // runs) and checks `catalog` (the sender's checkpoint tensors: name, dtype, shape) against this
   // receiver's layout, creating the layout from it when there is none yet (`config_json`: the
   // checkpoint's config.json text, or empty). INCOMPATIBLE naming the first differing tensor.
+  // `catalog_key`: manifest::catalog_key(catalog) when the caller keeps it (a kept session's
+  // later updates), else computed here.
   std::unique_ptr<StreamingUpdate> open_session(std::span<const ferry_tensor_desc_t> catalog,
-                                                const std::string& config_json);
+                                                const std::string& config_json,
+                                                const std::string* catalog_key = nullptr);
 
   // get_weights_by_name: `name` is a checkpoint name, mapped through the layout.
   WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;

@@ -341,7 +341,8 @@ class Session {
   // shared in the handshake is still what the receiver's parameters live in.
   void reopen(const std::string& phase) {
     try {
-      update_ = receiver_.open_session(descs_, config_json_);
+      if (catalog_key_.empty()) catalog_key_ = manifest::catalog_key(descs_);
+      update_ = receiver_.open_session(descs_, config_json_, &catalog_key_);
     } catch (const Error& e) {
       fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
     }
@@ -627,6 +628,7 @@ class Session {
   std::vector<std::string> names_;
   std::vector<ferry_tensor_desc_t> descs_;  // names point into names_
   std::string config_json_;
+  std::string catalog_key_;  // manifest::catalog_key(descs_), made at the first reopen
   bool keep_ = false;        // kept after each commit (both sides agreed)
   std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;

@@ -270,7 +270,9 @@ class UpdateEngine {
   std::string active_label_;
   WeightVersion published_;
   std::optional<std::string> fence_;
-  std::map<std::string, std::uint64_t> fingerprints_;
+  // The published fingerprints by layout index (fingerprints() pairs them with the names).
+  std::vector<std::string> fingerprint_names_;
+  std::vector<std::uint64_t> fingerprint_values_;
   std::vector<std::string> health_tags_;  // copy of layout_tags_ for health()
   UpdateMetrics metrics_;
 };
