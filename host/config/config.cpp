@@ -236,6 +236,8 @@ const std::vector<Key>& keys() {
                                  kMaxThreads),
       boolean_key("update.verify_fingerprints",
                   [](Config& c) -> auto& { return c.update.verify_fingerprints; }),
+      boolean_key("update.keep_sessions",
+                  [](Config& c) -> auto& { return c.update.keep_sessions; }),
       choice_key("update.delivery", +[](Config& c) -> Delivery& { return c.update.delivery; },
                  kDeliveries),
       choice_key("update.direct_verify",

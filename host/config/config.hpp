@@ -62,6 +62,9 @@ struct UpdateConfig {
   bool verify_fingerprints = true;
   Delivery delivery = Delivery::automatic;  // sender side: see Delivery
   DirectVerify direct_verify = DirectVerify::writer;  // receiver side: see DirectVerify
+  // Both sides: a session is kept after its commit for the sender's next push of the same
+  // tensors (the sender asks, the receiver agrees; docs/session-protocol.md, "Kept sessions").
+  bool keep_sessions = true;
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
 };

@@ -64,6 +64,7 @@ struct ReceiverEndpoint::Impl {
   Impl(receiver::Receiver& r, const config::Config& c, const registry::Registry& reg)
       : receiver(r), config(c), registry(reg) {
     settings.token = config.receiver.token;
+    settings.keep_sessions = config.update.keep_sessions;
     settings.bucket_timeout = std::chrono::milliseconds(config.update.bucket_timeout_ms);
     settings.commit_timeout = std::chrono::milliseconds(config.update.commit_timeout_ms);
     settings.hello_timeout =

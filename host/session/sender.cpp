@@ -417,6 +417,9 @@ struct Sender::Impl {
     return choice;
   }
 
+  // Both the options and the configuration (update.keep_sessions) allow it.
+  bool keep_sessions() const { return options.keep_sessions && config.update.keep_sessions; }
+
   void set_result(std::size_t i, const ReceiverResult& r) {
     std::lock_guard lock(mutex);
     results[i] = r;
@@ -539,7 +542,7 @@ struct Sender::Impl {
       result.error = fmt::format("receiver {}: {}", address, e.what());
     }
     track(false);
-    if (link && result.committed && link->keep && options.keep_sessions) {
+    if (link && result.committed && link->keep && keep_sessions()) {
       // Kept for the next push; meanwhile its watcher answers the receiver.
       link->forget_push();
       if (link->start_watching(address)) {
@@ -745,7 +748,7 @@ struct Sender::Impl {
       hello.setBucketBytes(plan.capacity);
       hello.setSlots(kSlots);
       hello.setDelivery(delivery_name(config.update.delivery));
-      hello.setKeepSession(options.keep_sessions);
+      hello.setKeepSession(keep_sessions());
       ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
     }
     {

@@ -75,6 +75,7 @@ struct SenderOptions {
   // receiver agreeing): that push needs no handshake, data path set-up or import of the
   // receiver's memory. Between pushes a thread per kept session answers the receiver, which
   // ends the session before it releases its memory (docs/session-protocol.md, "Kept sessions").
+  // The configuration's update.keep_sessions = false turns it off as well.
   bool keep_sessions = true;
 };
 

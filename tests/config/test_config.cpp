@@ -80,6 +80,7 @@ TEST(ConfigDefaults, MatchTheDocumentedValues) {
   EXPECT_EQ(c.update.read_threads, 0u);
   EXPECT_EQ(c.update.apply_threads, 0u);
   EXPECT_TRUE(c.update.verify_fingerprints);
+  EXPECT_TRUE(c.update.keep_sessions);
   EXPECT_EQ(c.update.delivery, fc::Delivery::automatic);
   EXPECT_EQ(c.update.direct_verify, fc::DirectVerify::writer);
   EXPECT_EQ(c.update.bucket_timeout_ms, 60000u);
@@ -323,6 +324,8 @@ TEST(ConfigOverride, BooleanKey) {
   fc::Config c;
   fc::apply_override(c, "update.verify_fingerprints=false");
   EXPECT_FALSE(c.update.verify_fingerprints);
+  fc::apply_override(c, "update.keep_sessions=false");
+  EXPECT_FALSE(c.update.keep_sessions);
   fc::apply_override(c, "update.verify_fingerprints=true");
   EXPECT_TRUE(c.update.verify_fingerprints);
 }

@@ -3,7 +3,7 @@
 // bit-identical; an idle kept session blocks no other update; a release of the receiver's memory
 // closes the kept session first (the sender lets go, the next push opens a new session); a
 // receiver killed between pushes makes the next push fail with its address, without hanging;
-// keep_sessions = false opens a session per push.
+// keep_sessions = false on either side opens a session per push.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -148,6 +148,18 @@ TEST_F(SessionKept, AReceiverKilledBetweenPushesFailsTheNextPushWithItsAddress) 
 TEST_F(SessionKept, WithoutKeepSessionsEveryPushOpensItsOwnSession) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
   auto sender = make_sender({address_of(serve)}, /*keep=*/false);
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  const auto second = push(*sender, versions_->v1, 3);
+  ASSERT_TRUE(second.committed) << second.error;
+  EXPECT_FALSE(second.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
+TEST_F(SessionKept, AReceiverThatKeepsNoSessionsGetsOnePerPush) {
+  auto options = receiver();
+  options.sets.push_back("update.keep_sessions=false");
+  ServeProcess serve(options);
+  auto sender = make_sender({address_of(serve)});
   ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
   const auto second = push(*sender, versions_->v1, 3);
   ASSERT_TRUE(second.committed) << second.error;
