@@ -588,12 +588,12 @@ void Receiver::release(const std::vector<std::string>& tags) {
     if (chosen.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "every tag is already released");
   }
   ++s.memory_epoch;
-  std::function<void(const std::string&)> hook;
   {
+    // Called under its mutex: set_release_hook({}) (an endpoint stopping) waits for a running
+    // hook, so the hook never outlives what it points into.
     std::lock_guard hook_lock(s.release_hook_mutex);
-    hook = s.release_hook;
+    if (s.release_hook) s.release_hook("the receiver releases its memory");
   }
-  if (hook) hook("the receiver releases its memory");
   s.store->release(chosen);
 }
 

@@ -179,7 +179,8 @@ class Receiver {
   // Called by release() with the update lock held, before any memory goes, with a reason to
   // give: the session endpoint ends its kept sessions there, so that no sender still maps memory
   // being released (an importer's mapping keeps the physical memory alive). One hook per
-  // receiver (its endpoint's); an empty function removes it. Must not call into the receiver.
+  // receiver (its endpoint's); an empty function removes it, after a running hook returned.
+  // Must not call into the receiver.
   void set_release_hook(std::function<void(const std::string& reason)> hook);
 
   // Fingerprints (docs/fingerprint.md) of every parameter, by parameter name.
