@@ -570,6 +570,7 @@ struct Sender::Impl {
   // memory: ~2 ms that are not part of any update) on a thread of its own.
   void retire(std::unique_ptr<Link> link) {
     auto teardown = [link = std::move(link)]() mutable {
+      if (!link) return;  // moved into a thread that could not be started, and destroyed there
       const auto teardown_start = Clock::now();
       const std::string peer = link->channel ? link->channel->peer() : std::string("receiver");
       link.reset();
