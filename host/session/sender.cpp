@@ -976,6 +976,18 @@ struct Sender::Impl {
         deliver_s += seconds_since(deliver_start);
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       };
+      // Queues group g's copies (at most two groups started and not finished).
+      auto start_group = [&](std::size_t g, Clock::time_point deadline) {
+        const auto deliver_start = Clock::now();
+        std::vector<TensorPiece> pieces;
+        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
+          auto more = pieces_of(plan.buckets[k]);
+          pieces.insert(pieces.end(), more.begin(), more.end());
+        }
+        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
+                           std::move(pieces), deadline, group_name(g));
+        deliver_s += seconds_since(deliver_start);
+      };
       auto deadline = deadline_in(options.bucket_timeout);
       for (std::size_t g = 0; g < groups.size() && prints_at_commit; ++g) {
         // Announced as queued; at most kSlots groups unfinished, and a group's acks are awaited
@@ -986,16 +998,8 @@ struct Sender::Impl {
           deliver_s += seconds_since(deliver_start);
           while (acked < groups[g - kSlots].second) await_ack();
         }
-        const auto deliver_start = Clock::now();
-        std::vector<TensorPiece> pieces;
-        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
-          auto more = pieces_of(plan.buckets[k]);
-          pieces.insert(pieces.end(), more.begin(), more.end());
-        }
         deadline = deadline_in(options.bucket_timeout);
-        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
-                           std::move(pieces), deadline, group_name(g));
-        deliver_s += seconds_since(deliver_start);
+        start_group(g, deadline);
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       }
       for (std::size_t g = groups.size() > kSlots ? groups.size() - kSlots : 0;
@@ -1008,15 +1012,7 @@ struct Sender::Impl {
         if (g >= kSlots) {
           while (acked < groups[g - kSlots].second) await_ack();
         }
-        const auto deliver_start = Clock::now();
-        std::vector<TensorPiece> pieces;
-        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
-          auto more = pieces_of(plan.buckets[k]);
-          pieces.insert(pieces.end(), more.begin(), more.end());
-        }
-        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
-                           std::move(pieces), deadline_in(options.bucket_timeout), group_name(g));
-        deliver_s += seconds_since(deliver_start);
+        start_group(g, deadline_in(options.bucket_timeout));
         if (g > 0) finish_and_announce(g - 1, deadline);
         deadline = deadline_in(options.bucket_timeout);
       }
