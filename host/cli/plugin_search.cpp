@@ -43,6 +43,7 @@ std::vector<std::string> capability_words(std::uint32_t flags) {
       {FERRY_TRANSPORT_CAP_ASYNC, "async"},
       {FERRY_TRANSPORT_CAP_SOURCE, "source"},
       {FERRY_TRANSPORT_CAP_PUT_FINGERPRINT, "put-fingerprint"},
+      {FERRY_TRANSPORT_CAP_PUT_DEFERRED, "put-deferred"},
   };
   std::vector<std::string> words;
   for (const auto& [bit, word] : kWords) {

@@ -379,7 +379,7 @@ class Suite {
       fail("FERRY-ABI-7", "get_caps failed: " + seen.message);
       return;
     }
-    const std::uint32_t known_flags = (1u << 7) - 1;
+    const std::uint32_t known_flags = (1u << 8) - 1;
     const std::uint32_t known_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED | FERRY_MEMORY_CUDA;
     std::vector<std::string> problems;
     if ((caps.flags & ~known_flags) != 0) {
@@ -411,6 +411,10 @@ class Suite {
     if ((caps.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0 &&
         (caps.flags & FERRY_TRANSPORT_CAP_DIRECT_WRITE) == 0) {
       problems.push_back("PUT_FINGERPRINT needs DIRECT_WRITE");
+    }
+    if ((caps.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) != 0 &&
+        (caps.flags & FERRY_TRANSPORT_CAP_DIRECT_WRITE) == 0) {
+      problems.push_back("PUT_DEFERRED needs DIRECT_WRITE");
     }
     need(FERRY_TRANSPORT_CAP_ASYNC, "ASYNC",
          {{"request_test", present(api.request_test)},

@@ -138,14 +138,21 @@ class SenderDataPath {
                               std::span<const TensorPiece> /*pieces*/,
                               Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // The same in two halves, so that the next bucket's copies can be queued before this one is
-  // announced: start_pieces() queues the writes (at most two buckets started and not
+  // announced: start_pieces() queues the writes (at most three buckets started and not
   // finished), finish_pieces() returns once the oldest started bucket's writes are complete and
   // visible to the receiver. By default start does all the work.
+  // With `launch` false (only where defers_pieces()), the writes are queued and nothing is
+  // written until launch_pieces(): the sender queues the first copies while the receiver is
+  // still beginning the update. Should it refuse, the path is dropped with what it queued.
   virtual void start_pieces(std::uint32_t slot, std::uint32_t bucket_index,
                             std::vector<TensorPiece> pieces, Clock::time_point deadline,
-                            const std::string& phase) {
+                            const std::string& phase, bool launch = true) {
+    (void)launch;
     deliver_pieces(slot, bucket_index, pieces, deadline, phase);
   }
+  virtual bool defers_pieces() const { return false; }
+  // Starts the writes of the newest start_pieces(..., launch = false).
+  virtual void launch_pieces(Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   virtual void finish_pieces(Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // Moves `bytes` bytes of local slot `slot` into the receiver's slot `slot` (complete and
   // visible when it returns), before the BucketReady is sent. Inline: nothing.

@@ -539,8 +539,8 @@ class PluginSenderPath final : public SenderDataPath {
   // plugin's stream. The requests are freed once the flush completed, or on failure.
   void start_pieces(std::uint32_t slot, std::uint32_t /*bucket_index*/,
                     std::vector<TensorPiece> pieces, Clock::time_point deadline,
-                    const std::string& phase) override {
-    if (started_.size() >= 2) {
+                    const std::string& phase, bool launch = true) override {
+    if (started_.size() >= kMaxStarted) {
       fail(FERRY_STATUS_INTERNAL, "{}: started before '{}' finished", phase,
            started_.front().phase);
     }
@@ -559,10 +559,7 @@ class PluginSenderPath final : public SenderDataPath {
         st.requests.push_back(put(spans[i], slot, piece.offset, deadline, phase, piece.region,
                                   piece.fingerprint));
       }
-      const auto t1 = Clock::now();
-      throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &st.flush),
-                     p_.context(phase));
-      st.flush_issue_s = std::chrono::duration<double>(Clock::now() - t1).count();
+      if (launch) issue_flush(st, deadline, phase);
     } catch (...) {
       release(st);
       throw;
@@ -570,8 +567,22 @@ class PluginSenderPath final : public SenderDataPath {
     st.queue_s = std::chrono::duration<double>(Clock::now() - start).count();
     started_.push_back(std::move(st));
   }
+  // A transport whose puts write nothing before their flush (FERRY_TRANSPORT_CAP_PUT_DEFERRED)
+  // may be given them before the receiver is ready.
+  bool defers_pieces() const override {
+    return rma_ && (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) != 0;
+  }
+  void launch_pieces(Clock::time_point deadline, const std::string& phase) override {
+    if (started_.empty() || started_.back().flush != nullptr) {
+      fail(FERRY_STATUS_INTERNAL, "{}: no queued pieces to launch", phase);
+    }
+    issue_flush(started_.back(), deadline, phase);
+  }
   void finish_pieces(Clock::time_point deadline, const std::string& phase) override {
     if (started_.empty()) return;
+    if (started_.front().flush == nullptr) {
+      fail(FERRY_STATUS_INTERNAL, "{}: finished before it was launched", phase);
+    }
     Started st = std::move(started_.front());
     started_.pop_front();
     const auto start = Clock::now();
@@ -634,6 +645,13 @@ class PluginSenderPath final : public SenderDataPath {
     if (st.flush != nullptr) p_.api_->request_free(p_.transport_, st.flush);
     st.flush = nullptr;
   }
+  // The flush that launches st's queued puts.
+  void issue_flush(Started& st, Clock::time_point deadline, const std::string& phase) {
+    const auto t1 = Clock::now();
+    throw_if_error(p_.api_->flush(p_.transport_, p_.peer_, to_ns(deadline), &st.flush),
+                   p_.context(phase));
+    st.flush_issue_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
 
   // The local range of each piece (empty pieces: none). Pieces in device memory that lie close
   // together (a trainer's parameters sit in a few large allocations) share one registration:
@@ -675,7 +693,8 @@ class PluginSenderPath final : public SenderDataPath {
   }
 
   PluginInstance p_;
-  std::deque<Started> started_;  // oldest first; at most two (one finishing, one queued)
+  static constexpr std::size_t kMaxStarted = 3;  // SenderDataPath::start_pieces
+  std::deque<Started> started_;  // oldest first; at most kMaxStarted
   int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;

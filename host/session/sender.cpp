@@ -246,9 +246,11 @@ struct Link {
     device_ = plan.device;
     cuda_tensors_ = plan.cuda_tensors;
   }
-  bool fits(std::span<const TensorView> tensors, const PushPlan& plan) const {
+  // `catalog_same`: same_catalog(tensors), when the caller knows it already.
+  bool fits(std::span<const TensorView> tensors, const PushPlan& plan,
+            std::optional<bool> catalog_same = std::nullopt) const {
     return plan.capacity <= capacity_ && plan.device == device_ &&
-           plan.cuda_tensors == cuda_tensors_ && same_catalog(tensors);
+           plan.cuda_tensors == cuda_tensors_ && catalog_same.value_or(same_catalog(tensors));
   }
   bool same_catalog(std::span<const TensorView> tensors) const {
     if (tensors.size() != catalog_.size()) return false;
@@ -279,13 +281,22 @@ struct Link {
     return true;
   }
 
+  // Tells the watcher to let go; stop_watching() joins it. A push asks first thing, so the
+  // watcher's wake-up overlaps the push's checks.
+  void ask_to_stop() noexcept {
+    if (!watcher_.joinable() || stop_asked_) return;
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+    stop_asked_ = true;
+  }
+
   // The next push takes the session back (or it is destroyed).
   void stop_watching() noexcept {
     if (watcher_.joinable()) {
-      const std::uint64_t one = 1;
-      [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+      ask_to_stop();
       watcher_.join();
     }
+    stop_asked_ = false;
     if (wake_fd_ >= 0) ::close(wake_fd_);
     wake_fd_ = -1;
   }
@@ -331,6 +342,7 @@ struct Link {
   bool cuda_tensors_ = false;
   std::thread watcher_;
   int wake_fd_ = -1;
+  bool stop_asked_ = false;
 };
 
 const char* delivery_name(config::Delivery d) {
@@ -435,8 +447,10 @@ struct Sender::Impl {
   // (same tensors, bucket capacity and memory) and is still open, else through a new one. A
   // kept session that turns out closed before its update began (the receiver released its
   // memory, restarted, or stopped) is replaced by a new session within the same push.
+  // `catalog_same`: whether the tensors are the kept session's catalog, where push() compared.
   void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
-                    std::uint64_t version, const std::string& label) {
+                    std::uint64_t version, const std::string& label,
+                    std::optional<bool> catalog_same) {
     const std::string address = options.receivers[index];
     ReceiverResult result;
     result.address = address;
@@ -449,7 +463,7 @@ struct Sender::Impl {
       std::string why;
       if (link->closed) {
         why = link->closed_why;
-      } else if (!link->fits(tensors, plan)) {
+      } else if (!link->fits(tensors, plan, catalog_same)) {
         why = "another set of tensors, bucket capacity or device";
       }
       if (!why.empty()) {
@@ -857,39 +871,6 @@ struct Sender::Impl {
       std::lock_guard lock(mutex);
       results[index].transport = data->name();
     }
-    // ---- begin
-    {
-      capnp::MallocMessageBuilder m;
-      auto b = m.initRoot<wire::Message>().initBegin();
-      b.setVersion(version);
-      b.setLabel(label);
-      b.setBucketCount(static_cast<std::uint32_t>(plan.buckets.size()));
-      b.setTotalBytes(plan.total);
-      b.setViaPut(data->uses_put());
-      b.setDirect(direct);
-      b.setWriterFingerprints(writer_prints);
-      b.setFingerprintsAtCommit(prints_at_commit);
-      ch.send(m, deadline_in(options.bucket_timeout), "begin");
-      auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
-      auto root = msg->root();
-      if (root.which() == wire::Message::REFUSAL) {
-        auto r = root.getRefusal();
-        fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused begin: {}", ch.peer(),
-             text(r.getMessage()));
-      }
-      if (root.which() == wire::Message::CLOSING) {
-        fail(FERRY_STATUS_PEER_FAILED, "{}: begin: the receiver closed the session ({})",
-             ch.peer(), text(root.getClosing().getReason()));
-      }
-      if (root.which() != wire::Message::READY) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
-      }
-    }
-    began = true;
-    setup_s = seconds_since(session_start);
-    // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
-    std::uint32_t acked = 0;
-    const auto count = static_cast<std::uint32_t>(plan.buckets.size());
     // The pieces of bucket k for a device transport: each tensor from its own memory into the
     // receiver's slot, or (direct) straight into its destination in the receiver's parameters.
     auto pieces_of = [&](const PlannedBucket& b) {
@@ -911,6 +892,77 @@ struct Sender::Impl {
       }
       return pieces;
     };
+    // Direct delivery copies in groups: one bucket, or, where the copies fingerprint what they
+    // write, consecutive buckets of at least SenderOptions::fingerprinted_group_bytes (the
+    // fingerprinting kernel needs thousands of 1 MiB chunks per launch to fill the GPU).
+    const auto count = static_cast<std::uint32_t>(plan.buckets.size());
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> groups;  // [first, end) buckets
+    for (std::uint32_t k = 0; direct && k < count;) {
+      std::uint32_t end = k + 1;
+      std::uint64_t bytes = plan.buckets[k].bytes;
+      while (writer_prints && end < count && bytes < options.fingerprinted_group_bytes) {
+        bytes += plan.buckets[end++].bytes;
+      }
+      groups.emplace_back(k, end);
+      k = end;
+    }
+    auto group_name = [&](std::size_t g) {
+      const auto [first, end] = groups[g];
+      return end - first == 1 ? fmt::format("bucket {}", first)
+                              : fmt::format("buckets {}..{}", first, end - 1);
+    };
+    // Queues group g's copies (at most two groups started and not finished); with `launch`
+    // false they wait for data->launch_pieces().
+    auto start_group = [&](std::size_t g, Clock::time_point deadline, bool launch = true) {
+      const auto deliver_start = Clock::now();
+      std::vector<TensorPiece> pieces;
+      for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
+        auto more = pieces_of(plan.buckets[k]);
+        pieces.insert(pieces.end(), more.begin(), more.end());
+      }
+      data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
+                         std::move(pieces), deadline, group_name(g), launch);
+      deliver_s += seconds_since(deliver_start);
+    };
+    // Where the transport's puts write nothing before their flush, the first group's copies are
+    // queued while the receiver begins (its Begin -> Ready round trip, ~0.5 ms at 4096
+    // parameters, is about as long as queueing 1024 puts) and launched once it is Ready: nothing
+    // is written before. A refusal drops the session, and the queued copies with it.
+    const bool queue_first_early = !groups.empty() && data->defers_pieces();
+    // ---- begin
+    {
+      capnp::MallocMessageBuilder m;
+      auto b = m.initRoot<wire::Message>().initBegin();
+      b.setVersion(version);
+      b.setLabel(label);
+      b.setBucketCount(static_cast<std::uint32_t>(plan.buckets.size()));
+      b.setTotalBytes(plan.total);
+      b.setViaPut(data->uses_put());
+      b.setDirect(direct);
+      b.setWriterFingerprints(writer_prints);
+      b.setFingerprintsAtCommit(prints_at_commit);
+      ch.send(m, deadline_in(options.bucket_timeout), "begin");
+      if (queue_first_early) start_group(0, deadline_in(options.bucket_timeout), false);
+      auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
+      auto root = msg->root();
+      if (root.which() == wire::Message::REFUSAL) {
+        auto r = root.getRefusal();
+        fail(static_cast<ferry_status_code_t>(r.getCode()), "{}: refused begin: {}", ch.peer(),
+             text(r.getMessage()));
+      }
+      if (root.which() == wire::Message::CLOSING) {
+        fail(FERRY_STATUS_PEER_FAILED, "{}: begin: the receiver closed the session ({})",
+             ch.peer(), text(root.getClosing().getReason()));
+      }
+      if (root.which() != wire::Message::READY) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
+      }
+    }
+    began = true;
+    if (queue_first_early) data->launch_pieces(deadline_in(options.bucket_timeout), group_name(0));
+    setup_s = seconds_since(session_start);
+    // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
+    std::uint32_t acked = 0;
     // Announces bucket k: its bytes are in place, or (prints_at_commit) its copies are queued.
     auto announce = [&](std::uint32_t k, Clock::time_point deadline) {
       const std::string phase = fmt::format("bucket {}", k);
@@ -953,56 +1005,31 @@ struct Sender::Impl {
     if (direct) {
       // Pipelined: group g's copies are queued before group g-1 is announced, so the copies run
       // back to back while the control messages go out. No slot is written; acks still bound
-      // the groups in flight. A group is one bucket, or, where the copies fingerprint what they
-      // write, consecutive buckets of at least SenderOptions::fingerprinted_group_bytes.
-      std::vector<std::pair<std::uint32_t, std::uint32_t>> groups;  // [first, end) buckets
-      for (std::uint32_t k = 0; k < count;) {
-        std::uint32_t end = k + 1;
-        std::uint64_t bytes = plan.buckets[k].bytes;
-        while (writer_prints && end < count && bytes < options.fingerprinted_group_bytes) {
-          bytes += plan.buckets[end++].bytes;
-        }
-        groups.emplace_back(k, end);
-        k = end;
-      }
-      auto group_name = [&](std::size_t g) {
-        const auto [first, end] = groups[g];
-        return end - first == 1 ? fmt::format("bucket {}", first)
-                                : fmt::format("buckets {}..{}", first, end - 1);
-      };
+      // the groups in flight.
       auto finish_and_announce = [&](std::size_t g, Clock::time_point deadline) {
         const auto deliver_start = Clock::now();
         data->finish_pieces(deadline, group_name(g));
         deliver_s += seconds_since(deliver_start);
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       };
-      // Queues group g's copies (at most two groups started and not finished).
-      auto start_group = [&](std::size_t g, Clock::time_point deadline) {
-        const auto deliver_start = Clock::now();
-        std::vector<TensorPiece> pieces;
-        for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {
-          auto more = pieces_of(plan.buckets[k]);
-          pieces.insert(pieces.end(), more.begin(), more.end());
-        }
-        data->start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first,
-                           std::move(pieces), deadline, group_name(g));
-        deliver_s += seconds_since(deliver_start);
-      };
       auto deadline = deadline_in(options.bucket_timeout);
+      // Announced as queued; at most kGroupsInFlight groups unfinished, and a group's acks are
+      // awaited once its copies completed (bounding what is in flight). Three, so that the next
+      // group is queued while two run: a transport may run consecutive flushes side by side
+      // (cuda_ipc's copy lanes), and the GPU then never has only one group's copies to do.
+      constexpr std::size_t kGroupsInFlight = 3;
       for (std::size_t g = 0; g < groups.size() && prints_at_commit; ++g) {
-        // Announced as queued; at most kSlots groups unfinished, and a group's acks are awaited
-        // once its copies completed (bounding what is in flight).
-        if (g >= kSlots) {
+        if (g >= kGroupsInFlight) {
           const auto deliver_start = Clock::now();
-          data->finish_pieces(deadline, group_name(g - kSlots));
+          data->finish_pieces(deadline, group_name(g - kGroupsInFlight));
           deliver_s += seconds_since(deliver_start);
-          while (acked < groups[g - kSlots].second) await_ack();
+          while (acked < groups[g - kGroupsInFlight].second) await_ack();
         }
         deadline = deadline_in(options.bucket_timeout);
-        start_group(g, deadline);
+        if (g > 0 || !queue_first_early) start_group(g, deadline);
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       }
-      for (std::size_t g = groups.size() > kSlots ? groups.size() - kSlots : 0;
+      for (std::size_t g = groups.size() > kGroupsInFlight ? groups.size() - kGroupsInFlight : 0;
            g < groups.size() && prints_at_commit; ++g) {
         const auto deliver_start = Clock::now();
         data->finish_pieces(deadline_in(options.bucket_timeout), group_name(g));
@@ -1012,7 +1039,7 @@ struct Sender::Impl {
         if (g >= kSlots) {
           while (acked < groups[g - kSlots].second) await_ack();
         }
-        start_group(g, deadline_in(options.bucket_timeout));
+        if (g > 0 || !queue_first_early) start_group(g, deadline_in(options.bucket_timeout));
         if (g > 0) finish_and_announce(g - 1, deadline);
         deadline = deadline_in(options.bucket_timeout);
       }
@@ -1086,9 +1113,10 @@ struct Sender::Impl {
       }
     }
     logger("sender")->debug(
-        "{}: version {}: {} buckets, {} tensors: begin {:.3f} ms, delivering {:.3f} ms, waiting "
+        "{}: version {}: {} buckets, {} tensors: begin {:.3f} ms{}, delivering {:.3f} ms, waiting "
         "for acks {:.3f} ms, commit {:.3f} ms (receiver's checks included), session {:.3f} ms",
-        address, version, count, tensors.size(), setup_s * 1e3, deliver_s * 1e3, ack_s * 1e3,
+        address, version, count, tensors.size(), setup_s * 1e3,
+        queue_first_early ? " (the first copies queued meanwhile)" : "", deliver_s * 1e3, ack_s * 1e3,
         seconds_since(commit_start) * 1e3, seconds_since(session_start) * 1e3);
   }
 };
@@ -1107,10 +1135,33 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
   if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
   for (const auto& r : i.options.receivers) parse_address(r);
+  // From here on this push owns the kept sessions (i.links).
+  {
+    std::lock_guard lock(i.mutex);
+    if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
+    i.running = true;
+    i.aborted = false;
+    i.abort_reason.clear();
+    i.results.assign(i.options.receivers.size(), ReceiverResult{});
+    for (std::size_t k = 0; k < i.results.size(); ++k) i.results[k].address = i.options.receivers[k];
+  }
+  struct Running {
+    Impl& impl;
+    ~Running() {
+      std::lock_guard lock(impl.mutex);
+      impl.running = false;
+    }
+  } running{i};
   // The names are unique when they are a kept session's catalog (checked at its first push):
   // a comparison, where a set of names costs ~0.5 ms per 4096 tensors.
+  std::vector<std::optional<bool>> same_catalog(i.links.size());
   bool known_names = false;
-  for (const auto& link : i.links) known_names = known_names || (link && link->same_catalog(tensors));
+  for (std::size_t r = 0; r < i.links.size(); ++r) {
+    if (!i.links[r]) continue;
+    i.links[r]->ask_to_stop();
+    same_catalog[r] = i.links[r]->same_catalog(tensors);
+    known_names = known_names || *same_catalog[r];
+  }
   std::unordered_set<std::string_view> names;
   if (!known_names) names.reserve(tensors.size());
   std::uint64_t largest = 0;
@@ -1147,22 +1198,6 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     total += *size;
   }
   const std::string version_label = label.value_or(std::to_string(version));
-  {
-    std::lock_guard lock(i.mutex);
-    if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
-    i.running = true;
-    i.aborted = false;
-    i.abort_reason.clear();
-    i.results.assign(i.options.receivers.size(), ReceiverResult{});
-    for (std::size_t k = 0; k < i.results.size(); ++k) i.results[k].address = i.options.receivers[k];
-  }
-  struct Running {
-    Impl& impl;
-    ~Running() {
-      std::lock_guard lock(impl.mutex);
-      impl.running = false;
-    }
-  } running{i};
 
   // The plan: buckets of at most capacity bytes (one tensor alone may be larger than
   // bucket_bytes: the capacity grows to hold it), manifests encoded once for every receiver.
@@ -1238,12 +1273,16 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
 
   const double prepare_s = seconds_since(start);
   if (i.options.receivers.size() == 1) {
-    i.run_receiver(0, tensors, plan, version, version_label);  // no thread to start
+    i.run_receiver(0, tensors, plan, version, version_label,
+                   same_catalog.empty() ? std::nullopt : same_catalog[0]);  // no thread to start
   } else {
     std::vector<std::thread> threads;
     threads.reserve(i.options.receivers.size());
     for (std::size_t r = 0; r < i.options.receivers.size(); ++r) {
-      threads.emplace_back([&, r] { i.run_receiver(r, tensors, plan, version, version_label); });
+      threads.emplace_back([&, r] {
+        i.run_receiver(r, tensors, plan, version, version_label,
+                       r < same_catalog.size() ? same_catalog[r] : std::nullopt);
+      });
     }
     for (auto& t : threads) t.join();
   }

@@ -92,7 +92,9 @@ void UpdateEngine::bind_layout_locked() {
   // one after the store grew walk the layout (~0.3 us per parameter, at every begin).
   const std::size_t param_count = store_.param_count();
   if (bound_param_count_ && *bound_param_count_ == param_count) {
-    written_.assign(targets_.size(), WrittenRanges{});
+    // begin() resets each entry; kept entries keep their storage (no allocation per parameter
+    // per update).
+    if (written_.size() != targets_.size()) written_.assign(targets_.size(), WrittenRanges{});
     return;
   }
   const auto& layout = plans_.layout();

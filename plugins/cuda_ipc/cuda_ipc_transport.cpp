@@ -34,9 +34,15 @@ Options parse_options(const ferry_option_t* options, std::size_t count) {
     if (key == "socket_dir") {
       if (value.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc: socket_dir is empty");
       out.socket_dir = value;
+    } else if (key == "copy_lanes") {
+      if (value != "1" && value != "2") {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc: copy_lanes is '{}', expected 1 or 2",
+             value);
+      }
+      out.copy_lanes = value == "1" ? 1 : 2;
     } else {
       fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "cuda_ipc: unknown option '{}' (known: socket_dir)", key);
+           "cuda_ipc: unknown option '{}' (known: socket_dir, copy_lanes)", key);
     }
   }
   return out;
@@ -158,7 +164,6 @@ std::int64_t effective(std::int64_t deadline_ns) {
 
 const char* kind_name(ferry_request::Kind kind) {
   switch (kind) {
-    case ferry_request::Kind::Copy: return "put";
     case ferry_request::Kind::Flush: return "flush";
     case ferry_request::Kind::Send: return "send_bucket";
     case ferry_request::Kind::Recv: return "recv_bucket";
@@ -174,7 +179,8 @@ using ferry::Error;
 using ferry::fail;
 
 ferry_transport::ferry_transport(const ferry_transport_create_args_t& args, Options options)
-    : role_(args.role), device_(args.device), nonce_(random_nonce()) {
+    : role_(args.role), device_(args.device), nonce_(random_nonce()),
+      copy_lanes_(options.copy_lanes) {
   endpoint_ = std::make_unique<Endpoint>(options.socket_dir, nonce_,
                                          [this](std::uint64_t id) { return answer_import(id); });
 }
@@ -214,6 +220,11 @@ ferry_transport::~ferry_transport() {
       ferry::cuda_ipc::DeviceScope scope(device_);
       for (auto e : free_events_) (void)cudaEventDestroy(e);
       for (auto& b : print_batches_) give_pinned_prints(b.host, b.capacity);
+      for (unsigned l = 0; l < 2; ++l) {
+        if (lane_done_[l] != nullptr) (void)cudaEventDestroy(lane_done_[l]);
+        if (lanes_[l] != nullptr) (void)cudaStreamDestroy(lanes_[l]);
+      }
+      if (stream_tail_ != nullptr) (void)cudaEventDestroy(stream_tail_);
       (void)cudaStreamDestroy(stream_);
     } catch (const Error&) {
       // The device cannot be made current any more: the process is going down with it.
@@ -229,6 +240,11 @@ void ferry_transport::ensure_cuda() {
   DeviceScope scope(device_);
   check_rt(cudaFree(nullptr), "initializing the CUDA context");
   check_rt(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_rt(cudaEventCreateWithFlags(&stream_tail_, cudaEventDisableTiming), "cudaEventCreate");
+  for (unsigned l = 0; l < copy_lanes_; ++l) {
+    check_rt(cudaStreamCreateWithFlags(&lanes_[l], cudaStreamNonBlocking), "cudaStreamCreate");
+    check_rt(cudaEventCreateWithFlags(&lane_done_[l], cudaEventDisableTiming), "cudaEventCreate");
+  }
   cuda_ready_ = true;
 }
 
@@ -784,11 +800,12 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
   }
   ensure_cuda();
   std::uint8_t* const dst = mapped(peer, imported, args.remote_offset, bytes);
-  ferry_request* r = new_request(ferry_request::Kind::Copy, peer);
+  // Deferred (FERRY_TRANSPORT_CAP_PUT_DEFERRED): no request; the next flush issues the copy and
+  // its request reports it. A host may queue thousands of puts per flush, so none allocates.
   std::lock_guard lock(cuda_mutex_);
-  r->ticket = ++next_ticket_;
+  ++next_ticket_;
   pending_.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
-  return r;
+  return nullptr;
 }
 
 void ferry_transport::issue_pending_locked() {
@@ -806,6 +823,7 @@ void ferry_transport::issue_pending_locked() {
   auto copy_call = [&](const void* src, void* dst, std::uint64_t bytes) {
     check_rt(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
              "cudaMemcpyAsync into the peer's memory");
+    stream_own_work_ = true;
   };
   for (const auto& c : copies) {
     if (c.fingerprint_out != nullptr) {
@@ -819,6 +837,25 @@ void ferry_transport::issue_pending_locked() {
   }
   if (!print_ops.empty()) {
     const std::size_t n = print_ops.size();
+    // The lane of this launch (lanes_): it waits for stream_ (the previous launch included) only
+    // where running beside it could reorder writes to the same bytes.
+    std::uintptr_t lo = UINTPTR_MAX;
+    std::uintptr_t hi = 0;
+    for (const auto& op : print_ops) {
+      const auto at = reinterpret_cast<std::uintptr_t>(op.dst);
+      lo = std::min(lo, at);
+      hi = std::max<std::uintptr_t>(hi, at + op.bytes);
+    }
+    const unsigned l = next_lane_;
+    next_lane_ = (next_lane_ + 1) % copy_lanes_;
+    cudaStream_t lane = lanes_[l];
+    if (stream_own_work_ || copy_lanes_ == 1 || (lo < last_hi_ && last_lo_ < hi)) {
+      check_rt(cudaEventRecord(stream_tail_, stream_), "cudaEventRecord");
+      check_rt(cudaStreamWaitEvent(lane, stream_tail_, 0), "cudaStreamWaitEvent");
+      stream_own_work_ = false;
+    }
+    last_lo_ = lo;
+    last_hi_ = hi;
     PrintBatch batch;
     // One pinned array: the n fingerprints read back, then the kernel's op table.
     const std::size_t table_words =
@@ -827,20 +864,24 @@ void ferry_transport::issue_pending_locked() {
     std::uint64_t* device_prints = nullptr;
     try {
       check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
-                               stream_),
+                               lane),
                "cudaMallocAsync (fingerprints)");
-      check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n,
-                                         stream_),
+      check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n, lane),
                "the fingerprinting copy kernel into the peer's memory");
       check_rt(cudaMemcpyAsync(batch.host, device_prints, n * sizeof(std::uint64_t),
-                               cudaMemcpyDeviceToHost, stream_),
+                               cudaMemcpyDeviceToHost, lane),
                "cudaMemcpyAsync (fingerprint read-back)");
-      check_rt(cudaFreeAsync(device_prints, stream_), "cudaFreeAsync (fingerprints)");
+      check_rt(cudaFreeAsync(device_prints, lane), "cudaFreeAsync (fingerprints)");
     } catch (...) {
-      if (device_prints != nullptr) (void)cudaFreeAsync(device_prints, stream_);
+      if (device_prints != nullptr) (void)cudaFreeAsync(device_prints, lane);
+      // stream_ still waits for what the lane was given (the next flush's event covers it).
+      (void)cudaEventRecord(lane_done_[l], lane);
+      (void)cudaStreamWaitEvent(stream_, lane_done_[l], 0);
       give_pinned_prints(batch.host, batch.capacity);
       throw;
     }
+    check_rt(cudaEventRecord(lane_done_[l], lane), "cudaEventRecord");
+    check_rt(cudaStreamWaitEvent(stream_, lane_done_[l], 0), "cudaStreamWaitEvent");
     batch.outs = std::move(outs);
     batch.issued = issued_ticket_;
     print_batches_.push_back(std::move(batch));
@@ -849,6 +890,7 @@ void ferry_transport::issue_pending_locked() {
     copy_call(ops[0].src, ops[0].dst, ops[0].bytes);
     return;
   }
+  if (!ops.empty()) stream_own_work_ = true;
   for (std::size_t first = 0; first < ops.size(); first += kMaxCopyOps) {
     const std::size_t n = std::min(kMaxCopyOps, ops.size() - first);
     if (launch_batch_copy(ops.data() + first, n, stream_) == cudaSuccess) continue;
@@ -952,17 +994,7 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
     PeerLink& link = *r->peer->link;
     const bool may_block = deadline_ns > monotonic_ns();
     switch (r->kind) {
-      case ferry_request::Kind::Copy:
       case ferry_request::Kind::Flush: {
-        if (r->event == nullptr) {
-          // A queued put: enqueue what is queued, then an event after it.
-          std::lock_guard lock(cuda_mutex_);
-          if (r->ticket > issued_ticket_) issue_pending_locked();
-          DeviceScope scope(device_);
-          r->event = take_event();
-          check_rt(cudaEventRecord(r->event, stream_), "cudaEventRecord");
-          r->covers = issued_ticket_;
-        }
         {
           DeviceScope scope(device_);
           if (!event_done()) return false;
@@ -972,7 +1004,7 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
           deliver_prints_locked(r->covers);
         }
         // The bytes landed; a peer that died meanwhile must not be reported as served.
-        if (r->kind == ferry_request::Kind::Flush) link.check_alive();
+        link.check_alive();
         break;
       }
       case ferry_request::Kind::Send: {
@@ -1007,6 +1039,7 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
           std::uint8_t* const src = mapped(r->peer, *imported, ready->offset, ready->size);
           std::lock_guard lock(cuda_mutex_);
           DeviceScope scope(device_);
+          stream_own_work_ = true;
           check_rt(cudaMemcpyAsync(r->dst, src, ready->size, cudaMemcpyDefault, stream_),
                    "cudaMemcpyAsync from the sender's staging bucket");
           r->event = take_event();

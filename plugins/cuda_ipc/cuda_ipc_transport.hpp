@@ -39,6 +39,9 @@ namespace ferry::cuda_ipc {
 
 struct Options {
   std::string socket_dir;  // where the instance's Unix socket lives ($TMPDIR or /tmp)
+  // Streams the fingerprinting copies of consecutive flushes alternate between (1 or 2): two
+  // let one flush's launch run beside the previous one's (see ferry_transport::lanes_).
+  unsigned copy_lanes = 2;
 };
 Options parse_options(const ferry_option_t* options, std::size_t count);
 
@@ -99,12 +102,11 @@ struct ferry_peer {
 };
 
 struct ferry_request {
-  enum class Kind { Copy, Flush, Send, Recv };
-  Kind kind = Kind::Copy;
+  enum class Kind { Flush, Send, Recv };  // (a put has none: it is deferred to its flush)
+  Kind kind = Kind::Flush;
   ferry_peer* peer = nullptr;  // NULL once the peer was disconnected
-  cudaEvent_t event = nullptr;
-  std::uint64_t ticket = 0;  // Copy: its place among the queued copies (see pending_)
-  std::uint64_t covers = 0;  // Copy/Flush: issued_ticket_ when its event was recorded
+  cudaEvent_t event = nullptr;  // Flush: recorded after every put it covers
+  std::uint64_t covers = 0;     // Flush: issued_ticket_ when its event was recorded
   std::uint32_t bucket_index = 0;
   std::uint8_t* dst = nullptr;  // Recv: where the bucket goes
   std::uint64_t capacity = 0;
@@ -185,6 +187,20 @@ struct ferry_transport {
   std::mutex cuda_mutex_;  // stream creation, enqueues, event pool
   bool cuda_ready_ = false;
   cudaStream_t stream_ = nullptr;
+  // The fingerprinting copy kernel hashes each 1 MiB chunk with four threads, so a launch of a
+  // few thousand chunks keeps only that many reads in flight. Consecutive flushes' launches go
+  // to alternate lanes and may run side by side: the GPU then has twice the chunks in flight.
+  // stream_ waits for every lane launch right after it (so a flush's event on stream_ covers
+  // every put before it), and a launch waits for stream_ first when its destinations overlap
+  // the previous launch's or stream_ has copies of its own since (puts stay ordered).
+  unsigned copy_lanes_ = 2;
+  cudaStream_t lanes_[2] = {nullptr, nullptr};
+  cudaEvent_t lane_done_[2] = {nullptr, nullptr};
+  cudaEvent_t stream_tail_ = nullptr;
+  unsigned next_lane_ = 0;
+  bool stream_own_work_ = false;   // copies on stream_ since a lane last waited for it
+  std::uintptr_t last_lo_ = 0;     // destinations [lo, hi) of the last lane launch
+  std::uintptr_t last_hi_ = 0;
   std::vector<cudaEvent_t> free_events_;
   std::uint64_t granularity_ = 0;
   // Puts are queued and enqueued together (one batched copy kernel, batch_copy.hpp) by the

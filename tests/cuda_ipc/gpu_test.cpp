@@ -4,7 +4,8 @@
 // Checked: direct puts across chunk boundaries and a staged ring are bit-identical; 100 transfers
 // and 20 whole sessions grow neither open fds, nor mappings, nor used device memory; the legacy
 // path with offsets inside one allocation; a restarted receiver's old key is refused as stale and
-// the dead incarnation fails operations naming it. Exits 77 (skip) without a CUDA device.
+// the dead incarnation fails operations naming it; fingerprinting flushes in flight together keep
+// the order of writes to the same bytes. Exits 77 (skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/kernels/cpu.hpp"
 #include "plugin_client.hpp"
 #include "store/cuda_weight_store.hpp"
 
@@ -151,6 +153,60 @@ TEST(CudaIpcGpu, DirectPutsAcrossStoreChunksAreBitIdentical) {
   }
   sender.flush();
   EXPECT_EQ(peer.ask("check" + args({0, 11, 0, 64 * kMiB})), "");
+}
+
+// Fingerprinting puts of consecutive flushes run on alternate streams (copy_lanes); two flushes
+// in flight at once that write the same bytes must still land in order, and ones that write
+// different bytes must both land, with the fingerprints of what they wrote.
+TEST(CudaIpcGpu, FingerprintedFlushesInFlightTogetherKeepTheirOrder) {
+  Peer peer;
+  Transport sender(FERRY_ROLE_SENDER, 0);
+  const auto key = unhex(peer.ask("store" + args({64 * kMiB, 16 * kMiB})));
+  pair(sender, peer, "receiver 1");
+  LocalBuffer local(96 * kMiB);
+  local.fill(31, 0, 32 * kMiB);
+  local.fill(32, 32 * kMiB, 32 * kMiB);
+  local.fill(33, 64 * kMiB, 32 * kMiB);
+  ferry_memory_t* m = sender.register_memory(local.data, local.size, FERRY_MEMORY_CUDA);
+  ferry_blob_t k = borrow(key);
+  // Queues a fingerprinting put of local [from, +32 MiB) to remote [to, +32 MiB), then a flush
+  // that is not waited for.
+  std::vector<std::uint64_t> prints(3, 0);
+  auto put_and_flush = [&](std::uint64_t from, std::uint64_t to, std::uint64_t* print) {
+    ferry_put_args_t a{};
+    a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, fingerprint_out);
+    a.local = Transport::range(m, from, 32 * kMiB);
+    a.remote_key = &k;
+    a.remote_offset = to;
+    a.deadline_ns = in_seconds(30);
+    a.fingerprint_out = print;
+    ferry_request_t* put = nullptr;
+    throw_if_error(Transport::api()->put(sender.get(), sender.peer(), &a, &put), "put");
+    EXPECT_EQ(put, nullptr);  // deferred: the flush reports it
+    ferry_request_t* flush = nullptr;
+    throw_if_error(Transport::api()->flush(sender.get(), sender.peer(), in_seconds(30), &flush),
+                   "flush");
+    return flush;
+  };
+  // Same bytes: the second flush's pattern 32 must win over the first's 31.
+  ferry_request_t* first = put_and_flush(0, 0, &prints[0]);
+  ferry_request_t* second = put_and_flush(32 * kMiB, 0, &prints[1]);
+  // Other bytes: runs beside the second.
+  ferry_request_t* third = put_and_flush(64 * kMiB, 32 * kMiB, &prints[2]);
+  for (auto* r : {first, second, third}) {
+    ErrorPtr e(Transport::api()->request_wait(sender.get(), r, in_seconds(60)));
+    EXPECT_FALSE(e) << error_message(e.get());
+    Transport::api()->request_free(sender.get(), r);
+  }
+  EXPECT_EQ(peer.ask("check" + args({0, 32, 0, 32 * kMiB})), "");
+  EXPECT_EQ(peer.ask("check" + args({0, 33, 32 * kMiB, 32 * kMiB})), "");
+  const auto expect_print = [](std::uint64_t seed) {
+    const auto p = pattern(seed, 32 * kMiB);
+    return ferry::kernels::fingerprint_cpu(p.data(), p.size(), 1);
+  };
+  EXPECT_EQ(prints[0], expect_print(31));
+  EXPECT_EQ(prints[1], expect_print(32));
+  EXPECT_EQ(prints[2], expect_print(33));
 }
 
 TEST(CudaIpcGpu, StagedRingIsBitIdenticalAndSlotsComeBack) {

@@ -15,7 +15,7 @@
 
 namespace {
 
-// The ABI version this tree builds ("1.1").
+// The ABI version this tree builds ("1.2").
 const std::string kAbi =
     std::to_string(FERRY_PLUGIN_ABI_MAJOR) + "." + std::to_string(FERRY_PLUGIN_ABI_MINOR);
 

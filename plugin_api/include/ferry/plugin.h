@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 1
+#define FERRY_PLUGIN_ABI_MINOR 2
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -183,7 +183,13 @@ typedef enum ferry_transport_cap {
   FERRY_TRANSPORT_CAP_SOURCE = 1u << 5,         /* produces buckets itself from a URI (disk) */
   /* ABI 1.1: a put from device memory can fingerprint what it writes (ferry_put_args_t
    * .fingerprint_out). */
-  FERRY_TRANSPORT_CAP_PUT_FINGERPRINT = 1u << 6
+  FERRY_TRANSPORT_CAP_PUT_FINGERPRINT = 1u << 6,
+  /* ABI 1.2: puts are deferred. A put only queues its write: nothing reaches the peer's memory
+   * before the host issues a flush to that peer, whose request then reports the outcome of every
+   * put it covers; a put may set its *out to NULL. Puts not yet flushed are dropped, unwritten,
+   * when the peer is disconnected or the instance destroyed. (The host may then queue writes
+   * before the receiver is ready for them, and flush once it is.) */
+  FERRY_TRANSPORT_CAP_PUT_DEFERRED = 1u << 7
 } ferry_transport_cap_t;
 
 typedef struct ferry_transport_caps {
@@ -314,7 +320,8 @@ typedef struct ferry_transport_api {
   /* Optional. Receives one bucket into bucket->data. Same ownership as send_bucket. */
   ferry_error_t* (*recv_bucket)(ferry_transport_t* transport, ferry_peer_t* peer,
                                 const ferry_bucket_io_t* bucket, ferry_request_t** out);
-  /* Optional (CAP_DIRECT_WRITE). Writes local bytes into the peer's memory. */
+  /* Optional (CAP_DIRECT_WRITE). Writes local bytes into the peer's memory (with
+   * CAP_PUT_DEFERRED: queues the write until the next flush; *out may be set to NULL). */
   ferry_error_t* (*put)(ferry_transport_t* transport, ferry_peer_t* peer,
                         const ferry_put_args_t* args, ferry_request_t** out);
   /* Optional (CAP_DIRECT_WRITE). Completes when every put issued to peer so far is visible in
