@@ -572,7 +572,7 @@ void UpdateEngine::record_direct_bucket_impl(const std::span<const std::uint8_t>
              e.name, e.size, dest->bytes);
       }
       const auto& op = *op_of[i];
-      writes.push_back({e.name, dest->data, dest->bytes, e.fingerprint, op.dst_param,
+      writes.push_back({dest->data, dest->bytes, e.fingerprint, op.dst_param,
                         op.dst_offset == 0 && dest->bytes == targets_[op.dst_param].bytes});
       bytes += dest->bytes;
     }
@@ -611,8 +611,9 @@ void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> pri
     }
     for (std::size_t i = 0; i < prints.size(); ++i) {
       if (in_place_[i].expected) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}': a second fingerprint from its writer",
-             in_place_[i].name);
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "parameter '{}': a second fingerprint from the copy that wrote it",
+             plans_.layout()[in_place_[i].param].name);
       }
       in_place_[i].expected = prints[i];
     }
@@ -625,6 +626,7 @@ void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> pri
 std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked() {
   std::vector<std::optional<std::uint64_t>> known(targets_.size());
   if (in_place_.empty()) return known;
+  const auto& layout = plans_.layout();
   // Writer fingerprints, trusted: what the writing copy hashed as it stored each tensor.
   const bool trusted = writer_fingerprints_ && options_.trust_writer_fingerprints;
   std::vector<const std::byte*> data;
@@ -634,8 +636,9 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
     const auto& w = in_place_[i];
     if (writer_fingerprints_ && !w.expected) {
       fail(FERRY_STATUS_CORRUPT_DATA,
-           "tensor '{}' was written in place without a fingerprint from the copy that wrote it",
-           w.name);
+           "parameter '{}' was written in place without a fingerprint from the copy that wrote "
+           "it",
+           layout[w.param].name);
     }
     if (trusted && w.expected) {
       if (w.whole) known[w.param] = *w.expected;
@@ -653,9 +656,9 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
     const auto& print = prints[k];
     if (options_.verify_fingerprints && w.expected && print != *w.expected) {
       fail(FERRY_STATUS_CORRUPT_DATA,
-           "tensor '{}': fingerprint of what was written in place {:016x} differs from the "
+           "parameter '{}': fingerprint of what was written in place {:016x} differs from the "
            "sender's {:016x}",
-           w.name, print, *w.expected);
+           layout[w.param].name, print, *w.expected);
     }
     if (w.whole) known[w.param] = print;
   }
@@ -707,6 +710,12 @@ void UpdateEngine::commit() {
     next = {true, active_version_, active_label_};
   }
   std::vector<std::uint64_t> fps;
+  // Phase ends for --log-level debug: coverage, fingerprints, checks, publish.
+  using Clock = std::chrono::steady_clock;
+  const auto commit_start = Clock::now();
+  Clock::time_point covered_at;
+  Clock::time_point printed_at;
+  Clock::time_point checked_at;
   try {
     synchronize_device_locked();  // every scatter of the update has finished (or failed)
     const auto& layout = plans_.layout();
@@ -726,6 +735,7 @@ void UpdateEngine::commit() {
                ? fmt::format(" (and {} more)", missing.size() - options_.missing_names_listed)
                : std::string());
     }
+    covered_at = Clock::now();
     {
       // What was written in place is verified now, in one pass; parameters written whole that
       // way need no second read.
@@ -744,6 +754,7 @@ void UpdateEngine::commit() {
       const auto computed = fingerprint_params_locked(unknown);
       for (std::size_t k = 0; k < unknown.size(); ++k) fps[unknown_index[k]] = computed[k];
     }
+    printed_at = Clock::now();
     // Names of the layout by index, looked up once per expected fingerprint (a scan per name
     // would cost N^2 string compares for N parameters).
     std::unordered_map<std::string_view, std::size_t> index_of;
@@ -764,6 +775,7 @@ void UpdateEngine::commit() {
              fps[*index], expected);
       }
     }
+    checked_at = Clock::now();
   } catch (const std::exception& e) {
     fail_locked("at commit", e.what());
     throw;
@@ -776,8 +788,16 @@ void UpdateEngine::commit() {
     std::lock_guard state(state_mutex_);
     metrics_.updates_committed += 1;
   }
-  logger("update")->info("update {} committed ({} buckets)", next.number, buckets_this_update_);
   finish_locked();
+  const auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  logger("update")->info("update {} committed ({} buckets)", next.number, buckets_this_update_);
+  logger("update")->debug(
+      "update {}: commit over {} parameters: coverage {:.3f} ms, fingerprints {:.3f} ms, checks "
+      "{:.3f} ms, publish {:.3f} ms",
+      next.number, targets_.size(), ms(commit_start, covered_at), ms(covered_at, printed_at),
+      ms(printed_at, checked_at), ms(checked_at, Clock::now()));
 }
 
 void UpdateEngine::abort(const std::string& reason) {

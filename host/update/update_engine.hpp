@@ -230,8 +230,8 @@ class UpdateEngine {
   std::vector<std::string> layout_tags_;
   std::vector<WrittenRanges> written_;
   // Tensors written in place this update (record_direct_bucket), verified at commit.
+  // (No name: thousands per update, made and freed each time; messages name the parameter.)
   struct InPlaceWrite {
-    std::string name;  // the checkpoint tensor
     const std::byte* data = nullptr;
     std::uint64_t bytes = 0;
     std::optional<std::uint64_t> expected;  // the sender's fingerprint

@@ -219,7 +219,13 @@ ferry_transport::~ferry_transport() {
     try {
       ferry::cuda_ipc::DeviceScope scope(device_);
       for (auto e : free_events_) (void)cudaEventDestroy(e);
-      for (auto& b : print_batches_) give_pinned_prints(b.host, b.capacity);
+      for (auto& b : print_batches_) {
+        give_pinned_prints(b.host, b.capacity);
+        if (b.began != nullptr) (void)cudaEventDestroy(b.began);
+        if (b.ended != nullptr) (void)cudaEventDestroy(b.ended);
+      }
+      for (auto e : free_timing_events_) (void)cudaEventDestroy(e);
+      if (previous_began_ != nullptr) (void)cudaEventDestroy(previous_began_);
       for (unsigned l = 0; l < 2; ++l) {
         if (lane_done_[l] != nullptr) (void)cudaEventDestroy(lane_done_[l]);
         if (lanes_[l] != nullptr) (void)cudaStreamDestroy(lanes_[l]);
@@ -857,6 +863,11 @@ void ferry_transport::issue_pending_locked() {
     last_lo_ = lo;
     last_hi_ = hi;
     PrintBatch batch;
+    batch.lane = l;
+    for (const auto& op : print_ops) batch.bytes += op.bytes;
+    batch.began = take_timing_event();
+    batch.ended = take_timing_event();
+    check_rt(cudaEventRecord(batch.began, lane), "cudaEventRecord");
     // One pinned array: the n fingerprints read back, then the kernel's op table.
     const std::size_t table_words =
         (fingerprinted_copy_staging_bytes(n) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t);
@@ -872,7 +883,10 @@ void ferry_transport::issue_pending_locked() {
                                cudaMemcpyDeviceToHost, lane),
                "cudaMemcpyAsync (fingerprint read-back)");
       check_rt(cudaFreeAsync(device_prints, lane), "cudaFreeAsync (fingerprints)");
+      check_rt(cudaEventRecord(batch.ended, lane), "cudaEventRecord");
     } catch (...) {
+      free_timing_events_.push_back(batch.began);
+      free_timing_events_.push_back(batch.ended);
       if (device_prints != nullptr) (void)cudaFreeAsync(device_prints, lane);
       // stream_ still waits for what the lane was given (the next flush's event covers it).
       (void)cudaEventRecord(lane_done_[l], lane);
@@ -905,7 +919,57 @@ void ferry_transport::deliver_prints_locked(std::uint64_t covers) noexcept {
     print_batches_.pop_front();
     for (std::size_t i = 0; i < batch.outs.size(); ++i) *batch.outs[i] = batch.host[i];
     give_pinned_prints(batch.host, batch.capacity);
+    log_launch_locked(batch);
   }
+}
+
+cudaEvent_t ferry_transport::take_timing_event() {
+  if (!free_timing_events_.empty()) {
+    cudaEvent_t e = free_timing_events_.back();
+    free_timing_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  check_rt(cudaEventCreate(&e), "cudaEventCreate");
+  return e;
+}
+
+// "launch on lane L: N copies, B bytes in X ms (Y GB/s), began Z ms after the previous one":
+// whether consecutive launches ran side by side, and at what rate. The events are complete here
+// (the flush that covers the batch completed).
+void ferry_transport::log_launch_locked(PrintBatch& batch) noexcept {
+  if (batch.began == nullptr || batch.ended == nullptr) return;
+  float ran_ms = 0;
+  float after_ms = -1;
+  const bool timed = cudaEventElapsedTime(&ran_ms, batch.began, batch.ended) == cudaSuccess;
+  if (previous_began_ != nullptr &&
+      cudaEventElapsedTime(&after_ms, previous_began_, batch.began) != cudaSuccess) {
+    after_ms = -1;
+  }
+  (void)cudaGetLastError();
+  if (timed) {
+    try {
+      ferry::sdk::log(
+          FERRY_LOG_DEBUG, "cuda_ipc",
+          fmt::format("fingerprinting copy on lane {}: {} copies, {} bytes in {:.3f} ms ({:.0f} "
+                      "GB/s){}",
+                      batch.lane, batch.outs.size(), batch.bytes, ran_ms,
+                      ran_ms > 0 ? batch.bytes / (ran_ms * 1e6) : 0.0,
+                      after_ms >= 0 ? fmt::format(", began {:.3f} ms after the previous launch",
+                                                  after_ms)
+                                    : std::string()));
+    } catch (...) {
+    }
+  }
+  try {
+    if (previous_began_ != nullptr) free_timing_events_.push_back(previous_began_);
+    previous_began_ = batch.began;
+    free_timing_events_.push_back(batch.ended);
+  } catch (...) {
+    (void)cudaEventDestroy(batch.ended);
+  }
+  batch.began = nullptr;
+  batch.ended = nullptr;
 }
 
 ferry_request* ferry_transport::flush(ferry_peer* peer) {

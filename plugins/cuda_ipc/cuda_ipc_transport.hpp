@@ -223,8 +223,17 @@ struct ferry_transport {
     std::uint64_t* host = nullptr;  // page-locked, at least outs.size() entries
     std::size_t capacity = 0;
     std::vector<std::uint64_t*> outs;
+    // Timing events around the launch on its lane, for the debug log (where GPU time goes).
+    cudaEvent_t began = nullptr;
+    cudaEvent_t ended = nullptr;
+    std::uint64_t bytes = 0;
+    unsigned lane = 0;
   };
   std::deque<PrintBatch> print_batches_;  // oldest first; arrays from a process-wide pool
+  std::vector<cudaEvent_t> free_timing_events_;
+  cudaEvent_t previous_began_ = nullptr;  // the last delivered batch's (kept for the next one)
+  cudaEvent_t take_timing_event();
+  void log_launch_locked(PrintBatch& batch) noexcept;
   std::uint64_t next_ticket_ = 0;    // tickets handed to puts so far
   std::uint64_t issued_ticket_ = 0;  // every put up to this ticket is enqueued on the stream
 
