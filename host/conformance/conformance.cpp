@@ -416,6 +416,9 @@ class Suite {
         (caps.flags & FERRY_TRANSPORT_CAP_DIRECT_WRITE) == 0) {
       problems.push_back("PUT_DEFERRED needs DIRECT_WRITE");
     }
+    if (present(api.put_many) && (caps.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) == 0) {
+      problems.push_back("put_many needs PUT_DEFERRED");
+    }
     need(FERRY_TRANSPORT_CAP_ASYNC, "ASYNC",
          {{"request_test", present(api.request_test)},
           {"request_wait", present(api.request_wait)},
@@ -462,6 +465,7 @@ class Suite {
           std::pair{present(api.flush), "flush"}}) {
       needs(has, name, present(api.connect), "connect");
     }
+    needs(present(api.put_many), "put_many", present(api.put), "put");
     needs(present(api.request_test), "request_test", present(api.request_free), "request_free");
     needs(present(api.request_wait), "request_wait", present(api.request_free), "request_free");
     needs(present(api.source_open), "source_open", present(api.source_close), "source_close");

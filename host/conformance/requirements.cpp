@@ -29,13 +29,15 @@ const std::vector<Requirement>& requirements() {
        "Transport get_caps writes nothing past caps->struct_size, sets only known flag and "
        "memory-kind bits, declares a topology (point-to-point, broadcast or source) and a memory "
        "kind, and provides the functions each flag needs (DIRECT_WRITE: register_memory, "
-       "pack_key, put, flush; ASYNC: request_test, request_wait, request_free; SOURCE: "
+       "pack_key, put, flush; PUT_FINGERPRINT and PUT_DEFERRED: DIRECT_WRITE; put_many: "
+       "PUT_DEFERRED; ASYNC: request_test, request_wait, request_free; SOURCE: "
        "source_open, source_catalog, source_read, source_close; POINT_TO_POINT/BROADCAST: "
        "get_address, connect, disconnect, send_bucket or recv_bucket)."},
       {"FERRY-ABI-8",
        "Optional functions come in usable sets, a NULL one meaning only 'not implemented': "
        "connect with disconnect and get_address, register_memory with deregister_memory, "
        "pack_key with register_memory, send_bucket/recv_bucket/put/flush with connect, "
+       "put_many with put, "
        "request_test/request_wait with request_free, source_catalog/source_read with "
        "source_open and source_close."},
       {"FERRY-ABI-9",

@@ -151,7 +151,7 @@ class SenderDataPath {
     deliver_pieces(slot, bucket_index, pieces, deadline, phase);
   }
   virtual bool defers_pieces() const { return false; }
-  // Starts the writes of the newest start_pieces(..., launch = false).
+  // Starts the writes of the oldest start_pieces(..., launch = false) not yet started.
   virtual void launch_pieces(Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   virtual void finish_pieces(Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // Moves `bytes` bytes of local slot `slot` into the receiver's slot `slot` (complete and

@@ -496,16 +496,29 @@ class PluginSenderPath final : public SenderDataPath {
                        std::uint64_t offset, Clock::time_point deadline,
                        const std::string& phase, std::int64_t region = -1,
                        std::uint64_t* fingerprint_out = nullptr) {
+    ferry_blob_t key = remote_key(slot, region, phase);
+    const ferry_put_args_t args = put_args(local, &key, offset, deadline, phase, fingerprint_out);
+    ferry_request_t* request = nullptr;
+    throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
+    return request;
+  }
+
+  // The key of the receiver's slot `slot`, or of its shared region `region` when that is >= 0.
+  ferry_blob_t remote_key(std::uint32_t slot, std::int64_t region, const std::string& phase) {
     if (region >= 0 && static_cast<std::uint64_t>(region) >= regions_.size()) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shared region {} of {}", phase, region,
            regions_.size());
     }
-    ferry_blob_t key = borrow_blob(region >= 0 ? regions_[static_cast<std::size_t>(region)]
-                                               : keys_.at(slot));
+    return borrow_blob(region >= 0 ? regions_[static_cast<std::size_t>(region)] : keys_.at(slot));
+  }
+
+  ferry_put_args_t put_args(const ferry_memory_range_t& local, const ferry_blob_t* key,
+                            std::uint64_t offset, Clock::time_point deadline,
+                            const std::string& phase, std::uint64_t* fingerprint_out) {
     ferry_put_args_t args{};
     args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
     args.local = local;
-    args.remote_key = &key;
+    args.remote_key = key;
     args.remote_offset = offset;
     args.deadline_ns = to_ns(deadline);
     if (fingerprint_out != nullptr) {
@@ -516,9 +529,40 @@ class PluginSenderPath final : public SenderDataPath {
       args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, fingerprint_out);
       args.fingerprint_out = fingerprint_out;
     }
-    ferry_request_t* request = nullptr;
-    throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
-    return request;
+    return args;
+  }
+
+  // Every piece's put in one put_many call (FERRY_TRANSPORT_CAP_PUT_DEFERRED transports that
+  // have it): thousands of tensors per flush cost one call, not one each.
+  void put_many(const std::vector<TensorPiece>& pieces,
+                const std::vector<ferry_memory_range_t>& spans, std::uint32_t slot,
+                Clock::time_point deadline, const std::string& phase) {
+    // One blob per key: the plugin decodes a key once per run of puts that share it.
+    std::vector<ferry_blob_t> region_keys;
+    region_keys.reserve(regions_.size());
+    for (std::size_t r = 0; r < regions_.size(); ++r) {
+      region_keys.push_back(remote_key(slot, static_cast<std::int64_t>(r), phase));
+    }
+    const ferry_blob_t slot_key = slot < keys_.size() ? remote_key(slot, -1, phase) : ferry_blob_t{};
+    std::vector<ferry_put_args_t> args;
+    args.reserve(pieces.size());
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto& piece = pieces[i];
+      if (piece.size == 0) continue;  // (the caller knows the fingerprint of nothing)
+      if (piece.region >= 0 && static_cast<std::uint64_t>(piece.region) >= regions_.size()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shared region {} of {}", phase, piece.region,
+             regions_.size());
+      }
+      const ferry_blob_t* key =
+          piece.region >= 0 ? &region_keys[static_cast<std::size_t>(piece.region)] : &slot_key;
+      args.push_back(put_args(spans[i], key, piece.offset, deadline, phase, piece.fingerprint));
+    }
+    std::vector<const ferry_put_args_t*> pointers;
+    pointers.reserve(args.size());
+    for (const auto& a : args) pointers.push_back(&a);
+    throw_if_error(
+        p_.api_->put_many(p_.transport_, p_.peer_, pointers.data(), pointers.size()),
+        p_.context(phase));
   }
 
   void flush(Clock::time_point deadline, const std::string& phase) {
@@ -553,11 +597,15 @@ class PluginSenderPath final : public SenderDataPath {
       const auto t0 = Clock::now();
       const auto spans = registered_spans(pieces);
       st.register_s += std::chrono::duration<double>(Clock::now() - t0).count();
-      for (std::size_t i = 0; i < pieces.size(); ++i) {
-        const auto& piece = pieces[i];
-        if (piece.size == 0) continue;  // (the caller knows the fingerprint of nothing)
-        st.requests.push_back(put(spans[i], slot, piece.offset, deadline, phase, piece.region,
-                                  piece.fingerprint));
+      if (defers_pieces() && p_.api_->put_many != nullptr) {
+        put_many(pieces, spans, slot, deadline, phase);
+      } else {
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+          const auto& piece = pieces[i];
+          if (piece.size == 0) continue;  // (the caller knows the fingerprint of nothing)
+          st.requests.push_back(put(spans[i], slot, piece.offset, deadline, phase, piece.region,
+                                    piece.fingerprint));
+        }
       }
       if (launch) issue_flush(st, deadline, phase);
     } catch (...) {
@@ -573,10 +621,13 @@ class PluginSenderPath final : public SenderDataPath {
     return rma_ && (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) != 0;
   }
   void launch_pieces(Clock::time_point deadline, const std::string& phase) override {
-    if (started_.empty() || started_.back().flush != nullptr) {
-      fail(FERRY_STATUS_INTERNAL, "{}: no queued pieces to launch", phase);
+    for (auto& st : started_) {
+      if (st.flush == nullptr) {
+        issue_flush(st, deadline, phase);
+        return;
+      }
     }
-    issue_flush(started_.back(), deadline, phase);
+    fail(FERRY_STATUS_INTERNAL, "{}: no queued pieces to launch", phase);
   }
   void finish_pieces(Clock::time_point deadline, const std::string& phase) override {
     if (started_.empty()) return;

@@ -926,11 +926,15 @@ struct Sender::Impl {
                          std::move(pieces), deadline, group_name(g), launch);
       deliver_s += seconds_since(deliver_start);
     };
-    // Where the transport's puts write nothing before their flush, the first group's copies are
-    // queued while the receiver begins (its Begin -> Ready round trip, ~0.5 ms at 4096
-    // parameters, is about as long as queueing 1024 puts) and launched once it is Ready: nothing
-    // is written before. A refusal drops the session, and the queued copies with it.
-    const bool queue_first_early = !groups.empty() && data->defers_pieces();
+    // Where the transport's puts write nothing before their flush, the first two groups' copies
+    // are queued while the receiver begins (its Begin -> Ready round trip, ~0.5 ms at 4096
+    // parameters, is about as long as queueing 2 x 1024 puts) and launched together once it is
+    // Ready: a transport that runs consecutive flushes side by side (cuda_ipc's copy lanes) then
+    // starts both at once. Nothing is written before the Ready; a refusal drops the session, and
+    // the queued copies with it.
+    const std::size_t queued_early =
+        data->defers_pieces() ? std::min<std::size_t>(groups.size(), 2) : 0;
+    const bool queue_first_early = queued_early > 0;
     // ---- begin
     {
       capnp::MallocMessageBuilder m;
@@ -944,7 +948,9 @@ struct Sender::Impl {
       b.setWriterFingerprints(writer_prints);
       b.setFingerprintsAtCommit(prints_at_commit);
       ch.send(m, deadline_in(options.bucket_timeout), "begin");
-      if (queue_first_early) start_group(0, deadline_in(options.bucket_timeout), false);
+      for (std::size_t g = 0; g < queued_early; ++g) {
+        start_group(g, deadline_in(options.bucket_timeout), false);
+      }
       auto msg = ch.recv(deadline_in(options.bucket_timeout), "begin (ready)");
       auto root = msg->root();
       if (root.which() == wire::Message::REFUSAL) {
@@ -961,7 +967,9 @@ struct Sender::Impl {
       }
     }
     began = true;
-    if (queue_first_early) data->launch_pieces(deadline_in(options.bucket_timeout), group_name(0));
+    for (std::size_t g = 0; g < queued_early; ++g) {
+      data->launch_pieces(deadline_in(options.bucket_timeout), group_name(g));
+    }
     setup_s = seconds_since(session_start);
     // ---- buckets: slot k % kSlots is reused only after the ack of bucket k - kSlots
     std::uint32_t acked = 0;
@@ -1022,7 +1030,7 @@ struct Sender::Impl {
       // group is queued while two run: a transport may run consecutive flushes side by side
       // (cuda_ipc's copy lanes), and the GPU then never has only one group's copies to do.
       constexpr std::size_t kGroupsInFlight = 3;
-      std::size_t started = queue_first_early ? 1 : 0;
+      std::size_t started = queued_early;
       std::size_t finished = 0;
       auto finish_oldest = [&] {
         const auto deliver_start = Clock::now();
@@ -1051,7 +1059,7 @@ struct Sender::Impl {
         if (g >= kSlots) {
           while (acked < groups[g - kSlots].second) await_ack();
         }
-        if (g > 0 || !queue_first_early) start_group(g, deadline_in(options.bucket_timeout));
+        if (g >= queued_early) start_group(g, deadline_in(options.bucket_timeout));
         if (g > 0) finish_and_announce(g - 1, deadline);
         deadline = deadline_in(options.bucket_timeout);
       }

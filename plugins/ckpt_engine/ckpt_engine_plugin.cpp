@@ -234,6 +234,7 @@ const ferry_transport_api_t kApi = {
     ce_source_catalog,
     ce_source_read,
     ce_source_close,
+    nullptr,  // put_many
 };
 
 }  // namespace

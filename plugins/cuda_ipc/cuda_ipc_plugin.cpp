@@ -168,6 +168,23 @@ ferry_error_t* cuda_ipc_put(ferry_transport_t* transport, ferry_peer_t* peer,
   });
 }
 
+ferry_error_t* cuda_ipc_put_many(ferry_transport_t* transport, ferry_peer_t* peer,
+                                 const ferry_put_args_t* const* args, size_t count) {
+  return ferry::sdk::guard([&] {
+    require_transport(transport, "put_many");
+    if (args == nullptr && count > 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put_many: args is NULL");
+    }
+    std::vector<ferry_put_args_t> puts;
+    puts.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      puts.push_back(
+          read_struct(args[i], FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns), "put args"));
+    }
+    transport->put_many(peer, puts);
+  });
+}
+
 ferry_error_t* cuda_ipc_flush(ferry_transport_t* transport, ferry_peer_t* peer,
                               int64_t /*deadline_ns*/, ferry_request_t** out) {
   return ferry::sdk::guard([&] {
@@ -214,7 +231,7 @@ void cuda_ipc_abort(ferry_transport_t* transport, const char* reason) {
 }
 
 const ferry_transport_api_t kApi = {
-    FERRY_STRUCT_SIZE(ferry_transport_api_t, source_close),
+    FERRY_STRUCT_SIZE(ferry_transport_api_t, put_many),
     cuda_ipc_get_caps,
     cuda_ipc_create,
     cuda_ipc_destroy,
@@ -236,6 +253,7 @@ const ferry_transport_api_t kApi = {
     nullptr,  // source_catalog
     nullptr,  // source_read
     nullptr,  // source_close
+    cuda_ipc_put_many,
 };
 
 }  // namespace

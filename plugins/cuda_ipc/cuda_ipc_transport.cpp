@@ -635,10 +635,12 @@ std::uint8_t* ferry_transport::mapped(ferry_peer* peer, Imported& imported, std:
   const std::uint64_t begin = static_cast<std::uint64_t>(at - reinterpret_cast<std::uint8_t*>(imported.va));
   const std::uint64_t end = begin + bytes;
   std::lock_guard lock(peer->mutex);
+  bool all = true;
   for (auto& c : imported.chunks) {
-    if (c.mapped || c.offset >= end || c.offset + c.size <= begin) continue;
-    map_chunk_locked(imported, c);
+    if (!c.mapped && c.offset < end && c.offset + c.size > begin) map_chunk_locked(imported, c);
+    all = all && c.mapped;
   }
+  imported.all_mapped = all;
   return at;
 }
 
@@ -765,53 +767,93 @@ ferry_request* ferry_transport::new_request(ferry_request::Kind kind, ferry_peer
 }
 
 ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& args) {
+  put_many(peer, std::span<const ferry_put_args_t>(&args, 1));
+  return nullptr;
+}
+
+// Deferred (FERRY_TRANSPORT_CAP_PUT_DEFERRED): every put is checked, then all are queued at once
+// with no request; the next flush issues the copies and its request reports them. A host queues
+// thousands of puts per flush (put_many), so the per-put work is a key comparison, bounds checks
+// and an append: the key is decoded, its owner, revocation and import looked up, once per key.
+void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts) {
   check_not_aborted();
   if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: peer is NULL");
-  if (args.remote_key == nullptr || (args.remote_key->data == nullptr && args.remote_key->size)) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: remote_key is NULL");
-  }
-  const Key key = decode_key({args.remote_key->data, args.remote_key->size});
-  check_key_owner(key, peer->link->remote().nonce, peer->link->name());
-  if (peer->link->revoked(key.memory_id)) {
-    fail(FERRY_STATUS_FAILED_PRECONDITION,
-         "cuda_ipc put: stale key: {} deregistered its memory {} (released or re-registered); "
-         "ask it for a new key",
-         peer->link->name(), key.memory_id);
-  }
   peer->link->check_alive();
-  const std::uint8_t* src = local_range(args.local, "put");
-  const std::uint64_t bytes = args.local.size;
-  if (args.remote_offset > key.size || bytes > key.size - args.remote_offset) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "cuda_ipc put: {} bytes at offset {} exceed {}'s memory {} of {} bytes", bytes,
-         args.remote_offset, peer->link->name(), key.memory_id, key.size);
-  }
-  const bool device_source = args.local.memory->kind == FERRY_MEMORY_CUDA;
-  if (args.fingerprint_out != nullptr && !device_source) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "cuda_ipc put: fingerprint_out is offered for puts from device memory only");
-  }
-  if (bytes == 0) {
-    // xxh64-chunked-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
-    if (args.fingerprint_out != nullptr) {
-      *args.fingerprint_out = ferry::sdk::xxh64::finish(ferry::sdk::xxh64::kPrime5, 0, nullptr, 0);
+  std::vector<PendingCopy> copies;
+  copies.reserve(puts.size());
+  std::vector<std::uint64_t*> empty_prints;  // written once every put passed its checks
+  const ferry_blob_t* key_blob = nullptr;     // the key decoded last (pointer and size)
+  std::size_t key_size = 0;
+  Key key{};
+  Imported* imported = nullptr;  // key's import, once a put needed it
+  bool all_mapped = false;       // every chunk of *imported is mapped
+  const ferry_memory* local = nullptr;  // the local registration checked last
+  for (const auto& args : puts) {
+    if (args.remote_key == nullptr || (args.remote_key->data == nullptr && args.remote_key->size)) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: remote_key is NULL");
     }
-    return nullptr;
+    if (args.remote_key != key_blob || args.remote_key->size != key_size) {
+      key = decode_key({args.remote_key->data, args.remote_key->size});
+      check_key_owner(key, peer->link->remote().nonce, peer->link->name());
+      if (peer->link->revoked(key.memory_id)) {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "cuda_ipc put: stale key: {} deregistered its memory {} (released or "
+             "re-registered); ask it for a new key",
+             peer->link->name(), key.memory_id);
+      }
+      key_blob = args.remote_key;
+      key_size = args.remote_key->size;
+      imported = nullptr;
+    }
+    const std::uint8_t* src = nullptr;
+    if (args.local.memory != nullptr && args.local.memory == local) {
+      // Registered (checked at this call's first put from it); only the range is new.
+      if (args.local.offset > local->size || args.local.size > local->size - args.local.offset) {
+        src = local_range(args.local, "put");  // fails, naming the range
+      }
+      src = local->base + args.local.offset;
+    } else {
+      src = local_range(args.local, "put");
+      local = args.local.memory;
+    }
+    const std::uint64_t bytes = args.local.size;
+    if (args.remote_offset > key.size || bytes > key.size - args.remote_offset) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "cuda_ipc put: {} bytes at offset {} exceed {}'s memory {} of {} bytes", bytes,
+           args.remote_offset, peer->link->name(), key.memory_id, key.size);
+    }
+    const bool device_source = args.local.memory->kind == FERRY_MEMORY_CUDA;
+    if (args.fingerprint_out != nullptr && !device_source) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "cuda_ipc put: fingerprint_out is offered for puts from device memory only");
+    }
+    if (bytes == 0) {
+      if (args.fingerprint_out != nullptr) empty_prints.push_back(args.fingerprint_out);
+      continue;
+    }
+    if (imported == nullptr) {
+      imported = &import(peer, key.memory_id, key.kind, effective(args.deadline_ns));
+      if (imported->size != key.size) {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "cuda_ipc put: stale key: {}'s memory {} is {} bytes now, the key says {}",
+             peer->link->name(), key.memory_id, imported->size, key.size);
+      }
+      ensure_cuda();
+      std::lock_guard lock(peer->mutex);
+      all_mapped = imported->all_mapped;
+    }
+    std::uint8_t* const dst = all_mapped ? imported->base + args.remote_offset
+                                         : mapped(peer, *imported, args.remote_offset, bytes);
+    copies.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
   }
-  Imported& imported = import(peer, key.memory_id, key.kind, effective(args.deadline_ns));
-  if (imported.size != key.size) {
-    fail(FERRY_STATUS_FAILED_PRECONDITION,
-         "cuda_ipc put: stale key: {}'s memory {} is {} bytes now, the key says {}",
-         peer->link->name(), key.memory_id, imported.size, key.size);
+  // xxh64-chunked-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
+  for (auto* out : empty_prints) {
+    *out = ferry::sdk::xxh64::finish(ferry::sdk::xxh64::kPrime5, 0, nullptr, 0);
   }
-  ensure_cuda();
-  std::uint8_t* const dst = mapped(peer, imported, args.remote_offset, bytes);
-  // Deferred (FERRY_TRANSPORT_CAP_PUT_DEFERRED): no request; the next flush issues the copy and
-  // its request reports it. A host may queue thousands of puts per flush, so none allocates.
+  if (copies.empty()) return;
   std::lock_guard lock(cuda_mutex_);
-  ++next_ticket_;
-  pending_.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
-  return nullptr;
+  next_ticket_ += copies.size();
+  pending_.insert(pending_.end(), copies.begin(), copies.end());
 }
 
 void ferry_transport::issue_pending_locked() {

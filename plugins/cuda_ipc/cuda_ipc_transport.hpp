@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,7 @@ struct Imported {
     bool mapped = false;
   };
   std::vector<Chunk> chunks;  // VMM, in address order
+  bool all_mapped = false;    // every chunk is mapped (they stay so while imported); the peer's mutex
   std::shared_ptr<LegacyOpening> legacy;
 };
 
@@ -131,6 +133,7 @@ struct ferry_transport {
   void deregister_memory(ferry_memory* memory) noexcept;
 
   ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
+  void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
   ferry_request* flush(ferry_peer* peer);
   ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
   ferry_request* recv_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);

@@ -232,6 +232,7 @@ const ferry_transport_api_t kApi = {
     disk_source_catalog,
     disk_source_read,
     disk_source_close,
+    nullptr,  // put_many
 };
 
 }  // namespace

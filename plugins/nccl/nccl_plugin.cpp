@@ -409,6 +409,7 @@ const ferry_transport_api_t kApi = {
     nullptr,  // source_catalog
     nullptr,  // source_read
     nullptr,  // source_close
+    nullptr,  // put_many
 };
 
 }  // namespace

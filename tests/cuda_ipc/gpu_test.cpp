@@ -5,7 +5,8 @@
 // and 20 whole sessions grow neither open fds, nor mappings, nor used device memory; the legacy
 // path with offsets inside one allocation; a restarted receiver's old key is refused as stale and
 // the dead incarnation fails operations naming it; fingerprinting flushes in flight together keep
-// the order of writes to the same bytes. Exits 77 (skip) without a CUDA device.
+// the order of writes to the same bytes; put_many queues all of its puts or none. Exits 77 (skip)
+// without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -207,6 +208,46 @@ TEST(CudaIpcGpu, FingerprintedFlushesInFlightTogetherKeepTheirOrder) {
   EXPECT_EQ(prints[0], expect_print(31));
   EXPECT_EQ(prints[1], expect_print(32));
   EXPECT_EQ(prints[2], expect_print(33));
+}
+
+// put_many is all or nothing: a call with one bad put queues none, so the next flush writes
+// nothing; a good call's puts all land.
+TEST(CudaIpcGpu, PutManyQueuesAllOrNothing) {
+  Peer peer;
+  Transport sender(FERRY_ROLE_SENDER, 0);
+  const auto key = unhex(peer.ask("store" + args({16 * kMiB, 16 * kMiB})));
+  pair(sender, peer, "receiver 1");
+  (void)peer.ask("fill" + args({0, 50, 0, 16 * kMiB}));
+  LocalBuffer local(16 * kMiB);
+  local.fill(51, 0, 16 * kMiB);
+  ferry_memory_t* m = sender.register_memory(local.data, local.size, FERRY_MEMORY_CUDA);
+  ferry_blob_t k = borrow(key);
+  std::vector<ferry_put_args_t> puts(4);
+  for (std::size_t i = 0; i < puts.size(); ++i) {
+    auto& a = puts[i];
+    a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+    a.local = Transport::range(m, i * 4 * kMiB, 4 * kMiB);
+    a.remote_key = &k;
+    a.remote_offset = i * 4 * kMiB;
+    a.deadline_ns = in_seconds(30);
+  }
+  std::vector<const ferry_put_args_t*> pointers;
+  for (const auto& a : puts) pointers.push_back(&a);
+  ferry_put_args_t bad = puts[3];
+  bad.remote_offset = 14 * kMiB;  // 4 MiB from here pass the 16 MiB
+  pointers.back() = &bad;
+  ErrorPtr refused(Transport::api()->put_many(sender.get(), sender.peer(), pointers.data(),
+                                              pointers.size()));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(error_code(refused.get()), FERRY_STATUS_INVALID_ARGUMENT);
+  sender.flush();
+  EXPECT_EQ(peer.ask("check" + args({0, 50, 0, 16 * kMiB})), "");  // untouched
+  pointers.back() = &puts[3];
+  ErrorPtr queued(Transport::api()->put_many(sender.get(), sender.peer(), pointers.data(),
+                                             pointers.size()));
+  EXPECT_FALSE(queued) << error_message(queued.get());
+  sender.flush();
+  EXPECT_EQ(peer.ask("check" + args({0, 51, 0, 16 * kMiB})), "");
 }
 
 TEST(CudaIpcGpu, StagedRingIsBitIdenticalAndSlotsComeBack) {

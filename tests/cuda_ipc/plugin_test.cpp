@@ -1,8 +1,8 @@
 // tests/cuda_ipc/plugin_test.cpp: libferry_transport_cuda_ipc.so through its C table on any
 // machine (no GPU needed): it declares same-node point-to-point direct writes, refuses unknown
 // options, connects two instances over its Unix sockets, refuses to share host memory, refuses a
-// key of an earlier incarnation as stale, and fails a posted receive naming the peer when the
-// peer's instance goes away.
+// key of an earlier incarnation as stale, refuses a bad put of a put_many naming it, and fails a
+// posted receive naming the peer when the peer's instance goes away.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -90,6 +90,46 @@ TEST(CudaIpcPlugin, KeyOfAnEarlierIncarnationIsRefusedAsStale) {
   EXPECT_NE(message.find("stale key"), std::string::npos) << message;
   EXPECT_NE(message.find("receiver r2"), std::string::npos) << message;
   EXPECT_EQ(r, nullptr);
+}
+
+// put_many (ABI 1.2) checks each put as put does and names the one that fails.
+TEST(CudaIpcPlugin, PutManyRefusesABadPutNamingIt) {
+  Transport receiver(FERRY_ROLE_RECEIVER, -1);
+  Transport sender(FERRY_ROLE_SENDER, -1);
+  sender.connect(receiver.address(), "receiver r");
+  std::vector<std::uint8_t> host(4096);
+  ferry_memory_t* m = sender.register_memory(host.data(), host.size(), FERRY_MEMORY_HOST, -1);
+  const auto key =
+      encode_key(Key{decode_address(receiver.address()).nonce, 1, 0, 4096, ShareKind::Vmm});
+  ferry_blob_t k = borrow(key);
+  ferry_put_args_t past_the_end{};
+  past_the_end.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+  past_the_end.local = Transport::range(m, 0, 1024);
+  past_the_end.remote_key = &k;
+  past_the_end.remote_offset = 3584;  // 1024 bytes from here pass the key's 4096
+  past_the_end.deadline_ns = in_seconds(10);
+  ferry_put_args_t no_key = past_the_end;
+  no_key.remote_key = nullptr;
+  std::string message;
+  {
+    const ferry_put_args_t* args[] = {&past_the_end};
+    EXPECT_EQ(code_and_message(plugin()->put_many(sender.get(), sender.peer(), args, 1), &message),
+              FERRY_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(message.find("1024 bytes at offset 3584 exceed"), std::string::npos) << message;
+    EXPECT_NE(message.find("receiver r"), std::string::npos) << message;
+  }
+  {
+    const ferry_put_args_t* args[] = {&no_key};
+    EXPECT_EQ(code_and_message(plugin()->put_many(sender.get(), sender.peer(), args, 1), &message),
+              FERRY_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(message.find("remote_key is NULL"), std::string::npos) << message;
+  }
+  EXPECT_EQ(code_and_message(plugin()->put_many(sender.get(), sender.peer(), nullptr, 2), &message),
+            FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(message.find("args is NULL"), std::string::npos) << message;
+  // Nothing to queue is no error.
+  EXPECT_EQ(code_and_message(plugin()->put_many(sender.get(), sender.peer(), nullptr, 0), &message),
+            FERRY_STATUS_OK);
 }
 
 TEST(CudaIpcPlugin, KeyOfADeregisteredRegistrationIsRefused) {

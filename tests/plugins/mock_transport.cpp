@@ -225,6 +225,7 @@ const ferry_transport_api_t kMockTransportApi = {
     nullptr,  // source_catalog
     nullptr,  // source_read
     nullptr,  // source_close
+    nullptr,  // put_many
 };
 
 }  // namespace ferry::test_plugins

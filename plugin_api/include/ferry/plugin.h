@@ -360,6 +360,14 @@ typedef struct ferry_transport_api {
   ferry_error_t* (*source_read)(ferry_source_t* source, ferry_source_read_args_t* args);
   /* Optional (CAP_SOURCE). Serialized. */
   void (*source_close)(ferry_source_t* source);
+
+  /* ABI 1.2, optional (only with CAP_PUT_DEFERRED). Queues `count` puts to `peer` in order, as
+   * `count` calls of put would, with no requests: the next flush to the peer reports them. A host
+   * with thousands of tensors per flush makes one call instead of thousands. All or nothing: on
+   * an error none of them is queued. `args` holds `count` pointers (each struct carries its own
+   * struct_size). */
+  ferry_error_t* (*put_many)(ferry_transport_t* transport, ferry_peer_t* peer,
+                             const ferry_put_args_t* const* args, size_t count);
 } ferry_transport_api_t;
 
 /* ------------------------------------------------------------------------------------------ */
