@@ -121,7 +121,8 @@ void Channel::write_all(const void* data, std::size_t size, Clock::time_point de
 }
 
 void Channel::read_all(void* data, std::size_t size, Clock::time_point deadline,
-                       const std::string& phase, bool at_frame_start) {
+                       const std::string& phase, bool at_frame_start,
+                       Clock::time_point spin_until) {
   auto* p = static_cast<std::uint8_t*>(data);
   std::size_t got = 0;
   while (got < size) {
@@ -137,6 +138,7 @@ void Channel::read_all(void* data, std::size_t size, Clock::time_point deadline,
            at_frame_start && got == 0 ? "" : " in the middle of a frame");
     }
     if (errno == EINTR) continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && Clock::now() < spin_until) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       const int wait = remaining_ms(deadline);
       if (wait == 0) {
@@ -162,9 +164,9 @@ void Channel::write_header(FrameKind kind, std::uint64_t length, Clock::time_poi
 }
 
 std::uint64_t Channel::read_header(FrameKind expected, Clock::time_point deadline,
-                                   const std::string& phase) {
+                                   const std::string& phase, Clock::time_point spin_until) {
   std::uint8_t header[kHeaderBytes];
-  read_all(header, sizeof header, deadline, phase, true);
+  read_all(header, sizeof header, deadline, phase, true, spin_until);
   if (get_u32(header) != kMagic) {
     fail(FERRY_STATUS_CORRUPT_DATA,
          "{}: {}: not a ferry session frame (bad magic 0x{:08x}; is this a ferry sender?)", peer_,
@@ -195,8 +197,11 @@ void Channel::send_data(std::span<const std::byte> bytes, Clock::time_point dead
   write_all(bytes.data(), bytes.size(), deadline, phase);
 }
 
-std::unique_ptr<Received> Channel::recv(Clock::time_point deadline, const std::string& phase) {
-  const std::uint64_t length = read_header(FrameKind::Message, deadline, phase);
+std::unique_ptr<Received> Channel::recv(Clock::time_point deadline, const std::string& phase,
+                                        std::chrono::microseconds spin) {
+  const auto spin_until = spin.count() > 0 ? std::min(Clock::now() + spin, deadline)
+                                           : Clock::time_point{};
+  const std::uint64_t length = read_header(FrameKind::Message, deadline, phase, spin_until);
   if (length == 0 || length > kMaxMessageBytes || length % sizeof(capnp::word) != 0) {
     fail(FERRY_STATUS_CORRUPT_DATA,
          "{}: {}: message frame of {} bytes refused (must be a positive multiple of 8, at most {})",

@@ -65,7 +65,11 @@ class Channel {
   // Receives the next frame, which must be a message frame of at most kMaxMessageBytes.
   // Throws ferry::Error: TIMEOUT, PEER_FAILED (closed mid-phase), CORRUPT_DATA (bad magic, wrong
   // kind, oversize, not a Cap'n Proto message), ABORTED.
-  std::unique_ptr<Received> recv(Clock::time_point deadline, const std::string& phase);
+  // With `spin` > 0 it polls the socket without sleeping for up to that long first: for an
+  // answer due within a fraction of a millisecond (a Ready, a Committed), a thread put to sleep
+  // and woken costs tens of microseconds of the round trip.
+  std::unique_ptr<Received> recv(Clock::time_point deadline, const std::string& phase,
+                                 std::chrono::microseconds spin = {});
   // Receives the next frame, which must be a data frame of exactly dst.size() bytes, into dst.
   void recv_data(std::span<std::byte> dst, Clock::time_point deadline, const std::string& phase);
 
@@ -77,11 +81,11 @@ class Channel {
   void write_all(const void* data, std::size_t size, Clock::time_point deadline,
                  const std::string& phase);
   void read_all(void* data, std::size_t size, Clock::time_point deadline, const std::string& phase,
-                bool at_frame_start);
+                bool at_frame_start, Clock::time_point spin_until = {});
   void write_header(FrameKind kind, std::uint64_t length, Clock::time_point deadline,
                     const std::string& phase);
   std::uint64_t read_header(FrameKind expected, Clock::time_point deadline,
-                            const std::string& phase);
+                            const std::string& phase, Clock::time_point spin_until = {});
 
   int fd_ = -1;
   std::string peer_;

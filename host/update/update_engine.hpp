@@ -251,6 +251,8 @@ class UpdateEngine {
   std::shared_ptr<CudaApplier> cuda_;  // null until needed (and always without the cuda feature)
   std::vector<const std::byte*> bound_addresses_;  // of targets_, to invalidate device op tables
   std::optional<std::size_t> bound_param_count_;  // the store's, when targets_ were bound
+  std::uint64_t bindings_ = 0;  // full binds so far (the layout walked); publish_locked's names
+  std::uint64_t names_binding_ = 0;  // bindings_ when fingerprint_names_ were copied
   // The last direct_destinations answer, for the same catalog (manifest::catalog_key) while the
   // targets' memory stays where it was (each target's data and block pointers).
   std::string destinations_key_;
