@@ -231,6 +231,7 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   so.receivers = {fmt::format("127.0.0.1:{}", receiver.port())};
   so.transport = transport;
   so.bucket_bytes = o.bucket_bytes;
+  if (o.group_bytes > 0) so.fingerprinted_group_bytes = o.group_bytes;
   so.token = config.receiver.token;
   config::Config sender_config = config;
   sender_config.update.delivery = delivery_of(mode);
@@ -352,6 +353,8 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
   r["dtype"] = "bf16";
   r["repeat"] = o.repeat;
   r["bucket_bytes"] = o.bucket_bytes;
+  r["group_bytes"] =
+      o.group_bytes > 0 ? o.group_bytes : session::SenderOptions{}.fingerprinted_group_bytes;
   r["transport"] = o.transport;
   r["timing"] =
       "ferry: PushReport.seconds, from push() called to the commit acknowledged (the sender's "
@@ -556,6 +559,10 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
                   "the Sender's transport (default cuda_ipc; cpu: inline, or ucx)");
   app->add_option("--bucket-bytes", o->bucket_bytes,
                   "the Sender's bucket size (default 512 MiB on cuda; cpu: the config's)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--group-bytes", o->group_bytes,
+                  "direct delivery with fingerprinting copies: bytes of buckets per copy launch "
+                  "(default: the Sender's, SenderOptions::fingerprinted_group_bytes)")
       ->check(CLI::PositiveNumber);
   app->add_option("--repeat", o->repeat, "timed calls after the first (default 5; cpu 3)")
       ->check(CLI::PositiveNumber);

@@ -28,6 +28,7 @@ struct CudaIpcBenchOptions {
   std::vector<std::string> modes;  // empty: {"auto"} (the session chooses)
   std::string transport;           // empty: cuda_ipc on cuda, inline on cpu
   std::uint64_t bucket_bytes = 0;  // 0: the config's update.bucket_bytes
+  std::uint64_t group_bytes = 0;   // 0: SenderOptions::fingerprinted_group_bytes
   int repeat = 0;                  // timed pushes after the first; 0: 5 on cuda, 3 on cpu
   std::string json_path;
   int timeout_s = 570;

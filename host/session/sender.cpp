@@ -929,14 +929,12 @@ struct Sender::Impl {
                          std::move(pieces), deadline, group_name(g), launch);
       deliver_s += seconds_since(deliver_start);
     };
-    // Where the transport's puts write nothing before their flush, the first two groups' copies
-    // are queued while the receiver begins (its Begin -> Ready round trip, ~0.5 ms at 4096
-    // parameters, is about as long as queueing 2 x 1024 puts) and launched together once it is
-    // Ready: a transport that runs consecutive flushes side by side (cuda_ipc's copy lanes) then
-    // starts both at once. Nothing is written before the Ready; a refusal drops the session, and
-    // the queued copies with it.
-    const std::size_t queued_early =
-        data->defers_pieces() ? std::min<std::size_t>(groups.size(), 2) : 0;
+    // Where the transport's puts write nothing before their flush, the first group's copies are
+    // queued while the receiver begins (its Begin -> Ready round trip, ~0.4 ms) and launched
+    // once it is Ready. Only the first: a flush issues every put queued before it, so a second
+    // group queued early would go in the same launch. Nothing is written before the Ready; a
+    // refusal drops the session, and the queued copies with it.
+    const std::size_t queued_early = data->defers_pieces() && !groups.empty() ? 1 : 0;
     const bool queue_first_early = queued_early > 0;
     // ---- begin
     {
