@@ -356,6 +356,7 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
   r["group_bytes"] =
       o.group_bytes > 0 ? o.group_bytes : session::SenderOptions{}.fingerprinted_group_bytes;
   r["transport"] = o.transport;
+  r["sender_memory"] = o.sender_memory;
   r["timing"] =
       "ferry: PushReport.seconds, from push() called to the commit acknowledged (the sender's "
       "fingerprints of its tensors included); torch: the producer's wall clock from the handoff "
@@ -477,7 +478,7 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
     {
       Watchdog::phase("cuda_ipc: allocating the sender's tensors");
 #if FERRY_HAVE_CUDA
-      auto tensors = cuda ? make_cuda_tensors(count, c.tensor_bytes)
+      auto tensors = cuda ? make_cuda_tensors(count, c.tensor_bytes, o.sender_memory == "flat")
                           : make_host_tensors(count, c.tensor_bytes);
 #else
       auto tensors = make_host_tensors(count, c.tensor_bytes);
@@ -525,10 +526,14 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
 
   std::printf("\nferry bench cuda_ipc: update of %s bf16 per call, sender (this process) -> "
               "ferry serve --device %s (identity layout, created by the first push), transport "
-              "'%s', buckets of %s, %d timed calls after the first; GB/s = payload / time\n",
+              "'%s', buckets of %s, %d timed calls after the first; sender tensors: %s; GB/s = "
+              "payload / time\n",
               decimal_bytes(static_cast<double>(results.front().total)).c_str(),
               cuda ? "cuda:0" : "cpu", o.transport.c_str(), binary_size(o.bucket_bytes).c_str(),
-              o.repeat);
+              o.repeat,
+              !cuda ? "host memory"
+              : o.sender_memory == "flat" ? "carved from one cudaMalloc"
+                                          : "one cudaMalloc each");
   print_tables(o, results);
   // With --log-level debug or trace the receivers' logs (their phase timings) are kept too.
   const bool keep_logs = globals.log_level == "debug" || globals.log_level == "trace";
@@ -564,6 +569,10 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
                   "direct delivery with fingerprinting copies: bytes of buckets per copy launch "
                   "(default: the Sender's, SenderOptions::fingerprinted_group_bytes)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--sender-memory", o->sender_memory,
+                  "the sender's CUDA tensors: per-tensor (one cudaMalloc each, the default) or "
+                  "flat (carved from one allocation, as FSDP and Megatron keep parameters)")
+      ->check(CLI::IsMember({"per-tensor", "flat"}));
   app->add_option("--repeat", o->repeat, "timed calls after the first (default 5; cpu 3)")
       ->check(CLI::PositiveNumber);
   app->add_option("--json", o->json_path, "write the records (a JSON array) to FILE");

@@ -29,6 +29,9 @@ struct CudaIpcBenchOptions {
   std::string transport;           // empty: cuda_ipc on cuda, inline on cpu
   std::uint64_t bucket_bytes = 0;  // 0: the config's update.bucket_bytes
   std::uint64_t group_bytes = 0;   // 0: SenderOptions::fingerprinted_group_bytes
+  // The sender's CUDA tensors: "per-tensor" (one cudaMalloc each) or "flat" (carved from one
+  // allocation, as FSDP and Megatron keep parameters).
+  std::string sender_memory = "per-tensor";
   int repeat = 0;                  // timed pushes after the first; 0: 5 on cuda, 3 on cpu
   std::string json_path;
   int timeout_s = 570;
@@ -77,7 +80,8 @@ std::unique_ptr<SenderTensors> make_host_tensors(std::size_t count, std::uint64_
 // CORRUPT_DATA when the copy does not equal its source.
 std::vector<double> measure_copy_ceiling_host(std::uint64_t bytes, int repeat);
 #if FERRY_HAVE_CUDA
-std::unique_ptr<SenderTensors> make_cuda_tensors(std::size_t count, std::uint64_t bytes);
+std::unique_ptr<SenderTensors> make_cuda_tensors(std::size_t count, std::uint64_t bytes,
+                                                 bool flat);
 std::vector<double> measure_copy_ceiling_cuda(std::uint64_t bytes, int repeat);
 #endif
 
