@@ -42,7 +42,7 @@ FERRY_API ferry_error_t* ferry_push_report_receiver(const ferry_push_report_t* r
     }
     const auto& r = report->receivers[index];
     ferry_receiver_result_t value{};
-    value.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, transport);
+    value.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, reused_session);
     value.address = r.address.c_str();
     value.committed = r.committed ? 1 : 0;
     value.error = r.error.c_str();
@@ -50,6 +50,9 @@ FERRY_API ferry_error_t* ferry_push_report_receiver(const ferry_push_report_t* r
     value.buckets = r.buckets;
     value.seconds = r.seconds;
     value.transport = r.transport.c_str();
+    value.direct = r.direct ? 1 : 0;
+    value.writer_fingerprints = r.writer_fingerprints ? 1 : 0;
+    value.reused_session = r.reused_session ? 1 : 0;
     ferry::capi::write_struct(out, value, kFn, "out");
   });
 }

@@ -17,6 +17,9 @@ struct ferry_push_report {
     std::uint64_t buckets = 0;
     double seconds = 0;
     std::string transport;
+    bool direct = false;
+    bool writer_fingerprints = false;
+    bool reused_session = false;
   };
   std::uint64_t version = 0;
   std::uint64_t bytes = 0;

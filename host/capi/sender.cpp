@@ -25,8 +25,8 @@ namespace {
 ferry_push_report_t* new_report(const std::vector<ferry::session::ReceiverResult>& results) {
   auto report = std::make_unique<ferry_push_report_t>();
   for (const auto& r : results) {
-    report->receivers.push_back(
-        {r.address, r.committed, r.error, r.bytes, r.buckets, r.seconds, r.transport});
+    report->receivers.push_back({r.address, r.committed, r.error, r.bytes, r.buckets, r.seconds,
+                                 r.transport, r.direct, r.writer_fingerprints, r.reused_session});
   }
   return report.release();
 }

@@ -109,6 +109,9 @@ class ReceiverResult(ctypes.Structure):
         ("buckets", ctypes.c_uint64),
         ("seconds", ctypes.c_double),
         ("transport", ctypes.c_char_p),
+        ("direct", ctypes.c_int),
+        ("writer_fingerprints", ctypes.c_int),
+        ("reused_session", ctypes.c_int),
     ]
 
 
@@ -121,7 +124,7 @@ def struct_size(struct_type):
 # ---- loading -------------------------------------------------------------------------------
 
 API_MAJOR = 1
-API_MINOR = 1
+API_MINOR = 2
 
 _lock = threading.Lock()
 _lib = None

@@ -21,6 +21,9 @@ class ReceiverOutcome:
     buckets: int
     seconds: float
     transport: str
+    direct: bool = False  # straight into the receiver's parameters (not through staging slots)
+    writer_fingerprints: bool = False  # the copies fingerprinted what they wrote
+    reused_session: bool = False  # through the session kept from the previous push
 
 
 @dataclass
@@ -55,7 +58,9 @@ def _read_report(handle):
                 address=(out.address or b"").decode(), committed=bool(out.committed),
                 error=(out.error or b"").decode("utf-8", "replace"), bytes=out.bytes,
                 buckets=out.buckets, seconds=out.seconds,
-                transport=(out.transport or b"").decode()))
+                transport=(out.transport or b"").decode(), direct=bool(out.direct),
+                writer_fingerprints=bool(out.writer_fingerprints),
+                reused_session=bool(out.reused_session)))
         return PushReport(version=c.ferry_push_report_version(handle),
                           bytes=c.ferry_push_report_bytes(handle),
                           seconds=c.ferry_push_report_seconds(handle), receivers=receivers)

@@ -94,6 +94,23 @@ def test_in_process_receiver_reports_version_and_fingerprints(ferry_module):
         assert after != empty
 
 
+def test_report_says_when_a_push_reused_the_kept_session(ferry_module):
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    target = {"a": np.zeros((8, 4), np.float32)}
+    with ferry.Receiver() as receiver:
+        receiver.register_params(target)
+        receiver.serve(port=0)
+        with ferry.Sender([receiver.address]) as sender:
+            first = sender.push({"a": np.ones((8, 4), np.float32)}, version=1)
+            second = sender.push({"a": np.full((8, 4), 2, np.float32)}, version=2)
+        assert [r.reused_session for r in first.receivers] == [False]
+        assert [r.reused_session for r in second.receivers] == [True]
+        # Host arrays go through the receiver's staging slots.
+        assert not second.receivers[0].direct
+        assert np.array_equal(target["a"], np.full((8, 4), 2, np.float32))
+
+
 def test_one_push_reaches_two_receivers(ferry_module, receiver_process, tmp_path):
     np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
     ferry = ferry_module

@@ -185,13 +185,21 @@ struct SenderTensors {
   std::vector<std::vector<int64_t>> shapes;
 };
 
-void expect_committed(const ferry_push_report_t* report, size_t receivers) {
+// Every receiver committed; with `reused` set, each push went through the session kept from the
+// previous one (1) or opened one (0), as ferry_receiver_result_t.reused_session (API 1.2) says.
+void expect_committed(const ferry_push_report_t* report, size_t receivers, int reused = -1) {
   ASSERT_NE(report, nullptr);
   ASSERT_EQ(ferry_push_report_num_receivers(report), receivers);
   for (size_t i = 0; i < receivers; ++i) {
     ferry_receiver_result_t r{};
-    r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, transport);
+    r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, reused_session);
+    r.reused_session = 7;  // overwritten: the library fills every field the caller declared
     ASSERT_EQ(take(ferry_push_report_receiver(report, i, &r)).code, FERRY_STATUS_OK);
+    if (reused >= 0) {
+      EXPECT_EQ(r.reused_session, reused) << r.address;
+    }
+    EXPECT_TRUE(r.reused_session == 0 || r.reused_session == 1) << r.reused_session;
+    EXPECT_EQ(r.direct, 0) << "host tensors go through the staging slots";
     EXPECT_EQ(r.committed, 1) << r.address << ": " << r.error;
     EXPECT_GT(r.bytes, 0u);
     // "auto" picks ucx or inline; an explicit choice is what the receiver used.
@@ -416,7 +424,7 @@ TEST(CApi, RoundTripIntoTwoEmbeddedReceiversIsBitIdentical) {
   ReportPtr report;
   Outcome o = push(sender.get(), pointers, 1, &report);
   ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
-  expect_committed(report.get(), 2);
+  expect_committed(report.get(), 2, /*reused=*/0);
   EXPECT_EQ(ferry_push_report_version(report.get()), 1u);
   EXPECT_EQ(first.check(1), "OK");
   EXPECT_EQ(second.check(1), "OK");
@@ -450,7 +458,7 @@ TEST(CApi, RoundTripIntoTwoEmbeddedReceiversIsBitIdentical) {
   }
   o = push(sender.get(), pointers, 2, &report);
   ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
-  expect_committed(report.get(), 2);
+  expect_committed(report.get(), 2, /*reused=*/1);  // the same tensors: the kept sessions
   EXPECT_EQ(first.check(2), "OK");
   EXPECT_EQ(second.check(2), "OK");
 

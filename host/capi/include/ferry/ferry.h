@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 1
+#define FERRY_API_MINOR 2
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -200,6 +200,12 @@ typedef struct ferry_receiver_result {
   uint64_t buckets;     /* out */
   double seconds;       /* out */
   const char* transport; /* out: the data path used ("inline", "ucx", ...), "" if none yet */
+  /* API 1.2 (a caller's shorter struct_size leaves them unwritten): */
+  int direct;              /* out: 1 when the tensors went straight into the receiver's
+                              parameters (direct delivery), 0 when through its staging slots */
+  int writer_fingerprints; /* out: 1 when the copies fingerprinted what they wrote */
+  int reused_session;      /* out: 1 when the push went through the session kept from the
+                              previous push (no handshake), 0 when it opened one */
 } ferry_receiver_result_t;
 
 /* Report accessors. Any thread; the report is immutable. */
