@@ -254,7 +254,8 @@ struct Link {
   bool fits(std::span<const TensorView> tensors, const PushPlan& plan,
             std::optional<bool> catalog_same = std::nullopt) const {
     return plan.capacity <= capacity_ && plan.device == device_ &&
-           plan.cuda_tensors == cuda_tensors_ && catalog_same.value_or(same_catalog(tensors));
+           plan.cuda_tensors == cuda_tensors_ &&
+           (catalog_same ? *catalog_same : same_catalog(tensors));  // (value_or would compare)
   }
   bool same_catalog(std::span<const TensorView> tensors) const {
     if (tensors.size() != catalog_.size()) return false;

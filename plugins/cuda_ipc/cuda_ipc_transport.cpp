@@ -254,14 +254,16 @@ void ferry_transport::ensure_cuda() {
   cuda_ready_ = true;
 }
 
-cudaEvent_t ferry_transport::take_event() {
-  if (!free_events_.empty()) {
-    cudaEvent_t e = free_events_.back();
-    free_events_.pop_back();
+cudaEvent_t ferry_transport::take_event(bool timing) {
+  auto& pool = timing ? free_timing_events_ : free_events_;
+  if (!pool.empty()) {
+    cudaEvent_t e = pool.back();
+    pool.pop_back();
     return e;
   }
   cudaEvent_t e = nullptr;
-  check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  check_rt(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+           "cudaEventCreate");
   return e;
 }
 
@@ -907,8 +909,8 @@ void ferry_transport::issue_pending_locked() {
     PrintBatch batch;
     batch.lane = l;
     for (const auto& op : print_ops) batch.bytes += op.bytes;
-    batch.began = take_timing_event();
-    batch.ended = take_timing_event();
+    batch.began = take_event(true);
+    batch.ended = take_event(true);
     check_rt(cudaEventRecord(batch.began, lane), "cudaEventRecord");
     // One pinned array: the n fingerprints read back, then the kernel's op table.
     const std::size_t table_words =
@@ -963,17 +965,6 @@ void ferry_transport::deliver_prints_locked(std::uint64_t covers) noexcept {
     give_pinned_prints(batch.host, batch.capacity);
     log_launch_locked(batch);
   }
-}
-
-cudaEvent_t ferry_transport::take_timing_event() {
-  if (!free_timing_events_.empty()) {
-    cudaEvent_t e = free_timing_events_.back();
-    free_timing_events_.pop_back();
-    return e;
-  }
-  cudaEvent_t e = nullptr;
-  check_rt(cudaEventCreate(&e), "cudaEventCreate");
-  return e;
 }
 
 // "launch on lane L: N copies, B bytes in X ms (Y GB/s), began Z ms after the previous one":

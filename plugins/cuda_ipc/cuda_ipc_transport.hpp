@@ -150,7 +150,8 @@ struct ferry_transport {
  private:
   // The device and stream, created on first use (so a GPU-less create still works).
   void ensure_cuda();
-  cudaEvent_t take_event();
+  // An event from the pool (timing: one that records time, for the launch log).
+  cudaEvent_t take_event(bool timing = false);
   void return_event(cudaEvent_t event) noexcept;
   ferry_request* new_request(ferry_request::Kind kind, ferry_peer* peer);
   ferry::cuda_ipc::Imported& import(ferry_peer* peer, std::uint64_t memory_id,
@@ -235,7 +236,6 @@ struct ferry_transport {
   std::deque<PrintBatch> print_batches_;  // oldest first; arrays from a process-wide pool
   std::vector<cudaEvent_t> free_timing_events_;
   cudaEvent_t previous_began_ = nullptr;  // the last delivered batch's (kept for the next one)
-  cudaEvent_t take_timing_event();
   void log_launch_locked(PrintBatch& batch) noexcept;
   std::uint64_t next_ticket_ = 0;    // tickets handed to puts so far
   std::uint64_t issued_ticket_ = 0;  // every put up to this ticket is enqueued on the stream
