@@ -1,12 +1,13 @@
-// cli/cmd_bench.cpp: `ferry bench [scatter|fingerprint|disk]`: parses the bench options, guards the
-// run with a watchdog, prints the chosen case's table and writes its JSON records
-// (bench/README.md). With no case it lists the cases.
+// cli/cmd_bench.cpp: `ferry bench [scatter|fingerprint|disk|...|embedded]`: parses the bench
+// options, guards the run with a watchdog, prints the chosen case's table and writes its JSON
+// records (bench/README.md). With no case it lists the cases.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/bench_cuda_ipc.hpp"
 #include "cli/bench_disk.hpp"
+#include "cli/bench_embedded.hpp"
 #include "cli/bench_fingerprint.hpp"
 #include "cli/bench_fp8.hpp"
 #include "cli/bench_moe.hpp"
@@ -43,6 +44,9 @@ void list_cases() {
       "               plugin, one scatter per layer bucket, vs a copy_ loop and _foreach_copy_\n"
       "  cuda_ipc     a 16 GiB update (256 and 4096 tensors) through CUDA IPC into a ferry serve\n"
       "               child on the same GPU vs the D2D ceiling and torch.multiprocessing\n"
+      "  embedded     a real-model RL push from Python (bench/embedded_push.py): a trainer's\n"
+      "               Qwen3 (8B dims, 5 layers, 4.4 GB) state_dict right after optimizer.step()\n"
+      "               into a rollout process's default ferry.Receiver on the same GPU vs D2D\n"
       "common options: --device cuda|cpu (default %s), --json FILE, --repeat N, --warmup N,\n"
       "                --timeout S\n",
       FERRY_HAVE_CUDA ? "cuda" : "cpu");
@@ -122,12 +126,14 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
   const bench::UcxBenchCommand ucx = bench::add_ucx_bench_command(bench_cmd, globals);
   const bench::NcclBenchCommand nccl = bench::add_nccl_bench_command(bench_cmd, globals);
   const bench::CudaIpcBenchCommand cuda_ipc = bench::add_cuda_ipc_bench_command(bench_cmd, globals);
+  const bench::EmbeddedBenchCommand embedded = bench::add_embedded_bench_command(bench_cmd);
 
-  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc, fp8,
-          moe, &globals]() -> int {
+  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc,
+          embedded, fp8, moe, &globals]() -> int {
     if (ucx.app->parsed()) return ucx.action();  // its own options, watchdog and JSON
     if (nccl.app->parsed()) return nccl.action();  // likewise
     if (cuda_ipc.app->parsed()) return cuda_ipc.action();  // likewise
+    if (embedded.app->parsed()) return embedded.action();  // likewise
     if (!scatter->parsed() && !fingerprint->parsed() && !disk->parsed() && !fp8->parsed() &&
         !moe->parsed()) {
       list_cases();

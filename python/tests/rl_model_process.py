@@ -1,0 +1,232 @@
+"""python/tests/rl_model_process.py: one side of test_real_model_rl.py, run as its own process on
+cuda:0 with a small Hugging Face Qwen3 model (dense Qwen3ForCausalLM or MoE Qwen3MoeForCausalLM,
+built from a config, random init from SEED, bf16, eval mode, eager attention):
+
+  rollout  the inference engine: ferry.Receiver() with the defaults (receiver.device not set;
+           only update.delivery, when not "auto"), the model's named_parameters() registered and
+           their data_ptrs recorded, serving on a free port
+  trainer  the RL trainer: AdamW steps, each followed AT ONCE (no torch.cuda.synchronize) by
+           ferry.Sender.push(model.state_dict(), version=step) into the rollout, through one
+           Sender kept across steps. Before each optimizer.step() it queues torch.cuda._sleep on
+           torch's current stream, so that the optimizer's writes land tens of ms after step()
+           returned: a push that does not order itself after that stream reads stale weights.
+
+Commands on stdin, one JSON line on stdout per command (other stdout lines are noise):
+  logits PATH   torch.save({"logits": ..., "state": {name: tensor}}) of the fixed input's logits
+                and of every parameter (CPU copies) to PATH. The rollout answers
+                {"version": n, "pointers_unchanged": bool, "moved": [names]}, the trainer {}.
+  step N PATH   (trainer) one training step, the push as version N, then what "logits PATH" does;
+                answers with the push report (committed, transport, direct, reused_session, ...).
+  quit          (or end of stdin) exits 0.
+  connect HOST:PORT  (trainer) creates the ferry.Sender to the rollout (kept for every step).
+The first line is {"ready": ...}; a failure answers {"failure": "..."} (and exits 1 at startup).
+
+Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED
+"""
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+
+# cuda:0 always in the test; FERRY_RL_DEVICE=cpu checks this script itself without a GPU.
+DEVICE = os.environ.get("FERRY_RL_DEVICE", "cuda:0")
+
+# A fixed input both sides compute logits for, and the training batches' shape.
+BATCH, SEQ = 2, 16
+VOCAB = 4096
+LR = 1e-2  # large enough that bf16 weights near 1.0 (the norms) change on every step too
+DELAY_CYCLES = 50_000_000  # torch.cuda._sleep before optimizer.step(): ~25 ms on an H200
+
+
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def model_config(transformers, family):
+    common = dict(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                  tie_word_embeddings=False, use_cache=False, attn_implementation="eager")
+    if family == "dense":
+        return transformers.Qwen3Config(head_dim=64, **common), transformers.Qwen3ForCausalLM
+    return (transformers.Qwen3MoeConfig(moe_intermediate_size=256, num_experts=8,
+                                        num_experts_per_tok=2, norm_topk_prob=True,
+                                        decoder_sparse_step=1, mlp_only_layers=[],
+                                        experts_implementation="eager", **common),
+            transformers.Qwen3MoeForCausalLM)
+
+
+def build_model(torch, transformers, family, seed):
+    config, cls = model_config(transformers, family)
+    torch.manual_seed(seed)
+    device = torch.device(DEVICE)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device if hasattr(device, "__enter__") else contextlib.nullcontext():
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(old)
+    model = model.to(device=device, dtype=torch.bfloat16).eval()
+    # Random init from the seed; anything the model left uninitialized (or not finite) is drawn
+    # here, so that both sides start from finite weights that differ.
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    redrawn = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if not bool(torch.isfinite(p).all()):
+                p.normal_(0.0, 0.02, generator=gen)
+                redrawn += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return model, config, redrawn
+
+
+def fixed_input(torch):
+    return (torch.arange(BATCH * SEQ, device=DEVICE).reshape(BATCH, SEQ) * 37 + 11) % VOCAB
+
+
+def logits_of(torch, model, tokens):
+    with torch.no_grad():
+        return model(input_ids=tokens, use_cache=False).logits
+
+
+def save_snapshot(torch, path, logits, named):
+    torch.save({"logits": logits.detach().cpu(),
+                "state": {name: t.detach().cpu() for name, t in named}}, path)
+
+
+def describe(model, config, redrawn):
+    params = list(model.named_parameters())
+    return {"tensors": len(params), "bytes": sum(p.numel() * p.element_size() for _, p in params),
+            "experts": getattr(config, "num_experts", None), "redrawn": redrawn,
+            "dtypes": sorted({str(p.dtype) for _, p in params})}
+
+
+def rollout(torch, transformers, ferry, family, delivery, seed):
+    model, config, redrawn = build_model(torch, transformers, family, seed)
+    overrides = {} if delivery == "auto" else {"update__delivery": delivery}
+    receiver = ferry.Receiver(**overrides)
+    receiver.register(model.named_parameters())
+    pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
+    port = receiver.serve(port=0)
+    tokens = fixed_input(torch)
+    say({"ready": True, "port": port, **describe(model, config, redrawn),
+         "names": sorted(pointers)})
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        try:
+            if words[0] == "logits":
+                logits = logits_of(torch, model, tokens)
+                save_snapshot(torch, words[1], logits, model.named_parameters())
+                moved = [n for n, p in model.named_parameters() if p.data_ptr() != pointers[n]]
+                v = receiver.version
+                say({"version": v.number, "label": v.label, "pointers_unchanged": not moved,
+                     "moved": moved[:5], "health": receiver.health().state})
+            else:
+                say({"failure": f"unknown command {words[0]!r}"})
+        except Exception as e:  # answer, so that the test shows it instead of timing out
+            say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+    receiver.close()
+    return 0
+
+
+def delay(torch):
+    """Queues GPU work on torch's current stream that keeps it busy for tens of ms."""
+    if not DEVICE.startswith("cuda"):
+        return
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(DELAY_CYCLES)
+        return
+    a = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)
+    for _ in range(40):
+        a = a @ a * 1e-3
+
+
+def trainer(torch, transformers, ferry, family, delivery, seed):
+    model, config, redrawn = build_model(torch, transformers, family, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    overrides = {} if delivery == "auto" else {"update__delivery": delivery}
+    sender = None
+    tokens = fixed_input(torch)
+    say({"ready": True, **describe(model, config, redrawn),
+         "names": sorted(model.state_dict().keys()),
+         "sleep": "torch.cuda._sleep" if hasattr(torch.cuda, "_sleep") else "matmuls"})
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        try:
+            if words[0] == "connect":
+                sender = ferry.Sender([words[1]], **overrides)
+                say({"connected": words[1]})
+            elif words[0] == "logits":
+                save_snapshot(torch, words[1], logits_of(torch, model, tokens),
+                              model.state_dict().items())
+                say({})
+            elif words[0] == "step":
+                step, path = int(words[1]), words[2]
+                gen = torch.Generator(device=DEVICE).manual_seed(1000 + step)
+                batch = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen, device=DEVICE)
+                logits = model(input_ids=batch, use_cache=False).logits
+                loss = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                    batch[:, 1:].reshape(-1))
+                loss.backward()
+                delay(torch)  # the optimizer's kernels now wait behind tens of ms of GPU work
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                report = sender.push(model.state_dict(), version=step, check=False)  # no sync
+                wall = time.perf_counter() - t0
+                save_snapshot(torch, path, logits_of(torch, model, tokens),
+                              model.state_dict().items())
+                r = report.receivers[0] if report.receivers else None
+                say({"version": report.version, "bytes": report.bytes, "wall_s": wall,
+                     "loss": float(loss),
+                     "committed": bool(r and r.committed), "error": r.error if r else "no receiver",
+                     "transport": r.transport if r else "", "direct": bool(r and r.direct),
+                     "reused_session": bool(r and r.reused_session),
+                     "writer_fingerprints": bool(r and r.writer_fingerprints),
+                     "seconds": r.seconds if r else 0.0,
+                     "producer_wait_s": getattr(report, "producer_wait_seconds", None)})
+            else:
+                say({"failure": f"unknown command {words[0]!r}"})
+        except Exception as e:
+            say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+    if sender is not None:
+        sender.close()
+    return 0
+
+
+def main():
+    role, family, delivery, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    try:
+        import torch
+        import transformers
+
+        import ferry
+        # Both sides must compute bit-identical logits from identical weights.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        if role == "rollout":
+            return rollout(torch, transformers, ferry, family, delivery, seed)
+        return trainer(torch, transformers, ferry, family, delivery, seed)
+    except Exception as e:
+        say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""python/tests/test_real_model_rl.py: an RL weight update as users run it, with real Hugging Face
+models on one GPU: a trainer process (Qwen3 dense or Qwen3-MoE, AdamW) pushes model.state_dict()
+right after optimizer.step(), with no torch.cuda.synchronize(), into a rollout process whose
+engine-owned parameters are registered with a ferry.Receiver() left at its defaults. After every
+push the rollout's logits for a fixed input and every one of its parameters must equal the
+trainer's bit for bit, written in place (same data_ptr), at the pushed version, through CUDA IPC.
+The trainer delays its optimizer's kernels (torch.cuda._sleep queued on torch's current stream
+before optimizer.step()), so a push that reads the tensors without ordering itself after that
+stream commits stale weights, and this test fails.
+
+Both processes run python/tests/rl_model_process.py. Skipped without PyTorch, a CUDA device,
+transformers (with Qwen3 and Qwen3-MoE) or libferry.so.
+"""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+HELPER = HERE / "rl_model_process.py"
+STEPS = 5
+START_TIMEOUT_S = 240  # importing transformers and a first CUDA context can be slow
+STEP_TIMEOUT_S = 90
+
+
+def _requirements(family):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the real-model RL test runs on a GPU machine")
+    try:
+        import transformers
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        pytest.skip(f"transformers is not importable: {type(e).__name__}: {e}")
+    needed = (("Qwen3Config", "Qwen3ForCausalLM") if family == "dense"
+              else ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"))
+    for name in needed:
+        try:
+            getattr(transformers, name)
+        except Exception as e:  # AttributeError, or the lazy module failing to import it
+            pytest.skip(f"transformers {transformers.__version__} has no {name}: "
+                        f"{type(e).__name__}: {e}")
+    import ferry
+    try:
+        ferry.library_path()
+    except ferry.NotFoundError as e:
+        pytest.skip(f"libferry.so is not available: {e.message}")
+    return torch
+
+
+class PeerError(RuntimeError):
+    pass
+
+
+class Peer:
+    """rl_model_process.py in a child process: commands on stdin, JSON answers on stdout (read by
+    a thread, so that every wait has a timeout), stderr to a file shown on failure."""
+
+    def __init__(self, name, args, log_dir):
+        self.name = name
+        self.log_path = log_dir / f"{name}.stderr"
+        self._log = open(self.log_path, "w")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")] if p)
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen([sys.executable, str(HELPER), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self._lines = queue.Queue()
+        self.noise = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def answer(self, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self._lines.get(timeout=max(0.01, left))
+            except queue.Empty:
+                raise PeerError(f"the {self.name} gave no answer within {timeout} s") from None
+            if line is None:
+                self.proc.wait(timeout=10)
+                raise PeerError(f"the {self.name} exited (code {self.proc.returncode})")
+            line = line.strip()
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if not isinstance(msg, dict):
+                self.noise.append(line)
+                continue
+            if "failure" in msg:
+                raise PeerError(f"the {self.name} failed: {msg['failure']}\n"
+                                f"{msg.get('traceback', '')}")
+            return msg
+
+    def ask(self, command, timeout=STEP_TIMEOUT_S):
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise PeerError(f"the {self.name} is gone ({e})") from None
+        return self.answer(timeout)
+
+    def log_tail(self, chars=4000):
+        try:
+            self._log.flush()
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._log.close()
+
+
+@pytest.fixture
+def peers(tmp_path):
+    started = []
+
+    def start(name, args):
+        p = Peer(name, args, tmp_path)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.close()
+
+
+def _bits(t):
+    """The tensor's bytes as integers (NaN-safe, exact comparison)."""
+    import torch
+    t = t.contiguous()
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.uint8)
+
+
+def _differences(torch, trainer_snap, rollout_snap):
+    """Names of the tensors that differ (state), "logits" first when the logits differ."""
+    out = []
+    if not torch.equal(_bits(trainer_snap["logits"]), _bits(rollout_snap["logits"])):
+        out.append("logits")
+    ts, rs = trainer_snap["state"], rollout_snap["state"]
+    for name in sorted(set(ts) | set(rs)):
+        if name not in ts or name not in rs:
+            out.append(f"{name} (only on the {'trainer' if name in ts else 'rollout'})")
+        elif ts[name].dtype != rs[name].dtype or ts[name].shape != rs[name].shape:
+            out.append(f"{name} ({ts[name].dtype}{list(ts[name].shape)} vs "
+                       f"{rs[name].dtype}{list(rs[name].shape)})")
+        elif not torch.equal(_bits(ts[name]), _bits(rs[name])):
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("delivery", ["direct", "staged"])
+@pytest.mark.parametrize("family", ["dense", "moe"])
+def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, delivery):
+    torch = _requirements(family)
+    # Both start at once (different seeds: different initial weights); the trainer connects
+    # once the rollout serves.
+    rollout = peers("rollout", ["rollout", family, delivery, "1"])
+    trainer = peers("trainer", ["trainer", family, delivery, "2"])
+    try:
+        ready_r = rollout.answer(START_TIMEOUT_S)
+        ready_t = trainer.answer(START_TIMEOUT_S)
+        trainer.ask(f"connect 127.0.0.1:{ready_r['port']}")
+        assert ready_t["names"] == ready_r["names"], (
+            "the trainer's state_dict names differ from the rollout's named_parameters: "
+            f"{sorted(set(ready_t['names']) ^ set(ready_r['names']))[:10]}")
+        if family == "moe":
+            assert ready_r["experts"] == 8, f"the MoE config has {ready_r['experts']} experts"
+        assert ready_r["dtypes"] == ["torch.bfloat16"], ready_r["dtypes"]
+
+        def snapshots(name):
+            t_path, r_path = tmp_path / f"trainer-{name}.pt", tmp_path / f"rollout-{name}.pt"
+            return t_path, r_path
+
+        t_path, r_path = snapshots("initial")
+        trainer.ask(f"logits {t_path}")
+        rollout.ask(f"logits {r_path}")
+        t_snap = torch.load(t_path)
+        r_snap = torch.load(r_path)
+        initial = _differences(torch, t_snap, r_snap)
+        assert "logits" in initial, "the rollout starts with the trainer's weights: a missed " \
+                                    "update would not show"
+        previous = t_snap
+
+        for step in range(1, STEPS + 1):
+            t_path, r_path = snapshots(f"step{step}")
+            report = trainer.ask(f"step {step} {t_path}")
+            assert report["committed"], f"step {step}: the push did not commit: {report['error']}"
+            assert report["version"] == step
+            assert report["transport"] == "cuda_ipc", (
+                f"step {step}: the push went through {report['transport']!r}; a receiver on this "
+                "host whose parameters are CUDA tensors must be updated through CUDA IPC")
+            if delivery == "direct":
+                assert report["direct"], f"step {step}: delivery direct, but the push was staged"
+            else:
+                assert not report["direct"], f"step {step}: delivery staged, but went direct"
+            if step > 1:
+                assert report["reused_session"], f"step {step}: the kept session was not reused"
+            seen = rollout.ask(f"logits {r_path}")
+            assert seen["version"] == step, f"step {step}: the rollout publishes {seen}"
+            assert seen["pointers_unchanged"], (
+                f"step {step}: parameters were reallocated, not written in place: {seen['moved']}")
+            t_snap = torch.load(t_path)
+            r_snap = torch.load(r_path)
+            assert not torch.equal(_bits(t_snap["logits"]), _bits(previous["logits"])), (
+                f"step {step}: the optimizer step did not change the trainer's logits")
+            wrong = _differences(torch, t_snap, r_snap)
+            tensors = [n for n in wrong if n != "logits"]
+            stale = [n for n in tensors if n in previous["state"] and n in r_snap["state"]
+                     and torch.equal(_bits(r_snap["state"][n]), _bits(previous["state"][n]))]
+            assert not tensors, (
+                f"step {step} ({family}, {delivery}): after a committed push the rollout differs "
+                f"from the trainer in {len(tensors)} of {len(t_snap['state'])} tensors, "
+                f"{len(stale)} of them still the trainer's previous weights (read before the "
+                f"optimizer's kernels wrote them): {tensors[:8]}")
+            assert not wrong, (
+                f"step {step}: every tensor equals the trainer's, but the logits differ: the "
+                "forward pass is not deterministic across the two processes")
+            previous = t_snap
+            t_path.unlink()
+            r_path.unlink()
+    except (PeerError, AssertionError) as e:
+        logs = "\n".join(f"--- {p.name} stderr (tail) ---\n{p.log_tail()}"
+                         for p in (rollout, trainer))
+        noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
+                          for p in (rollout, trainer) if p.noise)
+        raise AssertionError(f"{e}\n{logs}\n{noise}") from None
