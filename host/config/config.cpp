@@ -190,6 +190,10 @@ constexpr std::array<std::pair<std::string_view, DirectVerify>, 2> kDirectVerifi
     {"writer", DirectVerify::writer},
     {"reread", DirectVerify::reread},
 }};
+constexpr std::array<std::pair<std::string_view, MirrorRefresh>, 2> kMirrorRefreshes = {{
+    {"background", MirrorRefresh::background},
+    {"commit", MirrorRefresh::commit},
+}};
 constexpr std::array<std::pair<std::string_view, Layout>, 2> kLayouts = {{
     {"engine", Layout::engine},
     {"hf", Layout::hf},
@@ -256,6 +260,9 @@ const std::vector<Key>& keys() {
                  +[](Config& c) -> ReleasePolicy& { return c.memory.staging_policy; }, kPolicies),
       string_key("memory.mirror_path", [](Config& c) -> auto& { return c.memory.mirror_path; },
                  absolute_or_empty),
+      choice_key("memory.mirror_refresh",
+                 +[](Config& c) -> MirrorRefresh& { return c.memory.mirror_refresh; },
+                 kMirrorRefreshes),
 
       integer_key<std::uint32_t>("demo.steps", [](Config& c) -> auto& { return c.demo.steps; },
                                  1),
@@ -511,6 +518,13 @@ Config load(const std::string& path, std::span<const std::string> overrides) {
 const char* policy_name(ReleasePolicy policy) noexcept {
   for (const auto& [name, value] : kPolicies) {
     if (value == policy) return name.data();
+  }
+  return "?";
+}
+
+const char* mirror_refresh_name(MirrorRefresh refresh) noexcept {
+  for (const auto& [name, value] : kMirrorRefreshes) {
+    if (value == refresh) return name.data();
   }
   return "?";
 }

@@ -20,6 +20,14 @@ enum class ReleasePolicy {
   backup,   // contents are copied to the host mirror and restored on resume
 };
 
+// When the host mirror takes its copy of a committed version (weights_policy backup): the
+// rollback point of the next update and the backup of a release (docs/config.md, [memory]).
+enum class MirrorRefresh {
+  background,  // after the version is published, off the commit's critical path; the next
+               // update, a release, resume or restore waits for the copy to land first
+  commit,      // inside commit, before it returns (the update waits for the copy)
+};
+
 // How parameter names and shapes are laid out in the receiver.
 // How a session moves tensors into a receiver's parameters (DESIGN.md, "Two ways to deliver").
 enum class Delivery {
@@ -73,6 +81,7 @@ struct MemoryConfig {
   ReleasePolicy weights_policy = ReleasePolicy::backup;
   ReleasePolicy staging_policy = ReleasePolicy::discard;
   std::string mirror_path;  // "" = anonymous memory; a file (e.g. under /dev/shm) = file-backed
+  MirrorRefresh mirror_refresh = MirrorRefresh::background;
 };
 
 struct DemoConfig {
@@ -125,6 +134,7 @@ void validate(const Config& config);
 Config load(const std::string& path, std::span<const std::string> overrides);
 
 const char* policy_name(ReleasePolicy policy) noexcept;  // "discard", "backup"
+const char* mirror_refresh_name(MirrorRefresh refresh) noexcept;  // "background", "commit"
 const char* layout_name(Layout layout) noexcept;         // "engine", "hf"
 
 // The options as the plugin ABI takes them. Pointers point into `options`, which must outlive

@@ -25,6 +25,7 @@ CpuWeightStore::CpuWeightStore(CpuWeightStoreOptions options)
       page_bytes_(static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE))) {}
 
 CpuWeightStore::~CpuWeightStore() {
+  join_mirror_refresh();  // it reads the regions
   for_each_region(
       [](const std::string&, Region& region, bool) { ::munmap(region.base, region.capacity); });
 }
@@ -79,6 +80,10 @@ void CpuWeightStore::save_slots(HostMirror& mirror, std::span<const std::size_t>
 void CpuWeightStore::restore_slots(HostMirror& mirror, std::span<const std::size_t> entries,
                                    std::span<std::byte* const> targets) {
   mirror.restore(entries, targets);
+}
+
+void CpuWeightStore::copy_to_mirror(std::span<const CopyJob> jobs) {
+  copy_parallel(jobs, options_.copy_threads);
 }
 
 std::shared_ptr<HostMirror> CpuWeightStore::new_mirror(std::vector<MirrorParam> layout) {

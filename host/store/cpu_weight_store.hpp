@@ -1,7 +1,8 @@
 // store/cpu_weight_store.hpp: the CPU weight store: each region is an anonymous private mapping
 // whose address never changes; release = madvise(MADV_DONTNEED) + mprotect(PROT_NONE), resume =
 // mprotect(PROT_READ | PROT_WRITE) at the same address. The tag and parameter bookkeeping is
-// TaggedRegionStore's.
+// TaggedRegionStore's. A background refresh of the host mirror is a memcpy on the store's worker
+// thread (split over copy_threads helpers).
 #pragma once
 
 #include "store/tagged_region_store.hpp"
@@ -15,7 +16,8 @@ struct CpuWeightStoreOptions {
 class CpuWeightStore final : public TaggedRegionStore {
  public:
   explicit CpuWeightStore(CpuWeightStoreOptions options = {});
-  // Unmaps every region. Engine-owned memory is left alone.
+  // Joins a running mirror refresh, then unmaps every region. Engine-owned memory is left
+  // alone.
   ~CpuWeightStore() override;
 
  protected:
@@ -30,6 +32,7 @@ class CpuWeightStore final : public TaggedRegionStore {
                   std::span<const std::byte* const> sources) override;
   void restore_slots(HostMirror& mirror, std::span<const std::size_t> entries,
                      std::span<std::byte* const> targets) override;
+  void copy_to_mirror(std::span<const CopyJob> jobs) override;
   std::shared_ptr<HostMirror> new_mirror(std::vector<MirrorParam> layout) override;
   void mirror_changing(HostMirror*, HostMirror*) noexcept override {}
 

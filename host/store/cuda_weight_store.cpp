@@ -214,6 +214,7 @@ CudaWeightStore::CudaWeightStore(CudaWeightStoreOptions options)
 }
 
 CudaWeightStore::~CudaWeightStore() {
+  join_mirror_refresh();  // its copies read the regions into the page-locked mirror
   DeviceScope scope(options_.device);
   {
     std::lock_guard lock(mutex_);
@@ -415,6 +416,11 @@ void CudaWeightStore::restore_slots(HostMirror& mirror, std::span<const std::siz
     jobs.push_back({targets[i], mirror.slot(entries[i]), mirror.entries()[entries[i]].bytes});
   }
   copy_pieces(jobs, "restoring parameters from the host mirror");
+}
+
+void CudaWeightStore::copy_to_mirror(std::span<const CopyJob> jobs) {
+  // On the calling (worker) thread: copy_pieces makes the device current for its duration.
+  copy_pieces(jobs, "refreshing the host mirror from the device");
 }
 
 std::shared_ptr<HostMirror> CudaWeightStore::new_mirror(std::vector<MirrorParam> layout) {

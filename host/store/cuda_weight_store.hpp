@@ -20,6 +20,10 @@
 //    copies the parameters into the host mirror and resume copies them back, in chunks of
 //    copy_chunk_bytes on two streams, at PCIe speed when the mirror is page-locked (the store
 //    page-locks the mirror it holds with cudaHostRegister and unregisters it when it lets go).
+//    The refresh of the mirror at a commit (refresh_mirror) is the same device-to-host copy,
+//    cudaMemcpyAsync in pieces on the store's two non-blocking copy streams, issued and waited
+//    for by the store's worker thread when it runs in the background; nothing else uses those
+//    streams meanwhile (every backup, restore and write waits for the refresh).
 //  - Engine-owned parameters must be CUDA memory of this store's device; they are written in
 //    place (write(), backups, rollbacks) and never reallocated or freed.
 //
@@ -47,7 +51,8 @@ class CudaWeightStore final : public TaggedRegionStore {
   // NOT_FOUND when `options.device` is not a visible CUDA device; INTERNAL when the driver lacks
   // the virtual memory API.
   explicit CudaWeightStore(CudaWeightStoreOptions options = {});
-  // Unmaps and frees every region and unregisters the mirror. Engine-owned memory is left alone.
+  // Joins a running mirror refresh, then unmaps and frees every region and unregisters the
+  // mirror. Engine-owned memory is left alone.
   ~CudaWeightStore() override;
 
   int device() const noexcept { return options_.device; }
@@ -70,6 +75,7 @@ class CudaWeightStore final : public TaggedRegionStore {
                   std::span<const std::byte* const> sources) override;
   void restore_slots(HostMirror& mirror, std::span<const std::size_t> entries,
                      std::span<std::byte* const> targets) override;
+  void copy_to_mirror(std::span<const CopyJob> jobs) override;
   std::shared_ptr<HostMirror> new_mirror(std::vector<MirrorParam> layout) override;
   void mirror_changing(HostMirror* old_mirror, HostMirror* new_mirror) noexcept override;
 

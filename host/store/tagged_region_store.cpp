@@ -7,6 +7,8 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
+#include <utility>
+
 namespace ferry::store {
 namespace {
 
@@ -71,12 +73,14 @@ TaggedRegionStore::Tag& TaggedRegionStore::declare_locked(const std::string& tag
 }
 
 void TaggedRegionStore::set_policy(const std::string& tag, Policy policy) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   declare_locked(tag, policy);
 }
 
 void TaggedRegionStore::create_region(const std::string& tag, std::uint64_t bytes, Policy policy) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   Tag& t = declare_locked(tag, policy);
   if (t.released) {
     fail(FERRY_STATUS_FAILED_PRECONDITION, "cannot add a region to tag '{}' while it is released",
@@ -121,7 +125,8 @@ void TaggedRegionStore::check_new_param_locked(const std::string& name, ferry_dt
 
 std::size_t TaggedRegionStore::place(const std::string& tag, const std::string& name,
                                      ferry_dtype_t dtype, std::span<const std::uint64_t> shape) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   Tag& t = tag_locked(tag);
   if (t.released) {
     fail(FERRY_STATUS_FAILED_PRECONDITION, "cannot place '{}' into tag '{}' while it is released",
@@ -166,7 +171,8 @@ std::size_t TaggedRegionStore::register_external(const std::string& tag, const s
                                                  ferry_dtype_t dtype,
                                                  std::span<const std::uint64_t> shape, void* data,
                                                  ferry_memory_kind_t kind) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   std::uint64_t bytes = 0;
   std::uint64_t elements = 0;
   check_new_param_locked(name, dtype, shape, bytes, elements);
@@ -253,7 +259,8 @@ const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std
 
 void TaggedRegionStore::write(std::size_t index, std::uint64_t offset,
                               std::span<const std::byte> bytes) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const ParamInfo& p = checked_access_locked(index, offset, bytes.size(), "write to");
   if (!bytes.empty()) copy_bytes(p.data + offset, bytes.data(), bytes.size());
 }
@@ -266,7 +273,8 @@ void TaggedRegionStore::read(std::size_t index, std::uint64_t offset,
 }
 
 void TaggedRegionStore::release(std::span<const std::string> tags) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -311,7 +319,8 @@ void TaggedRegionStore::release(std::span<const std::string> tags) {
 }
 
 void TaggedRegionStore::resume(std::span<const std::string> tags) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     if (!tag_locked(name).released) {
@@ -389,7 +398,8 @@ std::vector<TagState> TaggedRegionStore::memory_state() const {
 }
 
 void TaggedRegionStore::begin_writes(std::span<const std::string> tags, const std::string& writer) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -452,7 +462,8 @@ std::shared_ptr<HostMirror> TaggedRegionStore::mirror() const {
 }
 
 void TaggedRegionStore::attach_mirror(std::shared_ptr<HostMirror> mirror) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   if (!mirror) fail(FERRY_STATUS_INVALID_ARGUMENT, "attach_mirror: null mirror");
   for (const auto& [name, t] : tags_) {
     if (t.policy == Policy::Backup && t.released) {
@@ -511,7 +522,8 @@ void TaggedRegionStore::restore_locked(const std::string& tag) {
 }
 
 void TaggedRegionStore::save_to_mirror(std::span<const std::string> tags) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -527,7 +539,8 @@ void TaggedRegionStore::save_to_mirror(std::span<const std::string> tags) {
 }
 
 void TaggedRegionStore::restore_from_mirror(std::span<const std::string> tags) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -540,6 +553,166 @@ void TaggedRegionStore::restore_from_mirror(std::span<const std::string> tags) {
     }
   }
   for (const auto& name : names) restore_locked(name);
+}
+
+void TaggedRegionStore::wait_refresh_locked(std::unique_lock<std::mutex>& lock) {
+  if (refresh_.running) {
+    ++refresh_.waits;
+    refresh_done_.wait(lock, [this] { return !refresh_.running; });
+  }
+  // The worker records its outcome and wakes us under the lock, and takes the lock no more:
+  // joining it here cannot wait for us.
+  if (refresh_thread_.joinable()) refresh_thread_.join();
+}
+
+void TaggedRegionStore::join_mirror_refresh() noexcept {
+  try {
+    std::unique_lock lock(mutex_);
+    wait_refresh_locked(lock);
+  } catch (...) {
+    // A lock or join that fails leaves nothing better to do in a destructor.
+  }
+}
+
+void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
+                                       const CommittedVersion& version,
+                                       std::span<const std::size_t> params,
+                                       std::span<const std::uint64_t> fingerprints,
+                                       bool background) {
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
+  auto refresh = std::make_unique<Refresh>();
+  try {
+    const auto names = unique_tags(tags);
+    for (const auto& name : names) {
+      const Tag& t = tag_locked(name);
+      if (t.policy != Policy::Backup) {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "refresh of the host mirror: tag '{}' has policy discard; it has no mirror copy", name);
+      }
+      if (t.released) {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "refresh of the host mirror: tag '{}' is released; nothing to copy", name);
+      }
+    }
+    if (params.size() != fingerprints.size()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "refresh of the host mirror: {} parameters but {} fingerprints", params.size(),
+           fingerprints.size());
+    }
+    HostMirror& mirror = ensure_mirror_locked();
+    refresh->mirror = mirror_;
+    refresh->version = version;
+    refresh->fingerprints.assign(mirror.entries().size(), 0);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i] >= params_.size()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "refresh of the host mirror: no parameter #{} (the store holds {})", params[i],
+             params_.size());
+      }
+      if (auto entry = mirror.find(params_[params[i]].name)) {
+        refresh->fingerprints[*entry] = fingerprints[i];
+      }
+    }
+    for (const auto& name : names) {
+      for (auto index : tags_.at(name).params) {
+        auto entry = mirror.find(params_[index].name);
+        if (!entry) {
+          fail(FERRY_STATUS_INTERNAL, "host mirror has no slot for '{}'", params_[index].name);
+        }
+        refresh->entries.push_back(*entry);
+        refresh->copies.push_back(
+            {mirror.slot(*entry), params_[index].data, mirror.entries()[*entry].bytes});
+      }
+    }
+    refresh->fault = std::exchange(refresh_fault_, std::string());
+    // From here until the last byte landed the mirror claims nothing: not the old version (its
+    // slots are being overwritten), not the new one (not all there yet).
+    mirror.clear_committed();
+    for (auto entry : refresh->entries) mirror.clear_filled(entry);
+    refresh->started = std::chrono::steady_clock::now();
+    refresh_.running = true;
+    refresh_.version = version.number;
+    refresh_.failed = false;
+    refresh_.error.clear();
+    if (background) {
+      refresh_thread_ = std::thread([this, job = std::move(refresh)] { run_refresh(*job); });
+    }
+  } catch (const std::exception& e) {
+    if (mirror_) mirror_->clear_committed();
+    refresh_.running = false;
+    refresh_.version = version.number;
+    refresh_.failed = true;
+    refresh_.error = e.what();
+    throw;
+  }
+  if (!background) {
+    lock.unlock();
+    run_refresh(*refresh);
+  }
+}
+
+void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
+  std::string error;
+  try {
+    if (!refresh.fault.empty()) fail(FERRY_STATUS_INTERNAL, "{}", refresh.fault);
+    copy_to_mirror(refresh.copies);
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - refresh.started).count();
+  std::lock_guard lock(mutex_);
+  HostMirror& mirror = *refresh.mirror;
+  if (error.empty()) {
+    try {
+      for (auto entry : refresh.entries) mirror.mark_filled(entry);
+      mirror.set_committed(refresh.version, refresh.fingerprints);
+    } catch (const std::exception& e) {
+      mirror.clear_committed();
+      error = e.what();
+    }
+  }
+  refresh_.running = false;
+  refresh_.failed = !error.empty();
+  refresh_.error = error;
+  refresh_.finished += 1;
+  refresh_.last_seconds = seconds;
+  try {
+    std::uint64_t bytes = 0;
+    for (const auto& c : refresh.copies) bytes += c.bytes;
+    if (error.empty()) {
+      logger("store")->debug("host mirror holds version {}: {} parameters, {} bytes in {:.3f} ms",
+                             refresh.version.number, refresh.copies.size(), bytes,
+                             seconds * 1e3);
+    } else {
+      logger("store")->warn(
+          "refresh of the host mirror with version {} failed: {}; the mirror holds no committed "
+          "weights until the next refresh",
+          refresh.version.number, error);
+    }
+  } catch (...) {
+    // Logging is best effort; the outcome is in refresh_.
+  }
+  refresh_done_.notify_all();
+}
+
+MirrorRefreshState TaggedRegionStore::wait_for_mirror_refresh() {
+  std::unique_lock lock(mutex_);
+  wait_refresh_locked(lock);
+  return refresh_;
+}
+
+MirrorRefreshState TaggedRegionStore::mirror_refresh_state() const {
+  std::lock_guard lock(mutex_);
+  return refresh_;
+}
+
+void TaggedRegionStore::fail_next_mirror_refresh(std::string error) {
+  std::lock_guard lock(mutex_);
+  refresh_fault_ = error.empty() ? std::string("injected mirror refresh failure") : std::move(error);
 }
 
 }  // namespace ferry::store

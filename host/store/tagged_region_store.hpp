@@ -4,17 +4,22 @@
 //
 // Contract with a subclass. Every hook below is called with the store's lock held (so hooks never
 // run concurrently) and may throw ferry::Error; the base class keeps its state unchanged when a
-// hook throws. The subclass frees its regions and forgets the mirror in its own destructor
-// (for_each_region and replace_mirror_locked(nullptr) are there for that), because the base
-// destructor runs after the subclass is gone.
+// hook throws. The subclass joins a running mirror refresh (join_mirror_refresh), then frees
+// its regions and forgets the mirror, first thing in its own destructor (for_each_region and
+// replace_mirror_locked(nullptr) are there for that), because the base destructor runs after the
+// subclass is gone. One hook, copy_to_mirror, is the exception to the lock rule: the mirror
+// refresh calls it without the lock, on its worker thread (see there).
 #pragma once
 
 #include "store/host_mirror.hpp"
 #include "store/weight_store.hpp"
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 namespace ferry::store {
@@ -60,6 +65,17 @@ class TaggedRegionStore : public WeightStore {
   void save_to_mirror(std::span<const std::string> tags) override;
   void restore_from_mirror(std::span<const std::string> tags) override;
 
+  void refresh_mirror(std::span<const std::string> tags, const CommittedVersion& version,
+                      std::span<const std::size_t> params,
+                      std::span<const std::uint64_t> fingerprints, bool background) override;
+  MirrorRefreshState wait_for_mirror_refresh() override;
+  MirrorRefreshState mirror_refresh_state() const override;
+
+  // For tests only: the copy of the next refresh_mirror fails with `error` (INTERNAL) instead
+  // of copying. There is no real way to make a host memcpy fail, and the CUDA errors that fail
+  // a device-to-host copy cannot be caused on demand without breaking the device context.
+  void fail_next_mirror_refresh(std::string error);
+
  protected:
   // One reserved address range. `base` never changes; the memory behind it comes and goes.
   struct Region {
@@ -96,6 +112,11 @@ class TaggedRegionStore : public WeightStore {
                           std::span<const std::byte* const> sources) = 0;
   virtual void restore_slots(HostMirror& mirror, std::span<const std::size_t> entries,
                              std::span<std::byte* const> targets) = 0;
+  // The copy of a mirror refresh: each job from a parameter into its mirror slot. Called WITHOUT
+  // the store's lock (on the refresh's worker thread, or the caller's), while every call that
+  // could write those parameters or touch the mirror waits for the refresh; it may only read
+  // the subclass's own immutable state. Throws on failure.
+  virtual void copy_to_mirror(std::span<const CopyJob> jobs) = 0;
   // A new anonymous mirror for `layout`.
   virtual std::shared_ptr<HostMirror> new_mirror(std::vector<MirrorParam> layout) = 0;
   // Called just before the store's mirror changes from `old_mirror` to `new_mirror` (either may
@@ -107,6 +128,9 @@ class TaggedRegionStore : public WeightStore {
   void for_each_region(const std::function<void(const std::string&, Region&, bool released)>& fn);
   // Replaces the mirror (calls mirror_changing first); null drops it.
   void replace_mirror_locked(std::shared_ptr<HostMirror> mirror);
+  // Waits for a running mirror refresh and joins its thread (destructor use, before anything
+  // the copy reads is freed).
+  void join_mirror_refresh() noexcept;
 
   mutable std::mutex mutex_;
 
@@ -136,11 +160,32 @@ class TaggedRegionStore : public WeightStore {
   const ParamInfo& checked_access_locked(std::size_t index, std::uint64_t offset,
                                          std::uint64_t bytes, const char* what) const;
 
+  // One mirror refresh, prepared under the lock and copied without it.
+  struct Refresh {
+    std::shared_ptr<HostMirror> mirror;
+    CommittedVersion version;
+    std::vector<std::size_t> entries;        // the mirror entries it fills
+    std::vector<CopyJob> copies;             // parameter -> slot, one per entry
+    std::vector<std::uint64_t> fingerprints;  // per mirror entry, for set_committed
+    std::string fault;                        // fail_next_mirror_refresh
+    std::chrono::steady_clock::time_point started;
+  };
+  // Waits (releasing `lock` meanwhile) until no refresh runs, then joins its thread.
+  void wait_refresh_locked(std::unique_lock<std::mutex>& lock);
+  // Copies (without the lock), then records the outcome under it and wakes the waiters.
+  void run_refresh(Refresh& refresh) noexcept;
+
   ferry_memory_kind_t region_kind_;
   std::map<std::string, Tag> tags_;
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, std::size_t> by_name_;
   std::shared_ptr<HostMirror> mirror_;
+
+  // The mirror refresh (guarded by mutex_; refresh_done_ is signalled when one ends).
+  MirrorRefreshState refresh_;
+  std::condition_variable refresh_done_;
+  std::thread refresh_thread_;  // the background refresh's worker, joined by the next wait
+  std::string refresh_fault_;
 };
 
 }  // namespace ferry::store

@@ -10,6 +10,11 @@
 //    (with a reason) until someone who rewrote every byte calls set_contents_valid(tag, true).
 //    Policy::Backup: release first copies the tag's parameters into the host mirror and resume
 //    copies them back, so the contents are exactly what they were.
+//  - Backup tags are also copied into the mirror at each commit (refresh_mirror), in the
+//    background by default: from the start of that copy until its last byte landed the mirror
+//    holds NO committed version, and every call that writes parameters or uses the mirror waits
+//    for the copy first (see refresh_mirror), so a mirror never records a version whose bytes
+//    it does not hold in full.
 //  - A parameter is ferry-owned (place(): carved out of a region of its tag, 256-byte aligned) or
 //    engine-owned (register_external(): memory the engine allocated; the store never reallocates
 //    or frees it). A tag that holds an engine-owned parameter cannot be released: release() of it
@@ -20,6 +25,9 @@
 //    CPU) instead of silently reading zeros.
 //
 // Threading: every member function may be called from any thread; the store serializes them.
+// A background refresh of the mirror copies on the store's own worker thread, without the
+// store's lock; the calls that must not overlap it wait for it (refresh_mirror), the others
+// (lookups, read, released, memory_state, ...) never do.
 // Pointers returned in ParamInfo stay valid for the store's lifetime; the bytes behind them may be
 // read and written without the store's lock only while the tag is not released, which is what
 // begin_writes() guarantees for an update.
@@ -40,6 +48,7 @@ namespace ferry::store {
 
 class HostMirror;
 struct MirrorParam;
+struct CommittedVersion;
 
 enum class Policy {
   Discard,  // release drops the contents
@@ -89,6 +98,18 @@ struct TagState {
   Policy policy = Policy::Discard;
   bool contents_valid = true;
   std::string reason;  // why contents are not valid; empty when they are
+};
+
+// The host mirror's refresh (WeightStore::refresh_mirror): whether one runs, how the last one
+// ended and what it cost.
+struct MirrorRefreshState {
+  bool running = false;       // a refresh copies now; the mirror holds no committed version
+  std::uint64_t version = 0;  // the version the running (or last) refresh copies (copied)
+  bool failed = false;        // the last refresh failed: the mirror holds no committed version
+  std::string error;          // why it failed; empty otherwise
+  std::uint64_t finished = 0;  // refreshes that ended, succeeded or failed
+  double last_seconds = 0;     // the last one that ended, from its start to its last byte
+  std::uint64_t waits = 0;     // calls that found a refresh running and waited for it
 };
 
 // Bytes a region needs to hold `specs` placed in order (each aligned to kParamAlignment).
@@ -180,6 +201,35 @@ class WeightStore {
   // Copies them back from the mirror. FAILED_PRECONDITION for a released or non-Backup tag, or
   // when the mirror holds no copy of one of the parameters.
   virtual void restore_from_mirror(std::span<const std::string> tags) = 0;
+
+  // ---- mirror refresh (a committed version into the mirror) ------------------------------
+  // Copies the parameters of Backup tags `tags` into the mirror and records them as committed
+  // version `version` (creating an anonymous mirror when none exists). First waits for a
+  // running refresh; then, before the copy starts, clears the mirror's committed version and
+  // the filled flags of the tags' entries, so that from here until the last byte landed the
+  // mirror holds NO committed version. Only once every byte landed are the entries marked
+  // filled and set_committed(version, ...) recorded, with `fingerprints[i]` for parameter
+  // `params[i]` (store indices; 0 for the mirror's other entries).
+  // `background`: the copy runs on the store's worker thread and the call returns while it runs;
+  // otherwise it runs on the calling thread (the store's lock is not held during the copy either
+  // way, so lookups and health checks do not stall behind it).
+  // A copy that fails (a CUDA error, say) is not thrown: the mirror is left without a committed
+  // version, the failure is logged once (warn, naming the version and the error) and reported by
+  // mirror_refresh_state(). Throws only when the refresh cannot start: FAILED_PRECONDITION for a
+  // released or non-Backup tag, INVALID_ARGUMENT for `params` and `fingerprints` of different
+  // lengths or an unknown index; that is recorded as a failed refresh too.
+  // Until the refresh ended, these wait for it: write, release, resume, begin_writes,
+  // save_to_mirror, restore_from_mirror, attach_mirror, refresh_mirror and the layout changes
+  // (set_policy, create_region, place, register_external); the store's destructor joins it.
+  // The others do not wait, mirror() included: a caller that reads or changes the mirror
+  // through that pointer calls wait_for_mirror_refresh() first.
+  virtual void refresh_mirror(std::span<const std::string> tags, const CommittedVersion& version,
+                              std::span<const std::size_t> params,
+                              std::span<const std::uint64_t> fingerprints, bool background) = 0;
+  // Waits until no refresh runs; returns the state then.
+  virtual MirrorRefreshState wait_for_mirror_refresh() = 0;
+  // The state now, without waiting.
+  virtual MirrorRefreshState mirror_refresh_state() const = 0;
 };
 
 }  // namespace ferry::store

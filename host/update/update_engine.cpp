@@ -1,5 +1,6 @@
 // The update engine: buckets -> validated manifests -> cached plans -> scatter (CPU or CUDA, per
-// parameter memory kind) -> commit, with rollback from the host mirror or fencing on failure
+// parameter memory kind) -> commit, with rollback from the host mirror or fencing on failure,
+// and the mirror's refresh after a commit, in the background by default
 // (see update/update_engine.hpp).
 #include "update/update_engine.hpp"
 
@@ -84,6 +85,16 @@ UpdateEngine::~UpdateEngine() {
     active = active_;
   }
   if (active) fail_locked("at shutdown", "the update engine was destroyed during the update");
+  // A refresh this engine started ends before the engine does (the store joins it too).
+  try {
+    (void)store_.wait_for_mirror_refresh();
+  } catch (...) {
+    // Nothing to do about it at shutdown.
+  }
+}
+
+store::MirrorRefreshState UpdateEngine::wait_for_mirror_locked() {
+  return store_.wait_for_mirror_refresh();
 }
 
 void UpdateEngine::bind_layout_locked() {
@@ -175,6 +186,11 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
            active_version_);
     }
   }
+  // The mirror refresh of the last commit must have landed before anything writes the weights:
+  // its copy reads them, and a failure of this update rolls back from it. Here, not later: a
+  // session says Ready once begin (and begin_direct_writes) returned, and from then on a
+  // direct-writing sender writes device memory without asking the engine.
+  (void)wait_for_mirror_locked();
   bind_layout_locked();
   store_.begin_writes(layout_tags_, fmt::format("update {}", version));
   for (std::size_t i = 0; i < targets_.size(); ++i) written_[i].reset(targets_[i].view.elements);
@@ -796,9 +812,10 @@ void UpdateEngine::commit() {
   logger("update")->info("update {} committed ({} buckets)", next.number, buckets_this_update_);
   logger("update")->debug(
       "update {}: commit over {} parameters: coverage {:.3f} ms, fingerprints {:.3f} ms, checks "
-      "{:.3f} ms, publish {:.3f} ms",
+      "{:.3f} ms, publish {:.3f} ms (host mirror refresh: {})",
       next.number, targets_.size(), ms(commit_start, covered_at), ms(covered_at, printed_at),
-      ms(printed_at, checked_at), ms(checked_at, Clock::now()));
+      ms(printed_at, checked_at), ms(checked_at, Clock::now()),
+      options_.mirror_refresh == MirrorRefreshMode::background ? "background" : "at commit");
 }
 
 void UpdateEngine::abort(const std::string& reason) {
@@ -841,31 +858,32 @@ bool UpdateEngine::all_tags_backup_locked() const {
 }
 
 void UpdateEngine::refresh_mirror_locked(const WeightVersion& version,
-                                         const std::vector<std::uint64_t>& fingerprints) {
-  if (auto old = store_.mirror()) old->clear_committed();
-  store_.save_to_mirror(layout_tags_);
-  const auto mirror = store_.mirror();
-  if (!mirror) fail(FERRY_STATUS_INTERNAL, "the store created no host mirror");
-  std::vector<std::uint64_t> per_entry(mirror->entries().size(), 0);
-  const auto& layout = plans_.layout();
-  for (std::size_t i = 0; i < targets_.size(); ++i) {
-    if (auto entry = mirror->find(layout[i].name)) per_entry[*entry] = fingerprints[i];
+                                         const std::vector<std::uint64_t>& fingerprints) noexcept {
+  const bool background = options_.mirror_refresh == MirrorRefreshMode::background;
+  try {
+    std::vector<std::size_t> params;
+    params.reserve(targets_.size());
+    for (const auto& t : targets_) params.push_back(t.store_index);
+    // Clears the mirror's committed version first and records `version` only once every byte
+    // landed; a copy that fails is logged by the store and leaves no committed version.
+    store_.refresh_mirror(layout_tags_, {version.number, version.label}, params, fingerprints,
+                          background);
+  } catch (const std::exception& e) {
+    // The live weights are complete and verified; only the rollback copy is missing.
+    try {
+      logger("update")->warn(
+          "version {} published without a host mirror copy: its refresh could not start: {}",
+          version.number, e.what());
+    } catch (...) {
+    }
   }
-  mirror->set_committed({version.number, version.label}, per_entry);
 }
 
 void UpdateEngine::publish_locked(const WeightVersion& version,
                                   std::vector<std::uint64_t> fingerprints, bool refresh_mirror) {
-  if (refresh_mirror && all_tags_backup_locked()) {
-    try {
-      refresh_mirror_locked(version, fingerprints);
-    } catch (const std::exception& e) {
-      // The live weights are complete and verified; only the rollback copy is missing.
-      if (auto mirror = store_.mirror()) mirror->clear_committed();
-      logger("update")->error("version {} published without a host mirror copy: {}",
-                              version.number, e.what());
-    }
-  }
+  const bool refresh = refresh_mirror && all_tags_backup_locked();
+  std::vector<std::uint64_t> refresh_prints;
+  if (refresh) refresh_prints = fingerprints;
   for (const auto& tag : layout_tags_) store_.set_contents_valid(tag, true, {});
   // By layout index: names copied only when the layout was bound anew (a map by name per commit
   // cost ~1 ms at 4096 parameters, comparing the names ~0.1 ms); fingerprints() makes the map
@@ -879,14 +897,19 @@ void UpdateEngine::publish_locked(const WeightVersion& version,
     names.reserve(n);
     for (std::size_t i = 0; i < n; ++i) names.push_back(layout[i].name);
   }
-  std::lock_guard state(state_mutex_);
-  published_ = version;
-  fence_.reset();
-  if (!same_names) {
-    fingerprint_names_ = std::move(names);
-    names_binding_ = bindings_;
+  {
+    std::lock_guard state(state_mutex_);
+    published_ = version;
+    fence_.reset();
+    if (!same_names) {
+      fingerprint_names_ = std::move(names);
+      names_binding_ = bindings_;
+    }
+    fingerprint_values_ = std::move(fingerprints);
   }
-  fingerprint_values_ = std::move(fingerprints);
+  // Published first: the mirror catches up after (in the background by default), holding no
+  // committed version until it holds all of this one.
+  if (refresh) refresh_mirror_locked(version, refresh_prints);
 }
 
 void UpdateEngine::fence_locked(const std::string& reason) noexcept {
@@ -913,14 +936,20 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
   }
   bool dirty = false;
   std::uint64_t version = 0;
+  WeightVersion published;
   {
     std::lock_guard state(state_mutex_);
     dirty = dirty_;
     version = active_version_;
+    published = published_;
     metrics_.updates_aborted += 1;
   }
   try {
     const std::string reason = fmt::format("update {} aborted {}: {}", version, where, why);
+    // begin() waited for the last refresh, and none starts during an update; waiting again
+    // costs nothing and gives the outcome the fence reason names.
+    store::MirrorRefreshState refresh;
+    if (dirty) refresh = wait_for_mirror_locked();
     if (!dirty) {
       logger("update")->warn("{}; no weight was written", reason);
     } else if (mirror_holds_published_locked()) {
@@ -934,7 +963,14 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
         fence_locked(fmt::format("{}; rollback from the host mirror failed: {}", reason, e.what()));
       }
     } else {
-      fence_locked(reason + "; weights are partial until a full update or disk reload succeeds");
+      std::string mirror_note;
+      if (refresh.failed && published.committed && refresh.version == published.number) {
+        mirror_note = fmt::format(
+            "; the host mirror did not hold the published version {}: its refresh failed: {}",
+            published.number, refresh.error);
+      }
+      fence_locked(reason + mirror_note +
+                   "; weights are partial until a full update or disk reload succeeds");
     }
   } catch (...) {
     fence_locked("an update was aborted and its cleanup failed; weights may be partial");
@@ -960,11 +996,15 @@ void UpdateEngine::restore_from_mirror() {
            "cannot restore from the host mirror while update {} is active", active_version_);
     }
   }
+  const auto refresh = wait_for_mirror_locked();
   bind_layout_locked();
   const auto mirror = store_.mirror();
   const auto committed = mirror ? mirror->committed() : std::nullopt;
   if (!committed) {
-    fail(FERRY_STATUS_FAILED_PRECONDITION, "the host mirror holds no committed weights");
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "the host mirror holds no committed weights{}",
+         refresh.failed ? fmt::format(" (its refresh with version {} failed: {})",
+                                      refresh.version, refresh.error)
+                        : std::string());
   }
   if (!all_tags_backup_locked()) {
     fail(FERRY_STATUS_FAILED_PRECONDITION,
@@ -1027,7 +1067,9 @@ void UpdateEngine::set_version_label(std::string label) {
     published_.label = label;
     published = published_;
   }
-  // Keep the mirror's record (used after a restart) in step with the published label.
+  // Keep the mirror's record (used after a restart) in step with the published label, once a
+  // running refresh (which records the label it started with) has ended.
+  (void)wait_for_mirror_locked();
   if (auto mirror = store_.mirror()) {
     auto committed = mirror->committed();
     if (committed && committed->number == published.number) {
@@ -1049,9 +1091,19 @@ bool UpdateEngine::active() const {
 }
 
 UpdateMetrics UpdateEngine::metrics() const {
-  std::lock_guard state(state_mutex_);
-  UpdateMetrics out = metrics_;
-  out.fenced = fence_.has_value();
+  UpdateMetrics out;
+  {
+    std::lock_guard state(state_mutex_);
+    out = metrics_;
+    out.fenced = fence_.has_value();
+  }
+  try {
+    const auto refresh = store_.mirror_refresh_state();  // the store's lock only, never a wait
+    out.mirror_refresh_seconds = refresh.last_seconds;
+    out.mirror_refresh_waits = refresh.waits;
+  } catch (const std::exception&) {
+    // Metrics stay readable without the store's figures.
+  }
   return out;
 }
 

@@ -17,15 +17,38 @@
 // The first bucket that writes into live weights makes the store dirty. When an update fails
 // (any error in apply_bucket or commit) or is aborted while dirty:
 //  - if the host mirror holds the weights of the published version (every layout tag has policy
-//    Backup), they are copied back: the receiver stays healthy at the old version;
+//    Backup, the mirror's committed version is the published one and every layout parameter's
+//    slot is filled: mirror_holds_published_locked, the one gate for a rollback), they are
+//    copied back: the receiver stays healthy at the old version;
 //  - otherwise the receiver is FENCED: health() is not ready, with a reason naming the update,
-//    the bucket and the error, until a later update commits fully (or restore_from_mirror
-//    succeeds).
+//    the bucket and the error (and, when the mirror lacks the published version because its
+//    refresh failed, that version and the refresh's error), until a later update commits fully
+//    (or restore_from_mirror succeeds). Never a rollback to a mix of versions.
+//
+// The host mirror's refresh (UpdateOptions::mirror_refresh, config memory.mirror_refresh). When
+// every layout tag has policy Backup, commit and adopt_current publish the version first, then
+// copy the weights into the mirror (WeightStore::refresh_mirror): by default in the background,
+// so that commit returns once the copy is under way; with MirrorRefreshMode::commit before commit
+// returns. From the start of that copy until its last byte landed the mirror holds NO committed
+// version (the store clears it first and records the new one last), so nothing can restore a
+// mix of versions from it. Whatever writes the weights or reads the mirror waits for a running
+// refresh first:
+//  - begin() waits before it returns, hence before the first write into live weights: before
+//    apply_bucket, and before begin_direct_writes lets a session tell a direct-writing sender
+//    Ready (the sender writes device memory only after that). No refresh can start during an
+//    update: only commit and adopt_current start one, and adopt_current refuses an active update.
+//  - the rollback (fail_locked: abort, any failure), restore_from_mirror, set_version_label and
+//    the engine's destructor wait too; so do the store's release, resume, write, begin_writes,
+//    save_to_mirror and restore_from_mirror, and its destructor joins the copy.
+// So an update that fails after a background refresh rolls back to exactly the published
+// version; if that refresh failed (the store logs it once at warn), the failed update fences,
+// with a reason naming the version and the refresh's error.
 //
 // Threading: begin/apply_bucket/set_expected_fingerprints/commit/abort/restore_from_mirror are
 // serialized by the engine (one update at a time; a call from another thread waits for the one
 // in progress). version(), health(), metrics() and active() may be called from any thread at any
-// time and never wait for a bucket to finish.
+// time and never wait for a bucket to finish, nor for a mirror refresh. A background refresh runs
+// on the store's worker thread, outside every engine lock.
 #pragma once
 
 #include "store/weight_store.hpp"
@@ -47,6 +70,12 @@ namespace ferry::update {
 
 class CudaApplier;
 
+// When the host mirror copies a committed version (config memory.mirror_refresh).
+enum class MirrorRefreshMode {
+  background,  // commit publishes and returns; the copy runs on the store's worker thread
+  commit,      // commit returns after the copy ended (the pre-background behaviour)
+};
+
 struct UpdateOptions {
   bool verify_fingerprints = true;  // check entry fingerprints before writing a bucket
   // Direct delivery whose fingerprints the writing copy computed (begin_direct_writes(true)):
@@ -56,6 +85,7 @@ struct UpdateOptions {
   unsigned threads = 0;             // kernel threads; 0: the hardware count
   std::size_t plan_cache_capacity = 1024;
   std::size_t missing_names_listed = 8;  // how many missing parameters an error names
+  MirrorRefreshMode mirror_refresh = MirrorRefreshMode::background;  // see Transactions
 };
 
 struct WeightVersion {
@@ -79,6 +109,10 @@ struct UpdateMetrics {
   std::uint64_t plan_cache_misses = 0;
   std::uint64_t rollbacks = 0;  // aborts repaired from the host mirror
   bool fenced = false;
+  // The store's host mirror refresh (store::MirrorRefreshState): the last one's duration, from
+  // its start to its last byte, and how many calls found one running and waited for it.
+  double mirror_refresh_seconds = 0;
+  std::uint64_t mirror_refresh_waits = 0;
 };
 
 class UpdateEngine {
@@ -92,7 +126,8 @@ class UpdateEngine {
 
   // Starts update `version`. FAILED_PRECONDITION when an update is active or a layout tag is
   // released; NOT_FOUND / INCOMPATIBLE when a layout parameter is missing from the store or has
-  // another dtype or shape. Clears the expected fingerprints.
+  // another dtype or shape. Clears the expected fingerprints. Waits for a running mirror
+  // refresh before it returns (see Transactions): nothing may write the weights before.
   void begin(std::uint64_t version, std::string label);
 
   // Applies one bucket: decodes and validates `manifest_bytes` (its bucket_bytes must equal
@@ -157,7 +192,9 @@ class UpdateEngine {
   // Finishes the active update: every layout parameter must be fully written
   // (FAILED_PRECONDITION listing the first missing ones), fingerprints must match the expected
   // ones (CORRUPT_DATA naming the parameter). Then publishes the version and, when every layout
-  // tag has policy Backup, refreshes the host mirror. Any failure aborts the update.
+  // tag has policy Backup, refreshes the host mirror (in the background by default; see
+  // Transactions). Any failure before the publication aborts the update; a mirror refresh that
+  // fails leaves the version published, without a rollback copy.
   void commit();
 
   // Aborts the active update with `reason` (see Transactions). No-op without an active update.
@@ -166,7 +203,8 @@ class UpdateEngine {
   // Restart without the trainer: copies the host mirror's committed weights into the store,
   // verifies them against the fingerprints the mirror recorded and publishes the mirror's
   // version. FAILED_PRECONDITION when no update may start or the mirror holds no committed
-  // version; CORRUPT_DATA naming the parameter on a fingerprint mismatch (the store is fenced).
+  // version (a refresh still running is waited for first); CORRUPT_DATA naming the parameter on
+  // a fingerprint mismatch (the store is fenced).
   void restore_from_mirror();
 
   // Declares the store's current contents (e.g. engine-owned weights the engine loaded itself)
@@ -196,13 +234,17 @@ class UpdateEngine {
 
   void bind_layout_locked();
   std::vector<std::uint64_t> fingerprint_params_locked(const std::vector<Target>& targets);
-  // Publishes a version and fingerprints; marks layout tags valid; refreshes the mirror when
-  // `refresh_mirror` and every layout tag has policy Backup.
+  // Publishes a version and fingerprints; marks layout tags valid; then refreshes the mirror
+  // (options_.mirror_refresh) when `refresh_mirror` and every layout tag has policy Backup.
   void publish_locked(const WeightVersion& version, std::vector<std::uint64_t> fingerprints,
                       bool refresh_mirror);
   bool all_tags_backup_locked() const;
+  // Starts the store's refresh of the mirror with `version`; a refresh that cannot start is
+  // logged (the version stays published without a rollback copy). Never throws.
   void refresh_mirror_locked(const WeightVersion& version,
-                             const std::vector<std::uint64_t>& fingerprints);
+                             const std::vector<std::uint64_t>& fingerprints) noexcept;
+  // Waits for a running mirror refresh (store::WeightStore::wait_for_mirror_refresh).
+  store::MirrorRefreshState wait_for_mirror_locked();
   // Ends the active update after a failure: rollback or fence. Never throws.
   void fail_locked(const std::string& where, const std::string& why) noexcept;
   void fence_locked(const std::string& reason) noexcept;

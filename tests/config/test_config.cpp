@@ -88,6 +88,7 @@ TEST(ConfigDefaults, MatchTheDocumentedValues) {
   EXPECT_EQ(c.memory.weights_policy, fc::ReleasePolicy::backup);
   EXPECT_EQ(c.memory.staging_policy, fc::ReleasePolicy::discard);
   EXPECT_EQ(c.memory.mirror_path, "");
+  EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::background);
   EXPECT_EQ(c.demo.steps, 5u);
   EXPECT_EQ(c.demo.hidden_size, 512u);
   EXPECT_EQ(c.demo.layers, 8u);
@@ -132,6 +133,7 @@ commit_timeout_ms = 7000
 weights_policy = "discard"
 staging_policy = "backup"
 mirror_path = "/dev/shm/ferry-mirror"
+mirror_refresh = "commit"
 
 [demo]
 steps = 9
@@ -167,6 +169,7 @@ device = "cuda"
   EXPECT_EQ(c.memory.weights_policy, fc::ReleasePolicy::discard);
   EXPECT_EQ(c.memory.staging_policy, fc::ReleasePolicy::backup);
   EXPECT_EQ(c.memory.mirror_path, "/dev/shm/ferry-mirror");
+  EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::commit);
   EXPECT_EQ(c.demo.steps, 9u);
   EXPECT_EQ(c.demo.hidden_size, 512u);
   EXPECT_EQ(c.demo.layers, 2u);
@@ -269,6 +272,24 @@ TEST(ConfigErrors, PolicyMustBeKnown) {
             "config.toml:3: 'memory.weights_policy' must be one of discard, backup; got 'keep'");
   EXPECT_EQ(parse_error("[receiver]\nlayout = 'megatron'\n"),
             "config.toml:2: 'receiver.layout' must be one of engine, hf; got 'megatron'");
+}
+
+TEST(ConfigErrors, MirrorRefreshMustBeKnown) {
+  EXPECT_EQ(parse_error("[memory]\nweights_policy = 'backup'\nmirror_refresh = 'lazy'\n"),
+            "config.toml:3: 'memory.mirror_refresh' must be one of background, commit; got 'lazy'");
+  EXPECT_EQ(parse_error("[memory]\nmirror_refresh = true\n"),
+            "config.toml:2: 'memory.mirror_refresh' must be a string, got boolean");
+  fc::Config c;
+  EXPECT_EQ(override_error(c, "memory.mirror_refresh=sync"),
+            "--set memory.mirror_refresh=sync: 'memory.mirror_refresh' must be one of background, "
+            "commit; got 'sync'");
+  EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::background);
+  fc::apply_override(c, "memory.mirror_refresh=commit");
+  EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::commit);
+  EXPECT_STREQ(fc::mirror_refresh_name(c.memory.mirror_refresh), "commit");
+  fc::apply_override(c, "memory.mirror_refresh='background'");
+  EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::background);
+  EXPECT_STREQ(fc::mirror_refresh_name(c.memory.mirror_refresh), "background");
 }
 
 TEST(ConfigErrors, StringRules) {

@@ -1,5 +1,6 @@
 // Tests of the CPU weight store: placement, stable addresses, release/resume by tag (resident
-// memory, backup, discard), engine-owned parameters and wrong-state errors.
+// memory, backup, discard), engine-owned parameters, wrong-state errors, and the host mirror's
+// refresh (in the background: what waits for it, what it records, how it fails).
 #include "store/cpu_weight_store.hpp"
 #include "store/host_mirror.hpp"
 
@@ -10,6 +11,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -282,6 +284,154 @@ TEST(CpuWeightStore, SaveAndRestoreThroughTheMirrorRollBackWrites) {
                   std::vector<TensorSpec>{{"kv", FERRY_DTYPE_F32, {16}}});
   const std::vector<std::string> kv = {"kv_cache"};
   EXPECT_EQ(code_of([&] { store.save_to_mirror(kv); }), FERRY_STATUS_FAILED_PRECONDITION);
+}
+
+// ---- the mirror refresh (refresh_mirror: a committed version into the mirror) -------------
+
+// Two parameters, the first large enough (32 MiB) that its copy is still running when the next
+// call comes, filled with `old_bytes` / `small`.
+struct RefreshFixture {
+  RefreshFixture() {
+    store.place_all("weights", Policy::Backup,
+                    std::vector<TensorSpec>{{"big", FERRY_DTYPE_U8, {32 * kMiB}},
+                                            {"small", FERRY_DTYPE_F32, {1000}}});
+    store.write(0, 0, big);
+    store.write(1, 0, small);
+  }
+  // Refreshes the mirror as version `number` (fingerprints 11 and 22).
+  void refresh(std::uint64_t number, bool background) {
+    const std::vector<std::size_t> params = {0, 1};
+    const std::vector<std::uint64_t> prints = {11, 22};
+    store.refresh_mirror(kWeights, {number, "v" + std::to_string(number)}, params, prints,
+                         background);
+  }
+  std::vector<std::byte> slot(const std::string& name) {
+    const auto mirror = store.mirror();
+    const auto entry = mirror->find(name).value();
+    const std::byte* data = mirror->slot(entry);
+    return {data, data + mirror->entries()[entry].bytes};
+  }
+
+  CpuWeightStore store;
+  std::vector<std::byte> big = random_bytes(32 * kMiB, 31);
+  std::vector<std::byte> small = random_bytes(4000, 32);
+};
+
+TEST(CpuWeightStoreRefresh, BackgroundRefreshRecordsTheVersionWithEveryByteAndWritesWaitForIt) {
+  RefreshFixture f;
+  const auto newer = random_bytes(32 * kMiB, 33);
+  f.refresh(7, true);
+  // The write must not overtake the copy: it waits for the refresh, so the mirror holds the
+  // bytes of version 7 and never a mix.
+  f.store.write(0, 0, newer);
+  const auto state = f.store.wait_for_mirror_refresh();
+  EXPECT_FALSE(state.running);
+  EXPECT_FALSE(state.failed) << state.error;
+  EXPECT_EQ(state.version, 7u);
+  EXPECT_EQ(state.finished, 1u);
+  const auto mirror = f.store.mirror();
+  ASSERT_NE(mirror, nullptr);
+  ASSERT_TRUE(mirror->committed().has_value());
+  EXPECT_EQ(*mirror->committed(), (CommittedVersion{7, "v7"}));
+  EXPECT_EQ(mirror->fingerprint(*mirror->find("big")), 11u);
+  EXPECT_EQ(mirror->fingerprint(*mirror->find("small")), 22u);
+  EXPECT_TRUE(mirror->filled(*mirror->find("big")));
+  EXPECT_TRUE(f.slot("big") == f.big);
+  EXPECT_TRUE(f.slot("small") == f.small);
+  EXPECT_TRUE(read_all(f.store, 0) == newer);
+  f.store.restore_from_mirror(kWeights);
+  EXPECT_TRUE(read_all(f.store, 0) == f.big);
+  EXPECT_TRUE(read_all(f.store, 1) == f.small);
+}
+
+TEST(CpuWeightStoreRefresh, ReleaseRightAfterARefreshResumesTheExactBytes) {
+  RefreshFixture f;
+  f.refresh(3, true);
+  f.store.release(kWeights);  // waits for the refresh, then backs the tag up itself
+  EXPECT_FALSE(f.store.mirror_refresh_state().running);
+  f.store.resume(kWeights);
+  EXPECT_TRUE(read_all(f.store, 0) == f.big);
+  EXPECT_TRUE(read_all(f.store, 1) == f.small);
+  ASSERT_TRUE(f.store.mirror()->committed().has_value());
+  EXPECT_EQ(f.store.mirror()->committed()->number, 3u);
+}
+
+TEST(CpuWeightStoreRefresh, RefreshOnTheCallingThreadHasEndedWhenItReturns) {
+  RefreshFixture f;
+  f.refresh(4, false);
+  const auto state = f.store.mirror_refresh_state();  // no wait
+  EXPECT_FALSE(state.running);
+  EXPECT_EQ(state.finished, 1u);
+  EXPECT_EQ(state.waits, 0u);
+  EXPECT_GT(state.last_seconds, 0.0);
+  ASSERT_TRUE(f.store.mirror()->committed().has_value());
+  EXPECT_EQ(f.store.mirror()->committed()->number, 4u);
+  EXPECT_TRUE(f.slot("big") == f.big);
+}
+
+TEST(CpuWeightStoreRefresh, AFailedRefreshLeavesTheMirrorWithoutACommittedVersion) {
+  RefreshFixture f;
+  f.refresh(1, true);
+  ASSERT_FALSE(f.store.wait_for_mirror_refresh().failed);
+  f.store.fail_next_mirror_refresh("the copy engine caught fire");
+  f.refresh(2, true);
+  const auto state = f.store.wait_for_mirror_refresh();
+  EXPECT_TRUE(state.failed);
+  EXPECT_EQ(state.version, 2u);
+  EXPECT_NE(state.error.find("the copy engine caught fire"), std::string::npos) << state.error;
+  // Neither version 1 (its slots were being overwritten) nor version 2 (not all there).
+  const auto mirror = f.store.mirror();
+  EXPECT_FALSE(mirror->committed().has_value());
+  EXPECT_FALSE(mirror->filled(*mirror->find("big")));
+  EXPECT_FALSE(mirror->filled(*mirror->find("small")));
+  const auto msg = message_of([&] { f.store.restore_from_mirror(kWeights); });
+  EXPECT_NE(msg.find("holds no copy"), std::string::npos) << msg;
+  // A release backs the tag up itself: resume still gives the exact bytes back.
+  f.store.release(kWeights);
+  f.store.resume(kWeights);
+  EXPECT_TRUE(read_all(f.store, 0) == f.big);
+  // The next refresh that succeeds clears the failure.
+  f.refresh(3, true);
+  const auto after = f.store.wait_for_mirror_refresh();
+  EXPECT_FALSE(after.failed) << after.error;
+  EXPECT_EQ(after.finished, 3u);
+  ASSERT_TRUE(mirror->committed().has_value());
+  EXPECT_EQ(mirror->committed()->number, 3u);
+}
+
+TEST(CpuWeightStoreRefresh, ARefreshThatCannotStartThrowsAndIsRecorded) {
+  RefreshFixture f;
+  f.refresh(4, true);
+  ASSERT_FALSE(f.store.wait_for_mirror_refresh().failed);
+  f.store.place_all("kv_cache", Policy::Discard,
+                    std::vector<TensorSpec>{{"kv", FERRY_DTYPE_F32, {16}}});
+  const std::vector<std::string> kv = {"kv_cache"};
+  const std::vector<std::size_t> params = {2};
+  const std::vector<std::uint64_t> prints = {5};
+  EXPECT_EQ(code_of([&] { f.store.refresh_mirror(kv, {5, "v5"}, params, prints, true); }),
+            FERRY_STATUS_FAILED_PRECONDITION);
+  auto state = f.store.mirror_refresh_state();
+  EXPECT_TRUE(state.failed);
+  EXPECT_EQ(state.version, 5u);
+  EXPECT_NE(state.error.find("kv_cache"), std::string::npos) << state.error;
+  const std::vector<std::uint64_t> two = {5, 6};
+  EXPECT_EQ(code_of([&] { f.store.refresh_mirror(kWeights, {6, "v6"}, params, two, true); }),
+            FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_FALSE(f.store.mirror_refresh_state().running);
+  // The mirror no longer claims version 4: the refresh that replaces it was started and failed.
+  EXPECT_FALSE(f.store.mirror()->committed().has_value());
+}
+
+TEST(CpuWeightStoreRefresh, LayoutChangesWaitAndAStoreDestroyedDuringARefreshJoinsIt) {
+  auto f = std::make_unique<RefreshFixture>();
+  f->refresh(8, true);
+  // A new Backup parameter replaces the mirror: only once the copy into it has ended.
+  f->store.place_all("more", Policy::Backup,
+                     std::vector<TensorSpec>{{"extra", FERRY_DTYPE_F32, {8}}});
+  EXPECT_FALSE(f->store.mirror_refresh_state().running);
+  EXPECT_EQ(f->store.mirror_refresh_state().finished, 1u);
+  f->refresh(9, true);
+  f.reset();  // must join the copy before the regions it reads are unmapped
 }
 
 }  // namespace

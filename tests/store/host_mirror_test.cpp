@@ -1,5 +1,6 @@
 // Tests of the host mirror: parallel copies, the file-backed format reopened by a second instance
-// (restart without the trainer), and refusal of mismatched or corrupt files.
+// (restart without the trainer, also after a shutdown during a background refresh), and refusal
+// of mismatched or corrupt files.
 #include "store/cpu_weight_store.hpp"
 #include "store/host_mirror.hpp"
 
@@ -94,6 +95,37 @@ TEST_F(MirrorFile, ReopenedByASecondInstanceRestoresContents) {
     std::vector<std::byte> now(saved[i].size());
     store.read(i, 0, now);
     EXPECT_EQ(now, saved[i]) << store.param(i).name;
+  }
+}
+
+// A store destroyed while its background refresh still copies (a receiver shutting down right
+// after a commit) joins the copy: the file then holds every byte of that version and says so.
+TEST_F(MirrorFile, AStoreDestroyedDuringABackgroundRefreshLeavesTheFileHoldingThatVersion) {
+  auto specs = model_specs();
+  specs.push_back({"big", FERRY_DTYPE_U8, {48ull << 20}});
+  std::vector<std::vector<std::byte>> saved;
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, specs);
+    saved = fill_random(store, 60);
+    store.attach_mirror(HostMirror::create_file(path_, store.mirror_layout()));
+    const std::vector<std::size_t> params = {0, 1, 2, 3};
+    const std::vector<std::uint64_t> prints = {5, 6, 7, 8};
+    store.refresh_mirror(kWeights, {21, "step-21"}, params, prints, true);
+  }
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, specs);
+  const auto layout = store.mirror_layout();
+  std::shared_ptr<HostMirror> mirror = HostMirror::open_file(path_, &layout);
+  ASSERT_TRUE(mirror->committed().has_value());
+  EXPECT_EQ(*mirror->committed(), (CommittedVersion{21, "step-21"}));
+  EXPECT_EQ(mirror->fingerprint(3), 8u);
+  store.attach_mirror(mirror);
+  store.restore_from_mirror(kWeights);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    std::vector<std::byte> now(saved[i].size());
+    store.read(i, 0, now);
+    EXPECT_TRUE(now == saved[i]) << store.param(i).name;
   }
 }
 

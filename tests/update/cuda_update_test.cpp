@@ -1,9 +1,10 @@
 // Tests of the update engine on CUDA memory (a real device): updates into the CUDA weight store
 // are bit-identical to the same updates into the CPU store, from pageable, page-locked and device
 // buckets; repeated updates reuse the cached plan and device op table; a failed update rolls back
-// on the device; a CUDA graph over the weights replays correctly after release/resume and after an
-// update; 100 release/resume cycles with updates leak no device or page-locked memory. Exits 77
-// (meson's skip code) without a CUDA device.
+// on the device, also right after a commit whose mirror refresh runs in the background; a CUDA
+// graph over the weights replays correctly after release/resume and after an update; 100
+// release/resume cycles with updates leak no device or page-locked memory. Exits 77 (meson's skip
+// code) without a CUDA device.
 #include "store/cpu_weight_store.hpp"
 #include "store/cuda_weight_store.hpp"
 #include "update/param_fingerprint.hpp"
@@ -17,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -193,6 +195,76 @@ TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
   for (const auto& p : layout) {
     const auto& want = weights.at(p.name);
     ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+        << p.name;
+  }
+}
+
+// The CUDA store's background refresh of the page-locked mirror (the default
+// memory.mirror_refresh): commit returns while the device-to-host copy may still run; the next
+// update's begin waits for it, so a failure right after a commit rolls the device weights back
+// to exactly the version just published; a release right after a commit resumes exactly it. With
+// "commit" the mirror holds the version when commit returns.
+TEST_F(CudaUpdate, BackgroundMirrorRefreshIsWhatAFailureRightAfterTheCommitRollsBackTo) {
+  IdentityPlans plans(layout);
+  UpdateEngine engine(cuda_store, plans);
+  auto expect_weights = [&](std::uint64_t version, const char* when) {
+    const auto weights = random_weights(layout, version);
+    for (const auto& p : layout) {
+      const auto& want = weights.at(p.name);
+      ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
+          << p.name << " " << when;
+    }
+  };
+  const auto v1 = buckets_for(layout, 1);
+  const auto v2 = buckets_for(layout, 2);
+  auto bad = buckets_for(layout, 3);
+  bad[2].bytes[0] ^= std::byte{1};  // refused after two buckets were written in place
+  apply(engine, 1, v1, Source::staging);
+  apply(engine, 2, v2, Source::staging);
+  engine.begin(3, "v3");  // right after the commit of version 2
+  engine.apply_bucket(bad[0].bytes, bad[0].encoded());
+  engine.apply_bucket(bad[1].bytes, bad[1].encoded());
+  EXPECT_EQ(testing::error_of([&] { engine.apply_bucket(bad[2].bytes, bad[2].encoded()); }).code(),
+            FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_EQ(engine.version().number, 2u);
+  EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  EXPECT_EQ(engine.metrics().rollbacks, 1u);
+  expect_weights(2, "after the rollback");
+
+  const auto v4 = buckets_for(layout, 4);
+  apply(engine, 4, v4, Source::device);
+  const std::vector<std::string> tags{"weights"};
+  cuda_store.release(tags);  // right after the commit of version 4
+  cuda_store.resume(tags);
+  expect_weights(4, "after release and resume");
+  EXPECT_TRUE(engine.health().ready) << engine.health().reason;
+  const auto state = cuda_store.wait_for_mirror_refresh();
+  EXPECT_FALSE(state.failed) << state.error;
+  EXPECT_EQ(state.version, 4u);
+  EXPECT_EQ(state.finished, 3u);  // versions 1, 2 and 4
+  ASSERT_TRUE(cuda_store.mirror()->committed().has_value());
+  EXPECT_EQ(cuda_store.mirror()->committed()->number, 4u);
+  EXPECT_GT(cuda_store.pinned_mirror_bytes(), 0u);
+
+  // "commit": the mirror holds version 5, byte for byte, when commit returns.
+  UpdateOptions at_commit;
+  at_commit.mirror_refresh = MirrorRefreshMode::commit;
+  IdentityPlans commit_plans(layout);
+  UpdateEngine commit_engine(cuda_store, commit_plans, at_commit);
+  apply(commit_engine, 5, buckets_for(layout, 5), Source::pageable);
+  const auto now = cuda_store.mirror_refresh_state();  // no wait
+  EXPECT_FALSE(now.running);
+  EXPECT_FALSE(now.failed) << now.error;
+  EXPECT_EQ(now.version, 5u);
+  const auto mirror = cuda_store.mirror();
+  ASSERT_TRUE(mirror->committed().has_value());
+  EXPECT_EQ(mirror->committed()->number, 5u);
+  const auto weights = random_weights(layout, 5);
+  for (const auto& p : layout) {
+    const auto entry = mirror->find(p.name).value();
+    const std::byte* slot = mirror->slot(entry);
+    const auto& want = weights.at(p.name);
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), slot, slot + mirror->entries()[entry].bytes))
         << p.name;
   }
 }

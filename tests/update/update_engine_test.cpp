@@ -1,6 +1,8 @@
 // Tests of the update engine's transactions: full updates commit exact bytes; an update killed or
 // failing half way never advances the version, is rolled back exactly under the backup policy
-// and fences the receiver under the discard policy until a full update commits.
+// and fences the receiver under the discard policy until a full update commits; the host
+// mirror's refresh after a commit (in the background or at commit) is what a failure right after
+// the commit rolls back to, and a refresh that failed fences the next failed update.
 #include "update_fixture.hpp"
 
 #include "store/cpu_weight_store.hpp"
@@ -35,13 +37,24 @@ const std::vector<std::vector<std::string>> kBucketNames = {{"embed", "layers.0.
                                                             {"layers.1.w"},
                                                             {"norm"}};
 
+// The same names as small_layout() (the same buckets), with 20 MiB of weights: a mirror refresh
+// of them still copies when the next call comes right after the commit.
+std::vector<LayoutParam> large_layout() {
+  return {{"embed", FERRY_DTYPE_BF16, {4096, 2048}},
+          {"layers.0.w", FERRY_DTYPE_F32, {1024, 1024}},
+          {"layers.1.w", FERRY_DTYPE_F32, {40}},
+          {"norm", FERRY_DTYPE_F16, {48}}};
+}
+
 // A receiver: store with the layout placed under "weights", a plan provider and the engine.
 struct Receiver {
-  explicit Receiver(Policy policy) : plans(small_layout()) {
+  explicit Receiver(Policy policy, UpdateOptions options = {},
+                    std::vector<LayoutParam> layout = small_layout())
+      : plans(std::move(layout)) {
     std::vector<store::TensorSpec> specs;
     for (const auto& p : plans.layout()) specs.push_back({p.name, p.dtype, p.shape});
     store.place_all("weights", policy, specs);
-    engine = std::make_unique<UpdateEngine>(store, plans);
+    engine = std::make_unique<UpdateEngine>(store, plans, options);
   }
 
   Bucket bucket(const Weights& w, std::uint64_t version, std::uint32_t k) const {
@@ -55,6 +68,26 @@ struct Receiver {
     engine->begin(version, "v" + std::to_string(version));
     for (std::uint32_t k = 0; k < kBucketNames.size(); ++k) apply(bucket(w, version, k));
     engine->commit();
+  }
+
+  // The buckets of `w` as update `version`, built ahead (so that applying them starts at once).
+  std::vector<Bucket> buckets(const Weights& w, std::uint64_t version) const {
+    std::vector<Bucket> out;
+    for (std::uint32_t k = 0; k < kBucketNames.size(); ++k) out.push_back(bucket(w, version, k));
+    return out;
+  }
+  void push(const std::vector<Bucket>& buckets, std::uint64_t version) {
+    engine->begin(version, "v" + std::to_string(version));
+    for (const auto& b : buckets) apply(b);
+    engine->commit();
+  }
+
+  // What the mirror's slot of `name` holds.
+  std::vector<std::byte> mirror_slot(const std::string& name) const {
+    const auto mirror = store.mirror();
+    const auto entry = mirror->find(name).value();
+    const std::byte* data = mirror->slot(entry);
+    return {data, data + mirror->entries()[entry].bytes};
   }
 
   Weights contents() const {
@@ -437,6 +470,185 @@ TEST(UpdateEngine, VersionAndHealthAreReadableFromAnotherThreadDuringUpdates) {
   EXPECT_EQ(r.engine->metrics().updates_aborted, 6u);
   EXPECT_EQ(r.engine->metrics().updates_committed, 14u);
 }
+
+// ---- the host mirror's refresh (memory.mirror_refresh) ------------------------------------
+
+UpdateOptions refresh_at_commit() {
+  UpdateOptions options;
+  options.mirror_refresh = MirrorRefreshMode::commit;
+  return options;
+}
+
+// With the background refresh (the default), commit returns while the mirror still copies; the
+// next update's begin waits for it, so an update that fails right after a commit rolls back to
+// exactly the bytes of the version just published (not the one before, not a mix).
+TEST(UpdateEngineMirrorRefresh, AFailureRightAfterABackgroundRefreshRollsBackToThePublishedBytes) {
+  Receiver r(Policy::Backup, {}, large_layout());
+  const auto& layout = r.plans.layout();
+  const auto w1 = random_weights(layout, 300);
+  const auto w2 = random_weights(layout, 301);
+  const auto w3 = random_weights(layout, 302);
+  const auto w4 = random_weights(layout, 303);
+  const auto w5 = random_weights(layout, 304);
+  const auto b1 = r.buckets(w1, 1);
+  const auto b2 = r.buckets(w2, 2);
+  auto b3 = r.buckets(w3, 3);
+  b3[1].bytes[b3[1].manifest.tensors[0].offset] ^= std::byte{0x10};  // refused after bucket 0
+  const auto b4 = r.buckets(w4, 4);
+  const auto b5 = r.buckets(w5, 5);
+
+  r.push(b1, 1);
+  r.push(b2, 2);
+  r.engine->begin(3, "v3");  // right after the commit of version 2
+  r.apply(b3[0]);            // embed and layers.0.w of version 3 in the live weights
+  EXPECT_EQ(error_of([&] { r.apply(b3[1]); }).code(), FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_TRUE(r.contents() == w2) << "the rollback did not restore exactly version 2";
+  EXPECT_EQ(r.engine->version().number, 2u);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->metrics().rollbacks, 1u);
+
+  // Again, with an abort right after the commit.
+  r.push(b4, 4);
+  r.engine->begin(5, "v5");
+  r.apply(b5[0]);
+  r.engine->abort("trainer killed");
+  EXPECT_TRUE(r.contents() == w4) << "the rollback did not restore exactly version 4";
+  EXPECT_EQ(r.engine->version().number, 4u);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->metrics().rollbacks, 2u);
+  const auto state = r.store.wait_for_mirror_refresh();
+  EXPECT_FALSE(state.failed) << state.error;
+  EXPECT_EQ(state.version, 4u);
+  EXPECT_EQ(state.finished, 3u);  // versions 1, 2 and 4
+  ASSERT_TRUE(r.store.mirror()->committed().has_value());
+  EXPECT_EQ(r.store.mirror()->committed()->number, 4u);
+  EXPECT_EQ(r.store.mirror()->committed()->label, "v4");
+  EXPECT_GT(r.engine->metrics().mirror_refresh_seconds, 0.0);
+}
+
+// A release with policy backup right after a commit (the refresh may still copy) and the resume
+// after it give back exactly the committed bytes; the mirror still holds that version for a
+// rollback.
+TEST(UpdateEngineMirrorRefresh, ReleaseRightAfterACommitResumesExactlyTheCommittedBytes) {
+  Receiver r(Policy::Backup, {}, large_layout());
+  const auto& layout = r.plans.layout();
+  const auto w1 = random_weights(layout, 310);
+  const auto w2 = random_weights(layout, 311);
+  const auto b1 = r.buckets(w1, 1);
+  const auto b2 = r.buckets(w2, 2);
+  const auto b3 = r.buckets(random_weights(layout, 312), 3);
+  const std::vector<std::string> tags = {"weights"};
+  r.push(b1, 1);
+  r.push(b2, 2);
+  r.store.release(tags);
+  EXPECT_FALSE(r.engine->health().ready);
+  r.store.resume(tags);
+  EXPECT_TRUE(r.contents() == w2) << "resume did not restore exactly version 2";
+  EXPECT_EQ(r.engine->version().number, 2u);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  r.engine->begin(3, "v3");
+  r.apply(b3[0]);
+  r.engine->abort("test");
+  EXPECT_TRUE(r.contents() == w2);
+  EXPECT_EQ(r.engine->metrics().rollbacks, 1u);
+}
+
+// mirror_refresh = "commit": the mirror holds the version, every byte of it, when commit
+// returns, with nothing waited for.
+TEST(UpdateEngineMirrorRefresh, RefreshAtCommitHoldsTheVersionWhenCommitReturns) {
+  Receiver r(Policy::Backup, refresh_at_commit(), large_layout());
+  const auto& layout = r.plans.layout();
+  const auto w1 = random_weights(layout, 320);
+  r.push(w1, 1);
+  const auto state = r.store.mirror_refresh_state();  // no wait
+  EXPECT_FALSE(state.running);
+  EXPECT_FALSE(state.failed) << state.error;
+  EXPECT_EQ(state.finished, 1u);
+  EXPECT_EQ(state.version, 1u);
+  ASSERT_TRUE(r.store.mirror()->committed().has_value());
+  EXPECT_EQ(r.store.mirror()->committed()->number, 1u);
+  for (const auto& [name, bytes] : w1) {
+    EXPECT_TRUE(r.mirror_slot(name) == bytes) << name;
+    const auto entry = *r.store.mirror()->find(name);
+    EXPECT_EQ(r.store.mirror()->fingerprint(entry), r.engine->fingerprints().at(name)) << name;
+  }
+  r.engine->begin(2, "v2");
+  r.apply(r.bucket(random_weights(layout, 321), 2, 0));
+  r.engine->abort("test");
+  EXPECT_TRUE(r.contents() == w1);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->metrics().mirror_refresh_waits, 0u);
+  EXPECT_GT(r.engine->metrics().mirror_refresh_seconds, 0.0);
+}
+
+// A refresh that fails leaves the version published and served but without a rollback copy: the
+// next update that fails after writing live weights fences, saying why, and never restores the
+// older version the mirror held before (that would serve a mix). A full update lifts the fence
+// and the mirror holds that update's version again.
+class UpdateEngineRefreshFailure : public ::testing::TestWithParam<MirrorRefreshMode> {};
+
+TEST_P(UpdateEngineRefreshFailure, AFailedRefreshFencesTheNextFailedUpdateWithTheReason) {
+  UpdateOptions options;
+  options.mirror_refresh = GetParam();
+  Receiver r(Policy::Backup, options);
+  const auto& layout = r.plans.layout();
+  const auto w1 = random_weights(layout, 330);
+  const auto w2 = random_weights(layout, 331);
+  const auto w3 = random_weights(layout, 332);
+  const auto w4 = random_weights(layout, 333);
+  r.push(w1, 1);
+  r.store.fail_next_mirror_refresh("cudaMemcpyAsync: an illegal memory access was encountered");
+  r.push(w2, 2);
+  EXPECT_EQ(r.engine->version().number, 2u);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_TRUE(r.contents() == w2);
+
+  r.engine->begin(3, "v3");
+  r.apply(r.bucket(w3, 3, 0));  // embed and layers.0.w
+  r.engine->abort("trainer killed");
+  const auto h = r.engine->health();
+  EXPECT_FALSE(h.ready);
+  EXPECT_NE(h.reason.find("update 3 aborted after bucket 0: trainer killed"), std::string::npos)
+      << h.reason;
+  EXPECT_NE(h.reason.find("the host mirror did not hold the published version 2: its refresh "
+                          "failed: cudaMemcpyAsync: an illegal memory access was encountered"),
+            std::string::npos)
+      << h.reason;
+  EXPECT_NE(h.reason.find("weights are partial until a full update"), std::string::npos)
+      << h.reason;
+  EXPECT_TRUE(r.engine->metrics().fenced);
+  EXPECT_EQ(r.engine->metrics().rollbacks, 0u);
+  EXPECT_EQ(r.engine->version().number, 2u);
+  EXPECT_FALSE(r.store.contents_valid("weights"));
+  // Nothing was rolled back to version 1: the weights are version 3's where it wrote, version
+  // 2's elsewhere, and say so (fenced) instead of serving them.
+  const auto now = r.contents();
+  EXPECT_TRUE(now.at("embed") == w3.at("embed"));
+  EXPECT_TRUE(now.at("layers.1.w") == w2.at("layers.1.w"));
+  EXPECT_FALSE(r.store.mirror()->committed().has_value());
+  const auto e = error_of([&] { r.engine->restore_from_mirror(); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(e.what()).find("refresh with version 2 failed"), std::string::npos)
+      << e.what();
+
+  // A full update lifts the fence; its refresh succeeds and is the next rollback point.
+  r.push(w4, 4);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  r.engine->begin(5, "v5");
+  r.apply(r.bucket(w1, 5, 0));
+  r.engine->abort("test");
+  EXPECT_TRUE(r.contents() == w4);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  EXPECT_EQ(r.engine->metrics().rollbacks, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothModes, UpdateEngineRefreshFailure,
+                         ::testing::Values(MirrorRefreshMode::background,
+                                           MirrorRefreshMode::commit),
+                         [](const auto& info) {
+                           return info.param == MirrorRefreshMode::background ? "Background"
+                                                                              : "AtCommit";
+                         });
 
 }  // namespace
 }  // namespace ferry::update
