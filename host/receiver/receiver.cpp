@@ -188,6 +188,9 @@ struct Receiver::State {
     uopts.trust_writer_fingerprints =
         config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
+    uopts.mirror_refresh = config.memory.mirror_refresh == config::MirrorRefresh::commit
+                               ? update::MirrorRefreshMode::commit
+                               : update::MirrorRefreshMode::background;
     auto new_engine = std::make_unique<update::UpdateEngine>(*new_store, *new_binding, uopts);
 
     binding = std::move(new_binding);
@@ -274,6 +277,9 @@ struct Receiver::State {
     uopts.trust_writer_fingerprints =
         config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
+    uopts.mirror_refresh = config.memory.mirror_refresh == config::MirrorRefresh::commit
+                               ? update::MirrorRefreshMode::commit
+                               : update::MirrorRefreshMode::background;
     auto new_engine = std::make_unique<update::UpdateEngine>(*store, *new_binding, uopts);
     binding = std::move(new_binding);
     engine = std::move(new_engine);
@@ -691,6 +697,10 @@ std::string Receiver::metrics_text() const {
            m.seconds_applying);
     metric("ferry_plan_cache_hits_total", "counter", "plans served from the cache", m.plan_cache_hits);
     metric("ferry_fenced", "gauge", "1 while a failed update left partial weights", m.fenced ? 1 : 0);
+    metric("ferry_mirror_refresh_seconds", "gauge",
+           "seconds the last host mirror refresh took, start to last byte", m.mirror_refresh_seconds);
+    metric("ferry_mirror_refresh_waits_total", "counter",
+           "calls that waited for a running host mirror refresh", m.mirror_refresh_waits);
   }
   for (const auto& t : memory_state()) {
     const std::string labels = "tag=\"" + escape_label(t.tag) + "\"";
