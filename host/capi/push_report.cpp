@@ -19,6 +19,10 @@ FERRY_API double ferry_push_report_seconds(const ferry_push_report_t* report) {
   return report != nullptr ? report->seconds : 0.0;
 }
 
+FERRY_API double ferry_push_report_producer_wait_seconds(const ferry_push_report_t* report) {
+  return report != nullptr ? report->producer_wait_seconds : 0.0;
+}
+
 FERRY_API int ferry_push_report_all_committed(const ferry_push_report_t* report) {
   if (report == nullptr || report->receivers.empty()) return 0;
   return std::all_of(report->receivers.begin(), report->receivers.end(),

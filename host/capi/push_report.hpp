@@ -24,5 +24,6 @@ struct ferry_push_report {
   std::uint64_t version = 0;
   std::uint64_t bytes = 0;
   double seconds = 0;
+  double producer_wait_seconds = 0;
   std::vector<Receiver> receivers;
 };

@@ -14,6 +14,7 @@
 #include "capi/config_source.hpp"
 #include "capi/receiver_extension.hpp"
 #include "capi/tensor_input.hpp"
+#include "order/stream_order.hpp"
 #include "receiver/receiver.hpp"
 #if FERRY_CAPI_HAVE_SESSION
 #include "session/receiver_endpoint.hpp"
@@ -134,6 +135,18 @@ FERRY_API ferry_error_t* ferry_receiver_register_param(ferry_receiver_t* receive
     }
     receiver->pending.push_back({std::move(in.name), in.dtype, std::move(in.shape), in.data,
                                  in.memory_kind, in.device});
+  });
+}
+
+FERRY_API ferry_error_t* ferry_receiver_set_engine_order(ferry_receiver_t* receiver,
+                                                        uint32_t order,
+                                                        const void* const* handles,
+                                                        size_t num_handles) {
+  static constexpr const char* kFn = "ferry_receiver_set_engine_order";
+  return ferry::capi::guard(kFn, [&] {
+    ferry::capi::require(receiver, kFn, "receiver");
+    receiver->receiver->set_engine_order(
+        ferry::order::checked_order(order, handles, num_handles, kFn));
   });
 }
 

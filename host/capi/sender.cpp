@@ -10,6 +10,7 @@
 #include "capi/config_source.hpp"
 #include "capi/push_report.hpp"
 #include "capi/tensor_input.hpp"
+#include "order/stream_order.hpp"
 #include "session/sender.hpp"
 
 // Owns everything session::Sender borrows (config, registry), declared in that order so the
@@ -106,12 +107,17 @@ FERRY_API ferry_error_t* ferry_sender_push(ferry_sender_t* sender, const ferry_p
     }
     std::optional<std::string> label;
     if (a.label != nullptr) label = a.label;
-    const ferry::session::PushReport pushed = sender->sender->push(views, a.version, label);
+    // Fields past the caller's struct_size read as zero: FERRY_ORDER_SYNC_DEVICES, no handles.
+    const ferry::order::StreamOrder producers = ferry::order::checked_order(
+        a.order, a.order_handles, a.num_order_handles, "ferry_sender_push: args->order");
+    const ferry::session::PushReport pushed =
+        sender->sender->push(views, a.version, label, producers);
     if (report != nullptr) {
       ferry_push_report_t* r = new_report(pushed.receivers);
       r->version = pushed.version;
       r->bytes = pushed.bytes;
       r->seconds = pushed.seconds;
+      r->producer_wait_seconds = pushed.producer_wait_seconds;
       *report = r;
     }
   });

@@ -134,10 +134,23 @@ struct Receiver::State {
   std::uint64_t memory_epoch = 0;
   std::mutex release_hook_mutex;  // guards release_hook (set from the endpoint's thread)
   std::function<void(const std::string&)> release_hook;
+  // Stream ordering against the engine (set_engine_order; read under update_mutex). The devices
+  // are those of engine-owned CUDA parameters: empty for ferry-owned weights.
+  order::StreamOrder engine_order;
+  std::vector<int> engine_devices;
+  std::atomic<int> cuda_device{-1};  // weights_cuda_device() once a store exists
 
   State(const config::Config& c, const registry::Registry& r) : config(c), registry(r) {}
 
   unsigned threads() const { return config.update.apply_threads; }
+
+  // Before an update's first write into engine-owned parameters: the engine's queued work on
+  // them (a forward pass still reading them) is done. Caller holds update_mutex.
+  void wait_for_engine(std::uint64_t version) const {
+    if (engine_devices.empty()) return;
+    order::wait(engine_order, engine_devices,
+                fmt::format("update {}: waiting for the engine's work on its parameters", version));
+  }
 
   // Creates the model binding, store and engine from the first checkpoint's catalog.
   void create_layout(const manifest::Manifest& cat, const fs::path& checkpoint) {
@@ -172,8 +185,9 @@ struct Receiver::State {
     auto descs = manifest::tensor_descs(cat);
     const auto& layout = new_binding->target_layout(descs);
 
-    auto new_store = store::make_weight_store(store::parse_store_device(config.receiver.device),
-                                              config.update.apply_threads);
+    const auto where = store::parse_store_device(config.receiver.device);
+    auto new_store = store::make_weight_store(where, config.update.apply_threads);
+    cuda_device.store(where.cuda ? where.ordinal : -1);
     std::vector<store::TensorSpec> specs;
     specs.reserve(layout.size());
     for (const auto& p : layout) specs.push_back({p.name, p.dtype, p.shape});
@@ -344,7 +358,9 @@ struct BusyGuard {
 Receiver::Receiver(const config::Config& config, const registry::Registry& registry)
     : state_(std::make_unique<State>(config, registry)) {
   // A device this build or machine cannot use is refused now, not at the first load.
-  store::check_store_device(store::parse_store_device(config.receiver.device));
+  const auto where = store::parse_store_device(config.receiver.device);
+  store::check_store_device(where);
+  state_->cuda_device.store(where.cuda ? where.ordinal : -1);
 }
 
 Receiver::~Receiver() = default;
@@ -392,6 +408,7 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
   const auto previous = s.engine->version();
   const std::uint64_t number = previous.number + 1;
   const std::string version_label = label.value_or(std::to_string(number));
+  s.wait_for_engine(number);
   s.engine->begin(number, version_label);
 
   UpdateReport report;
@@ -452,6 +469,7 @@ UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uin
   BusyGuard busy(s.busy, s.activity, "updating");
   const std::uint64_t number =
       version_hint != 0 ? version_hint : s.engine->version().number + 1;
+  s.wait_for_engine(number);
   s.engine->begin(number, label.value_or(std::to_string(number)));
   UpdateReport report;
   try {
@@ -771,6 +789,7 @@ void Receiver::StreamingUpdate::begin(std::uint64_t version,
   i.s.require_weights_resident();
   i.busy.emplace(i.s.busy, i.s.activity, "updating");
   i.start = std::chrono::steady_clock::now();
+  i.s.wait_for_engine(version);
   i.s.engine->begin(version, label.value_or(std::to_string(version)));
   i.begun = true;
 }
@@ -935,6 +954,14 @@ void Receiver::register_params(const std::vector<EngineParam>& params) {
     }
     new_store->register_external(kWeightsTag, p.name, p.dtype, p.shape, p.data, p.memory_kind);
   }
+  s.engine_devices.clear();
+  for (const auto& p : params) {
+    if (p.memory_kind == FERRY_MEMORY_CUDA) s.engine_devices.push_back(p.device);
+  }
+  std::sort(s.engine_devices.begin(), s.engine_devices.end());
+  s.engine_devices.erase(std::unique(s.engine_devices.begin(), s.engine_devices.end()),
+                         s.engine_devices.end());
+  s.cuda_device.store(device.cuda ? device.ordinal : -1);
   s.store = std::move(new_store);
   // When the model plugin maps the parameters onto themselves (identity), the layout exists now;
   // otherwise it is created by the first session, whose catalog the plugin needs.
@@ -955,5 +982,18 @@ void Receiver::register_params(const std::vector<EngineParam>& params) {
         params.size(), e.what());
   }
 }
+
+void Receiver::set_engine_order(order::StreamOrder engine_order) {
+  if (engine_order.wait == order::Wait::events) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "engine order: events are recorded once, and every update waits; name the engine's "
+         "streams instead");
+  }
+  auto& s = *state_;
+  std::lock_guard lock(s.update_mutex);
+  s.engine_order = std::move(engine_order);
+}
+
+int Receiver::weights_cuda_device() const { return state_->cuda_device.load(); }
 
 }  // namespace ferry::receiver

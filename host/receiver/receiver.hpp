@@ -9,6 +9,7 @@
 
 #include <ferry/plugin.h>
 
+#include "order/stream_order.hpp"
 #include "update/update_engine.hpp"
 
 #include <cstdint>
@@ -106,6 +107,16 @@ class Receiver {
     int device = 0;
   };
   void register_params(const std::vector<EngineParam>& params);
+
+  // How every update waits for the engine's work on engine-owned CUDA parameters before its
+  // first write into them (DESIGN.md, "Stream ordering"); the default synchronises their
+  // devices. Events are refused (INVALID_ARGUMENT): an order is used by every update. Ferry-owned
+  // weights (`ferry serve`) have no engine in this process and wait for nothing.
+  void set_engine_order(order::StreamOrder order);
+
+  // The CUDA device the weights are on (registered engine parameters or the CUDA store), or -1
+  // for host weights. Before any layout: receiver.device's. Where device transports put staging.
+  int weights_cuda_device() const;
 
   // ---- session updates (session/, docs/session-protocol.md) ------------------------------
   // One update streamed bucket by bucket by a sender's session. It holds the receiver's update

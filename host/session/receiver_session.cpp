@@ -207,9 +207,9 @@ class Session {
     const std::string wanted = text(hello.getTransport());
     if (wanted != "inline") {
       try {
-        // Device transports get staging slots on the GPU the weights are on.
-        const auto where = store::parse_store_device(config_.receiver.device);
-        device_ = where.cuda ? where.ordinal : -1;
+        // Device transports get staging slots on the GPU the weights are on: an embedded
+        // receiver's registered parameters decide, not the receiver.device default.
+        device_ = receiver_.weights_cuda_device();
         data_ = make_plugin_receiver_path(registry_, config_, wanted, capacity_, slots, device_);
         data_->connect(
             std::span<const std::uint8_t>(hello.getTransportAddress().begin(),

@@ -39,6 +39,7 @@
 #include "session/channel.hpp"
 #include "session/data_path.hpp"
 #include "session/device_fingerprints.hpp"
+#include "session/receiver_endpoint.hpp"
 #include "session/transport_choice.hpp"
 
 namespace ferry::session {
@@ -414,7 +415,10 @@ struct Sender::Impl {
     TransportQuery q;
     q.requested = options.transport;
     q.receiver = address;
-    q.receiver_on_this_host = is_this_host(parse_address(address).host);
+    const HostPort where = parse_address(address);
+    q.receiver_on_this_host = is_this_host(where.host);
+    q.receiver_in_this_process =
+        q.receiver_on_this_host && ReceiverEndpoint::serving_in_this_process(where.port);
     q.cuda_tensors = cuda_tensors;
     auto choice = session::choose_transport(q, [&](const std::string& name) {
       TransportFacts f;
@@ -1156,7 +1160,8 @@ Sender::Sender(const config::Config& config, const registry::Registry& registry,
 Sender::~Sender() = default;
 
 PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t version,
-                        const std::optional<std::string>& label) {
+                        const std::optional<std::string>& label,
+                        const order::StreamOrder& producers) {
   auto& i = *impl_;
   i.wait_teardowns();  // the previous push's
   const auto start = Clock::now();
@@ -1229,6 +1234,19 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     total += *size;
   }
   const std::string version_label = label.value_or(std::to_string(version));
+
+  // Nothing reads a tensor before the work that produced it is done (DESIGN.md, "Stream
+  // ordering"): a trainer calls push() right after its optimizer step, whose kernels may still
+  // be queued. Every read below (fingerprints, packing, the transports' copies) comes after this.
+  const auto wait_start = Clock::now();
+  {
+    std::vector<int> devices;
+    for (const auto& t : tensors) {
+      if (t.memory_kind == FERRY_MEMORY_CUDA) devices.push_back(t.device);
+    }
+    order::wait(producers, devices, fmt::format("push of version {}", version));
+  }
+  const double producer_wait_s = seconds_since(wait_start);
 
   // The plan: buckets of at most capacity bytes (one tensor alone may be larger than
   // bucket_bytes: the capacity grows to hold it), manifests encoded once for every receiver.
@@ -1333,10 +1351,13 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     report.receivers = i.results;
   }
   report.seconds = seconds_since(start);
+  report.producer_wait_seconds = producer_wait_s;
   logger("sender")->debug(
-      "push of version {}: {} tensors, {} bytes: checks and buckets {:.3f} ms, fingerprints + "
-      "manifests {:.3f} ms, total {:.3f} ms (sessions included)",
-      version, tensors.size(), total, prepare_s * 1e3, plan_s * 1e3, report.seconds * 1e3);
+      "push of version {}: {} tensors, {} bytes: waiting for the producers ({}) {:.3f} ms, checks "
+      "and buckets {:.3f} ms, fingerprints + manifests {:.3f} ms, total {:.3f} ms (sessions "
+      "included)",
+      version, tensors.size(), total, order::wait_name(producers.wait), producer_wait_s * 1e3,
+      prepare_s * 1e3, plan_s * 1e3, report.seconds * 1e3);
   return report;
 }
 

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "order/stream_order.hpp"
+
 namespace ferry::config {
 struct Config;
 }
@@ -100,6 +102,8 @@ struct PushReport {
   std::vector<ReceiverResult> receivers;  // in SenderOptions::receivers order
   std::uint64_t bytes = 0;                // payload bytes per receiver
   double seconds = 0;                     // from push() called to the last commit acknowledged
+  // Of `seconds`: waiting for the work that produced the tensors (the push's StreamOrder).
+  double producer_wait_seconds = 0;
   bool all_committed() const;
 };
 
@@ -112,10 +116,14 @@ class Sender {
   Sender& operator=(const Sender&) = delete;
 
   // Pushes `tensors` as update `version` (label: the weight_version string; default the number)
-  // to every receiver. Throws ferry::Error only for bad arguments (empty or duplicate names,
-  // bad dtype/shape, no receivers); per-receiver failures are in the report.
+  // to every receiver. Before anything reads a tensor, push() waits for the work that produced
+  // them as `producers` says (order/stream_order.hpp; the default synchronises every CUDA device
+  // a tensor is on), so a fingerprint certifies final bytes. Throws ferry::Error only for bad
+  // arguments (empty or duplicate names, bad dtype/shape, no receivers) and a failed wait for
+  // the producers (nothing was sent then); per-receiver failures are in the report.
   PushReport push(std::span<const TensorView> tensors, std::uint64_t version,
-                  const std::optional<std::string>& label = std::nullopt);
+                  const std::optional<std::string>& label = std::nullopt,
+                  const order::StreamOrder& producers = {});
 
   // Aborts a running push (any thread). No-op when none runs.
   void abort(const std::string& reason);

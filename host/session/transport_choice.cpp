@@ -24,11 +24,20 @@ TransportChoice choose_transport(const TransportQuery& query,
            "receiver is not on this host (use ucx or inline for a remote receiver)",
            query.receiver, query.requested);
     }
+    if (query.requested == "cuda_ipc" && query.receiver_in_this_process) {
+      fail(FERRY_STATUS_INCOMPATIBLE,
+           "receiver {}: transport 'cuda_ipc' cannot reach a receiver in this same process (a "
+           "process cannot open the CUDA IPC handles it made); use 'auto'",
+           query.receiver);
+    }
     // Not loadable: the data path reports why when it is created (the transport is required).
     return {query.requested, true, query.requested + " (asked for)"};
   }
   std::string skipped;
-  if (query.cuda_tensors && query.receiver_on_this_host) {
+  if (query.cuda_tensors && query.receiver_on_this_host && query.receiver_in_this_process) {
+    skipped = "; not cuda_ipc: the receiver is in this process, which cannot open its own CUDA "
+              "IPC handles";
+  } else if (query.cuda_tensors && query.receiver_on_this_host) {
     const TransportFacts f = facts("cuda_ipc");
     if (f.loadable) {
       return {"cuda_ipc", false, "cuda_ipc (CUDA tensors, receiver on this host)"};

@@ -31,14 +31,18 @@ struct TransportQuery {
   std::string requested;      // "auto", "inline" or a plugin name
   std::string receiver;       // "HOST:PORT" as the user gave it (for messages)
   bool receiver_on_this_host = false;
+  // The receiver is embedded in this very process: CUDA IPC cannot serve it (a process cannot
+  // open the IPC handles it made itself).
+  bool receiver_in_this_process = false;
   bool cuda_tensors = false;  // every tensor of the push is in CUDA memory
 };
 
 // The choice for one receiver. `facts(name)` is asked only for plugins the choice depends on.
 // Throws ferry::Error INCOMPATIBLE naming the receiver and the rule when the requested plugin is
 // same-node only (FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) and the receiver is not on this host.
-// "auto": cuda_ipc when the tensors are on a GPU, the receiver is on this host and cuda_ipc
-// loads; else ucx when it loads; else inline.
+// "auto": cuda_ipc when the tensors are on a GPU, the receiver is on this host but not in this
+// process, and cuda_ipc loads; else ucx when it loads; else inline. `why` says what was passed
+// over and why. A requested cuda_ipc with a receiver in this process is INCOMPATIBLE.
 TransportChoice choose_transport(const TransportQuery& query,
                                  const std::function<TransportFacts(const std::string&)>& facts);
 

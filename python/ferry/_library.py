@@ -96,7 +96,18 @@ class PushArgs(ctypes.Structure):
         ("num_tensors", ctypes.c_size_t),
         ("version", ctypes.c_uint64),
         ("label", ctypes.c_char_p),
+        # API 1.3: stream ordering (ferry_stream_order_t and its handles)
+        ("order", ctypes.c_uint32),
+        ("order_handles", ctypes.POINTER(ctypes.c_void_p)),
+        ("num_order_handles", ctypes.c_size_t),
     ]
+
+
+# ferry_stream_order_t
+ORDER_SYNC_DEVICES = 0
+ORDER_STREAMS = 1
+ORDER_EVENTS = 2
+ORDER_NONE = 3
 
 
 class ReceiverResult(ctypes.Structure):
@@ -124,7 +135,7 @@ def struct_size(struct_type):
 # ---- loading -------------------------------------------------------------------------------
 
 API_MAJOR = 1
-API_MINOR = 2
+API_MINOR = 3
 
 _lock = threading.Lock()
 _lib = None
@@ -149,6 +160,10 @@ _FUNCTIONS = {
     "ferry_push_report_version": (ctypes.c_uint64, [_p]),
     "ferry_push_report_bytes": (ctypes.c_uint64, [_p]),
     "ferry_push_report_seconds": (ctypes.c_double, [_p]),
+    "ferry_push_report_producer_wait_seconds": (ctypes.c_double, [_p]),
+    "ferry_cuda_consumer_stream": (_err, [ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
+    "ferry_receiver_set_engine_order": (_err, [_p, ctypes.c_uint32,
+                                               ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
     "ferry_push_report_all_committed": (ctypes.c_int, [_p]),
     "ferry_push_report_num_receivers": (ctypes.c_size_t, [_p]),
     "ferry_push_report_receiver": (_err, [_p, ctypes.c_size_t, ctypes.POINTER(ReceiverResult)]),

@@ -6,12 +6,24 @@ says), the DLTensor is handed to the C API as it is, and the producer's deleter 
 the view is released. NumPy arrays that cannot export DLPack (read-only ones, old NumPy) are
 described through `__array_interface__` as a plain view. Nothing is copied: a non-contiguous
 tensor is refused by the C API with a message, never silently copied.
+
+Stream ordering (docs/c-api.md, "Stream ordering"): a sender must not read a CUDA tensor before
+the work its producer queued on it is done. `Producers` collects, while tensors are exported, what
+the push must wait for: a CUDA tensor of another library is exported with
+`__dlpack__(stream=S)`, S a stream ferry owns on its device, so the producer orders its pending
+work before S (the DLPack protocol), and the push waits for S. A PyTorch tensor's protocol orders
+S after torch's current stream of its device, whatever the tensor, so ferry names that current
+stream itself, once per device, and exports without a per-tensor event (4096 tensors would cost
+milliseconds of Python otherwise). A producer whose `__dlpack__` takes no stream makes the push
+synchronise the devices instead.
 """
 
 import ctypes
+import sys
 
 from . import errors
-from ._library import DLManagedTensor, Tensor, struct_size
+from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, DLManagedTensor, Tensor,
+                       check, lib, struct_size)
 
 _CAPSULE_NAME = b"dltensor"
 _USED_CAPSULE_NAME = b"used_dltensor"  # module constant: the capsule keeps pointing at it
@@ -37,7 +49,7 @@ class TensorView:
     """One named tensor lent to the C API. `struct` is the ferry_tensor_t; release() ends the
     loan (calls the DLPack deleter). The tensor object itself is kept alive meanwhile."""
 
-    def __init__(self, name, obj, writable):
+    def __init__(self, name, obj, writable, producers=None):
         if not isinstance(name, str) or not name:
             raise errors.InvalidArgumentError(
                 errors.INVALID_ARGUMENT, f"tensor name {name!r} is not a non-empty string")
@@ -48,7 +60,7 @@ class TensorView:
         self.struct = Tensor()
         self.struct.struct_size = struct_size(Tensor)
         self.struct.name = name.encode()
-        capsule = _dlpack_capsule(obj, name, writable)
+        capsule = _dlpack_capsule(obj, name, producers)
         if capsule is not None:
             self._take_capsule(capsule)
         else:
@@ -108,7 +120,105 @@ class TensorView:
             self._managed = None
 
 
-def _dlpack_capsule(obj, name, writable):
+_KDL_CUDA = 2
+_KDL_CUDA_MANAGED = 13
+_consumer_streams = {}  # CUDA device -> ferry's consumer stream there (ferry_cuda_consumer_stream)
+
+
+def consumer_stream(device):
+    """The cudaStream_t value of the stream ferry owns on `device`, for __dlpack__(stream=...)."""
+    stream = _consumer_streams.get(device)
+    if stream is None:
+        value = ctypes.c_size_t()
+        check(lib().ferry_cuda_consumer_stream(int(device), ctypes.byref(value)))
+        stream = _consumer_streams.setdefault(device, value.value)
+    return stream
+
+
+def _cuda_device(obj):
+    """The CUDA device ordinal of a DLPack producer's tensor, or None for other memory."""
+    describe = getattr(obj, "__dlpack_device__", None)
+    if describe is None:
+        return None
+    try:
+        kind, device = describe()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return int(device) if int(kind) in (_KDL_CUDA, _KDL_CUDA_MANAGED) else None
+
+
+def _is_torch_tensor(obj):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+class Producers:
+    """What a push waits for before ferry reads its CUDA tensors (see the module's text).
+    `streams` overrides it: the caller names the producer's streams (ints or objects with
+    `cuda_stream`), or "none" when it synchronised itself."""
+
+    def __init__(self, streams=None):
+        self.explicit = streams is not None
+        self.sync_devices = False
+        self.none = isinstance(streams, str) and streams == "none"
+        self.streams = []
+        self._torch_devices = set()
+        if self.explicit and not self.none:
+            if isinstance(streams, str):
+                raise errors.InvalidArgumentError(
+                    errors.INVALID_ARGUMENT,
+                    f"stream={streams!r}: give a CUDA stream, a list of them, or 'none'")
+            if not isinstance(streams, (list, tuple)):
+                streams = [streams]
+            for s in streams:
+                handle = getattr(s, "cuda_stream", s)
+                if not isinstance(handle, int) or handle < 0:
+                    raise errors.InvalidArgumentError(
+                        errors.INVALID_ARGUMENT,
+                        f"stream {s!r} is neither a CUDA stream object nor a cudaStream_t value")
+                self._add(handle)
+
+    def _add(self, handle):
+        if handle not in self.streams:
+            self.streams.append(handle)
+
+    def export(self, source):
+        """The capsule of `source`, ordered for reading by ferry (records what to wait for)."""
+        device = None if self.explicit else _cuda_device(source)
+        if device is None:
+            return source.__dlpack__()
+        if _is_torch_tensor(source):
+            if device not in self._torch_devices:
+                import torch
+                self._torch_devices.add(device)
+                self._add(torch.cuda.current_stream(device).cuda_stream)
+            from torch.utils.dlpack import to_dlpack
+            return to_dlpack(source)  # no event of its own: the current stream is named above
+        stream = consumer_stream(device)
+        try:
+            capsule = source.__dlpack__(stream=stream)
+        except TypeError:
+            self.sync_devices = True  # a producer without the stream protocol
+            return source.__dlpack__()
+        self._add(stream)
+        return capsule
+
+    def fill(self, args):
+        """Sets the push args' order fields; returns what must stay alive during the call."""
+        if self.none:
+            args.order = ORDER_NONE
+            return None
+        if self.sync_devices or not self.streams:
+            args.order = ORDER_SYNC_DEVICES
+            return None
+        handles = (ctypes.c_void_p * len(self.streams))(*self.streams)
+        args.order = ORDER_STREAMS
+        args.order_handles = handles
+        args.num_order_handles = len(self.streams)
+        return handles
+
+
+def _dlpack_capsule(obj, name, producers=None):
     """The DLPack capsule of `obj`, or None when it offers none NumPy's __array_interface__ could
     replace (read-only or old NumPy arrays)."""
     exporter = getattr(obj, "__dlpack__", None)
@@ -118,6 +228,8 @@ def _dlpack_capsule(obj, name, writable):
     if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
         source = obj.detach()  # same storage; PyTorch refuses to export tensors that need grad
     try:
+        if producers is not None:
+            return producers.export(source)
         return source.__dlpack__()
     except (BufferError, TypeError, RuntimeError) as e:
         if hasattr(obj, "__array_interface__"):
@@ -136,13 +248,13 @@ def named_items(named_tensors):
 class Views:
     """A batch of TensorViews; a context manager that releases every view on exit."""
 
-    def __init__(self, named_tensors, writable):
+    def __init__(self, named_tensors, writable, producers=None):
         self.views = []
         try:
             for item in named_items(named_tensors):
                 if not isinstance(item, tuple) or len(item) != 2:
                     raise TypeError(f"expected (name, tensor) pairs, got {type(item).__name__}")
-                self.views.append(TensorView(item[0], item[1], writable))
+                self.views.append(TensorView(item[0], item[1], writable, producers))
         except BaseException:
             self.close()
             raise

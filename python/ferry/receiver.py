@@ -3,8 +3,10 @@
 import ctypes
 from collections import namedtuple
 
+from . import errors
 from ._handle import OwnedHandle
-from ._library import check, config_source, lib, override_key, take_string
+from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, check, config_source, lib,
+                       override_key, take_string)
 from ._tensors import TensorView, named_items
 
 Version = namedtuple("Version", ["number", "label"])
@@ -20,11 +22,18 @@ class Receiver(OwnedHandle):
     state_dict pushed into named_parameters()). `config` is a TOML file, `config_text` TOML text,
     every other keyword a config override with `__` for the dots
     (`receiver__model_family="dense"`, `update__verify_fingerprints=True`).
+
+    Parameters on a GPU make the receiver's data path that GPU's (no receiver.device needed), so
+    a trainer on the same host pushes through CUDA IPC. Before every update writes into them,
+    ferry waits for the engine's queued work on their devices (`engine_stream`: the streams the
+    engine runs on, a torch.cuda.Stream / cudaStream_t int / list, to wait for those alone; "none"
+    when the engine is idle during updates; default: synchronise the devices). The engine must
+    not start new work that reads the parameters while an update runs.
     """
 
     _closed_what = "the receiver"
 
-    def __init__(self, config=None, *, config_text=None, **overrides):
+    def __init__(self, config=None, *, config_text=None, engine_stream=None, **overrides):
         self._handle = None
         self._params = {}
         self._port = None
@@ -36,6 +45,31 @@ class Receiver(OwnedHandle):
                                           ctypes.byref(handle)))
         del keep
         self._handle = handle
+        if engine_stream is not None:
+            self.set_engine_stream(engine_stream)
+
+    def set_engine_stream(self, engine_stream):
+        """How updates wait for the engine before writing its parameters (see the class text)."""
+        self._require_open()
+        order, handles = ORDER_SYNC_DEVICES, []
+        if isinstance(engine_stream, str):
+            if engine_stream != "none":
+                raise errors.InvalidArgumentError(
+                    errors.INVALID_ARGUMENT,
+                    f"engine_stream={engine_stream!r}: give CUDA streams, 'none' or None")
+            order = ORDER_NONE
+        elif engine_stream is not None:
+            streams = engine_stream if isinstance(engine_stream, (list, tuple)) else [engine_stream]
+            for s in streams:
+                handle = getattr(s, "cuda_stream", s)
+                if not isinstance(handle, int) or handle < 0:
+                    raise errors.InvalidArgumentError(
+                        errors.INVALID_ARGUMENT,
+                        f"engine stream {s!r} is neither a CUDA stream nor a cudaStream_t value")
+                handles.append(handle)
+            order = ORDER_STREAMS
+        array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
+        check(lib().ferry_receiver_set_engine_order(self._handle, order, array, len(handles)))
 
     def register(self, named_params):
         """Registers (name, tensor) pairs, e.g. model.named_parameters(). Returns self."""

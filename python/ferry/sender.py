@@ -8,7 +8,7 @@ from ._handle import OwnedHandle
 from ._library import (PushArgs, ReceiverResult, SenderCreateArgs, config_source, lib,
                        override_key, struct_size)
 from ._library import check as _raise_if
-from ._tensors import Views
+from ._tensors import Producers, Views
 
 
 @dataclass
@@ -33,6 +33,7 @@ class PushReport:
     bytes: int  # payload bytes per receiver
     seconds: float
     receivers: list = field(default_factory=list)
+    producer_wait_seconds: float = 0.0  # of `seconds`: waiting for the tensors' producers
 
     @property
     def all_committed(self):
@@ -63,7 +64,8 @@ def _read_report(handle):
                 reused_session=bool(out.reused_session)))
         return PushReport(version=c.ferry_push_report_version(handle),
                           bytes=c.ferry_push_report_bytes(handle),
-                          seconds=c.ferry_push_report_seconds(handle), receivers=receivers)
+                          seconds=c.ferry_push_report_seconds(handle), receivers=receivers,
+                          producer_wait_seconds=c.ferry_push_report_producer_wait_seconds(handle))
     finally:
         c.ferry_push_report_free(handle)
 
@@ -122,14 +124,21 @@ class Sender(OwnedHandle):
         del keep
         self._handle = handle
 
-    def push(self, named_tensors, version, label=None, check=True):
+    def push(self, named_tensors, version, label=None, check=True, stream=None):
         """Pushes `named_tensors` (a mapping such as a state_dict, or (name, tensor) pairs) as
         update `version`; each receiver commits it or keeps its previous version. Tensors are
         read in place and must not change until push returns. Returns a PushReport; raises
         ferry.PushError (carrying the report) when a receiver did not commit and
-        `check` is true, and ferry.InvalidArgumentError for bad tensors."""
+        `check` is true, and ferry.InvalidArgumentError for bad tensors.
+
+        Call it right after the optimizer step, with no synchronisation: nothing is read before
+        the work queued on the tensors is done. By default that is the DLPack stream protocol
+        (for PyTorch tensors: torch's current stream of each device). `stream` names the
+        producer's CUDA stream(s) instead (a torch.cuda.Stream, a cudaStream_t int, or a list),
+        or "none" when the caller synchronised itself."""
         self._require_open()
-        with Views(named_tensors, writable=False) as views:
+        producers = Producers(stream)
+        with Views(named_tensors, writable=False, producers=producers) as views:
             pointers = views.pointers()
             args = PushArgs()
             args.struct_size = struct_size(PushArgs)
@@ -137,6 +146,7 @@ class Sender(OwnedHandle):
             args.num_tensors = len(views.views)
             args.version = int(version)
             args.label = label.encode() if label is not None else None
+            keep_handles = producers.fill(args)  # noqa: F841 (alive during the call)
             report = ctypes.c_void_p()
             _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
                                           ctypes.byref(report)))

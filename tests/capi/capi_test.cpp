@@ -332,6 +332,58 @@ TEST(CApi, PushRefusesBadTensorsBeforeConnecting) {
       << o.message;
 }
 
+// Stream ordering (API 1.3): a bad order is refused before anything connects or waits.
+TEST(CApi, PushRefusesBadStreamOrdersBeforeConnecting) {
+  SenderPtr sender = make_sender({"127.0.0.1:1"});
+  ASSERT_NE(sender, nullptr);
+  float data[4] = {1, 2, 3, 4};
+  ferry_tensor_t t = view("w", FERRY_DTYPE_F32, {4}, data);
+  const ferry_tensor_t* tensors[] = {&t};
+  const void* handles[] = {nullptr};
+  auto push_with = [&](uint32_t order, size_t num_handles) {
+    ferry_push_args_t args{};
+    args.struct_size = FERRY_STRUCT_SIZE(ferry_push_args_t, num_order_handles);
+    args.tensors = tensors;
+    args.num_tensors = 1;
+    args.version = 1;
+    args.order = order;
+    args.order_handles = num_handles > 0 ? handles : nullptr;
+    args.num_order_handles = num_handles;
+    return take(ferry_sender_push(sender.get(), &args, nullptr));
+  };
+  Outcome o = push_with(7, 0);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("stream order 7 is not one of"), std::string::npos) << o.message;
+  o = push_with(FERRY_ORDER_STREAMS, 0);
+  EXPECT_NE(o.message.find("stream order 'streams' names no stream"), std::string::npos)
+      << o.message;
+  o = push_with(FERRY_ORDER_SYNC_DEVICES, 1);
+  EXPECT_NE(o.message.find("takes no handles, and 1 were given"), std::string::npos) << o.message;
+  o = push_with(FERRY_ORDER_EVENTS, 1);
+  EXPECT_NE(o.message.find("event 0 is NULL"), std::string::npos) << o.message;
+  // A consumer stream on a device that does not exist is named.
+  uintptr_t stream = 1;
+  o = take(ferry_cuda_consumer_stream(9999, &stream));
+  EXPECT_NE(o.code, FERRY_STATUS_OK);
+  EXPECT_NE(o.message.find("9999"), std::string::npos) << o.message;
+  EXPECT_EQ(stream, 0u);
+}
+
+TEST(CApi, EngineOrderRefusesEventsAndBadValues) {
+  ferry_receiver_t* rx = nullptr;
+  ASSERT_EQ(take(ferry_receiver_create(nullptr, &rx)).code, FERRY_STATUS_OK);
+  int dummy = 0;
+  const void* handles[] = {&dummy};
+  Outcome o = take(ferry_receiver_set_engine_order(rx, FERRY_ORDER_EVENTS, handles, 1));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(o.message.find("events are recorded once"), std::string::npos) << o.message;
+  o = take(ferry_receiver_set_engine_order(rx, 42, nullptr, 0));
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(take(ferry_receiver_set_engine_order(rx, FERRY_ORDER_NONE, nullptr, 0)).code,
+            FERRY_STATUS_OK);
+  ferry_receiver_destroy(rx);
+}
+
 TEST(CApi, PushToAnAbsentReceiverReportsItAndDoesNotFail) {
   SenderPtr sender = make_sender({"127.0.0.1:1"});
   ASSERT_NE(sender, nullptr);

@@ -36,6 +36,7 @@
 #include "config/config.hpp"
 #include "registry/registry.hpp"
 #include "session_fixture.hpp"
+#include "slow_write.hpp"
 
 namespace ferry::test {
 namespace {
@@ -102,6 +103,13 @@ class DeviceTensors {
     std::uint64_t n = 0;
     for (const auto& it : items_) n += it.elements * 4;
     return n;
+  }
+
+  // Queues on `stream` "an optimizer step" that writes `next`'s contents into these tensors after
+  // `wait_ms` of GPU time (the layouts must be equal); expected() describes them from now on.
+  cudaError_t queue_update_from(const DeviceTensors& next, unsigned wait_ms, cudaStream_t stream) {
+    host_ = next.host_;
+    return enqueue_slow_copy(next.base_, base_, bytes_, wait_ms, stream);
   }
 
  private:
@@ -337,6 +345,88 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_{}", std::get<0>(info.param),
                          std::get<1>(info.param) == config::Delivery::direct ? "direct" : "staged");
     });
+
+// A trainer pushes right after its optimizer step, whose kernels are still queued: a kernel on
+// the producer's stream waits 300 ms on the GPU, then writes the tensors' new values. Named as the
+// producer's stream, an event after it, or (the default) by synchronising the device, the push
+// reads the final bytes, in both delivery modes, first and kept session alike.
+class SessionCudaIpcStreamOrder
+    : public SessionCudaIpc,
+      public ::testing::WithParamInterface<std::tuple<config::Delivery, order::Wait>> {};
+
+TEST_P(SessionCudaIpcStreamOrder, APushRightAfterTheProducersKernelSendsItsFinalBytes) {
+  const auto [delivery, wait] = GetParam();
+  DeviceTensors tensors(64, 65536);
+  DeviceTensors next(64, 65536);
+  tensors.fill(1);
+  ServeProcess serve(gpu_receiver());
+  session::Sender sender(with_delivery(delivery), registry_,
+                         sender_options({address_of(serve)}, 4ull << 20));
+  cudaStream_t producer = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  for (std::uint64_t version = 1; version <= 3; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    next.fill(100 + version);
+    ASSERT_CUDA(tensors.queue_update_from(next, 300, producer));
+    order::StreamOrder producers;
+    producers.wait = wait;
+    cudaEvent_t event = nullptr;
+    if (wait == order::Wait::streams) {
+      producers.handles = {reinterpret_cast<std::uintptr_t>(producer)};
+    } else if (wait == order::Wait::events) {
+      ASSERT_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      ASSERT_CUDA(cudaEventRecord(event, producer));
+      producers.handles = {reinterpret_cast<std::uintptr_t>(event)};
+    }
+    const auto report = sender.push(tensors.views(), version, std::nullopt, producers);
+    if (event != nullptr) {
+      ASSERT_CUDA(cudaEventDestroy(event));
+    }
+    expect_committed(report, version, delivery == config::Delivery::direct);
+    EXPECT_GT(report.producer_wait_seconds, 0.1) << "the push did not wait for the producer";
+    EXPECT_EQ(serve.fingerprints(), tensors.expected()) << "bytes read before the producer wrote";
+  }
+  ASSERT_CUDA(cudaStreamDestroy(producer));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Orders, SessionCudaIpcStreamOrder,
+    ::testing::Combine(::testing::Values(config::Delivery::direct, config::Delivery::staged),
+                       ::testing::Values(order::Wait::streams, order::Wait::events,
+                                         order::Wait::sync_devices)),
+    [](const auto& info) {
+      return fmt::format("{}_{}",
+                         std::get<0>(info.param) == config::Delivery::direct ? "direct" : "staged",
+                         order::wait_name(std::get<1>(info.param)));
+    });
+
+// The control: told the tensors are final (Wait::none) while the producer's kernel is queued, a
+// push through the kept session (the first push's set-up happens to synchronise the device, as
+// in the user report where step 1 matched and step 2 did not) sends the bytes from before it:
+// the hazard the ordering removes is real.
+TEST_F(SessionCudaIpc, WithoutOrderingAPushWouldSendTheBytesFromBeforeTheProducersKernel) {
+  DeviceTensors tensors(64, 65536);
+  DeviceTensors next(64, 65536);
+  tensors.fill(1);
+  next.fill(2);
+  ServeProcess serve(gpu_receiver());
+  session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                         sender_options({address_of(serve)}, 4ull << 20));
+  expect_committed(sender.push(tensors.views(), 1), 1, true);
+  const auto before = tensors.expected();
+  ASSERT_EQ(serve.fingerprints(), before);
+  cudaStream_t producer = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  ASSERT_CUDA(tensors.queue_update_from(next, 1000, producer));
+  order::StreamOrder none;
+  none.wait = order::Wait::none;
+  const auto report = sender.push(tensors.views(), 2, std::nullopt, none);
+  expect_committed(report, 2, true);
+  EXPECT_TRUE(report.receivers[0].reused_session);
+  EXPECT_EQ(serve.fingerprints(), before);
+  ASSERT_CUDA(cudaStreamSynchronize(producer));
+  ASSERT_CUDA(cudaStreamDestroy(producer));
+}
 
 // A receiver that reads back what was written in place (update.direct_verify = "reread")
 // checks the fingerprints the sender's copy kernel computed as it wrote: a wrong one would fail

@@ -86,6 +86,29 @@ TEST(TransportChoice, AutoFallsBackToInlineAndSaysWhy) {
   EXPECT_NE(c.why.find("no plugin 'ucx'"), std::string::npos) << c.why;
 }
 
+// An engine that embeds its receiver and pushes to it from the same process: a process cannot
+// open the CUDA IPC handles it made, so auto passes cuda_ipc over (saying why) and asking for it
+// is refused, naming the receiver.
+TEST(TransportChoice, AReceiverInThisProcessIsNeverGivenCudaIpc) {
+  auto q = query("auto", true, true);
+  q.receiver_in_this_process = true;
+  std::vector<std::string> asked;
+  const auto c = session::choose_transport(
+      q, facts_of({{"cuda_ipc", cuda_ipc_facts()}, {"ucx", ucx_facts()}}, &asked));
+  EXPECT_EQ(c.name, "ucx");
+  EXPECT_FALSE(c.required);
+  EXPECT_EQ(asked, (std::vector<std::string>{"ucx"}));
+  EXPECT_NE(c.why.find("the receiver is in this process"), std::string::npos) << c.why;
+  q.requested = "cuda_ipc";
+  try {
+    session::choose_transport(q, facts_of({{"cuda_ipc", cuda_ipc_facts()}}));
+    FAIL() << "cuda_ipc was accepted for a receiver in this process";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:30000"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TransportChoice, AskedForPluginIsRequired) {
   const auto c = session::choose_transport(query("cuda_ipc", true, false),
                                            facts_of({{"cuda_ipc", cuda_ipc_facts()}}));

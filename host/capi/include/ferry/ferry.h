@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 2
+#define FERRY_API_MINOR 3
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -156,6 +156,36 @@ typedef struct ferry_sender_create_args {
 FERRY_API ferry_error_t* ferry_sender_create(const ferry_sender_create_args_t* args,
                                              ferry_sender_t** out);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Stream ordering (API 1.3; docs/c-api.md, "Stream ordering")                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* How ferry orders its accesses to CUDA memory after the work other code queued on it. A sender
+ * reads a pushed tensor only after the work that produced it is done (a trainer pushes right after
+ * its optimizer step, whose kernels may still be queued); an embedded receiver writes a parameter
+ * only after the engine's queued work on it is done. Handles are cudaStream_t / cudaEvent_t
+ * values: 0 is the default stream of the calling thread's current device, 1 cudaStreamLegacy, 2
+ * cudaStreamPerThread (such a stream is waited for on every device the memory is on); any other
+ * stream on its own device. ferry waits on the calling thread (push) or the update's thread
+ * (receiver) and restores the thread's current device. */
+typedef enum ferry_stream_order {
+  FERRY_ORDER_SYNC_DEVICES = 0, /* default: cudaDeviceSynchronize on every device the memory is on
+                                   (right for any producer, whatever stream it used) */
+  FERRY_ORDER_STREAMS = 1,      /* wait for everything queued on the named streams until then
+                                   (the DLPack protocol: a producer's __dlpack__(stream=S) orders
+                                   its pending work before S) */
+  FERRY_ORDER_EVENTS = 2,       /* wait for the named events, recorded after the producing work
+                                   (push only: an event is recorded once) */
+  FERRY_ORDER_NONE = 3,         /* the caller made sure the memory is final (it synchronised) */
+} ferry_stream_order_t;
+
+/* A stream ferry owns on CUDA device `device` (created on first use, alive for the process) for
+ * the DLPack protocol: pass it as `__dlpack__(stream=...)` to each producer of pushed tensors,
+ * then name it in ferry_push_args_t with FERRY_ORDER_STREAMS. *stream gets the cudaStream_t
+ * value. NOT_FOUND for a device that is not visible, UNIMPLEMENTED in a build without CUDA. Any
+ * thread. */
+FERRY_API ferry_error_t* ferry_cuda_consumer_stream(int32_t device, uintptr_t* stream);
+
 typedef struct ferry_push_args {
   size_t struct_size;
   /* num_tensors pointers to named tensors (an array of pointers, so that each struct_size may
@@ -164,9 +194,16 @@ typedef struct ferry_push_args {
   size_t num_tensors;
   uint64_t version;              /* the update's version number */
   const char* label;             /* weight_version string; NULL: the decimal version */
+  /* API 1.3 (a caller's shorter struct_size means FERRY_ORDER_SYNC_DEVICES): how the push waits
+   * for the work that produced its CUDA tensors, before anything reads them. */
+  uint32_t order;                        /* a ferry_stream_order_t */
+  const void* const* order_handles;      /* streams or events, per `order`; NULL otherwise */
+  size_t num_order_handles;
 } ferry_push_args_t;
 
 /* Pushes one versioned update to every receiver and waits until each one committed or failed.
+ * First it waits for the work that produced the CUDA tensors as args->order says (the default
+ * synchronises their devices), so no byte is read before it is final.
  * Each receiver either commits `version` or keeps its previous version; the report says which,
  * per receiver, with the reason. Returns an error (and no report) only when the arguments are bad
  * (see ferry_tensor_t) or the sender cannot start; a receiver that fails is *not* an error of the
@@ -212,6 +249,8 @@ typedef struct ferry_receiver_result {
 FERRY_API uint64_t ferry_push_report_version(const ferry_push_report_t* report);
 FERRY_API uint64_t ferry_push_report_bytes(const ferry_push_report_t* report); /* per receiver */
 FERRY_API double ferry_push_report_seconds(const ferry_push_report_t* report);
+/* API 1.3: of ferry_push_report_seconds, the time spent waiting for the tensors' producers. */
+FERRY_API double ferry_push_report_producer_wait_seconds(const ferry_push_report_t* report);
 FERRY_API int ferry_push_report_all_committed(const ferry_push_report_t* report);
 FERRY_API size_t ferry_push_report_num_receivers(const ferry_push_report_t* report);
 /* Fills *out (caller sets out->struct_size). INVALID_ARGUMENT for an index out of range. */
@@ -240,6 +279,19 @@ FERRY_API ferry_error_t* ferry_receiver_create(const ferry_config_source_t* conf
  * name registered twice. Serialized with the other calls on the receiver. */
 FERRY_API ferry_error_t* ferry_receiver_register_param(ferry_receiver_t* receiver,
                                                        const ferry_tensor_t* param);
+
+/* API 1.3: how every update waits for the engine's work on the registered parameters before it
+ * writes into them (see ferry_stream_order_t): FERRY_ORDER_STREAMS with the streams the engine
+ * runs on (the wait covers what was queued on them when the update begins), FERRY_ORDER_NONE when
+ * the engine guarantees it is idle during updates, or FERRY_ORDER_SYNC_DEVICES (the default) to
+ * synchronise the parameters' devices. Events are refused (an update may come many times). The
+ * engine must not queue new work that reads the parameters while an update runs (health says
+ * "updating"); its work queued after the update returned, or after the version it reads
+ * advanced, sees the new weights. INVALID_ARGUMENT for a bad order. Serialized with updates. */
+FERRY_API ferry_error_t* ferry_receiver_set_engine_order(ferry_receiver_t* receiver,
+                                                        uint32_t order,
+                                                        const void* const* handles,
+                                                        size_t num_handles);
 
 /* Starts serving in the background: the control API and the session protocol that senders use, on
  * host:port (host NULL: the config's receiver.host; port 0: a free port; port < 0: the config's
