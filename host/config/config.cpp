@@ -190,8 +190,9 @@ constexpr std::array<std::pair<std::string_view, DirectVerify>, 2> kDirectVerifi
     {"writer", DirectVerify::writer},
     {"reread", DirectVerify::reread},
 }};
-constexpr std::array<std::pair<std::string_view, MirrorRefresh>, 2> kMirrorRefreshes = {{
+constexpr std::array<std::pair<std::string_view, MirrorRefresh>, 3> kMirrorRefreshes = {{
     {"background", MirrorRefresh::background},
+    {"complete", MirrorRefresh::complete},
     {"commit", MirrorRefresh::commit},
 }};
 constexpr std::array<std::pair<std::string_view, Layout>, 2> kLayouts = {{

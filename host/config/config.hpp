@@ -23,8 +23,10 @@ enum class ReleasePolicy {
 // When the host mirror takes its copy of a committed version (weights_policy backup): the
 // rollback point of the next update and the backup of a release (docs/config.md, [memory]).
 enum class MirrorRefresh {
-  background,  // after the version is published, off the commit's critical path; the next
-               // update, a release, resume or restore waits for the copy to land first
+  background,  // after the version is published, off the commit's critical path; an update that
+               // begins before the copy landed pre-empts it (and fences if it fails); a release,
+               // resume or restore waits for the copy to land first
+  complete,    // the same, but the next update waits for the copy to land (always a rollback)
   commit,      // inside commit, before it returns (the update waits for the copy)
 };
 

@@ -34,6 +34,15 @@
 namespace ferry::receiver {
 namespace {
 
+update::MirrorRefreshMode mirror_refresh_mode(config::MirrorRefresh refresh) {
+  switch (refresh) {
+    case config::MirrorRefresh::background: return update::MirrorRefreshMode::background;
+    case config::MirrorRefresh::complete: return update::MirrorRefreshMode::complete;
+    case config::MirrorRefresh::commit: return update::MirrorRefreshMode::commit;
+  }
+  return update::MirrorRefreshMode::background;
+}
+
 namespace fs = std::filesystem;
 constexpr const char* kWeightsTag = "weights";
 constexpr std::uint64_t kStagingAlign = 256;
@@ -202,9 +211,7 @@ struct Receiver::State {
     uopts.trust_writer_fingerprints =
         config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
-    uopts.mirror_refresh = config.memory.mirror_refresh == config::MirrorRefresh::commit
-                               ? update::MirrorRefreshMode::commit
-                               : update::MirrorRefreshMode::background;
+    uopts.mirror_refresh = mirror_refresh_mode(config.memory.mirror_refresh);
     auto new_engine = std::make_unique<update::UpdateEngine>(*new_store, *new_binding, uopts);
 
     binding = std::move(new_binding);
@@ -291,9 +298,7 @@ struct Receiver::State {
     uopts.trust_writer_fingerprints =
         config.update.direct_verify == config::DirectVerify::writer;
     uopts.threads = config.update.apply_threads;
-    uopts.mirror_refresh = config.memory.mirror_refresh == config::MirrorRefresh::commit
-                               ? update::MirrorRefreshMode::commit
-                               : update::MirrorRefreshMode::background;
+    uopts.mirror_refresh = mirror_refresh_mode(config.memory.mirror_refresh);
     auto new_engine = std::make_unique<update::UpdateEngine>(*store, *new_binding, uopts);
     binding = std::move(new_binding);
     engine = std::move(new_engine);

@@ -260,7 +260,7 @@ const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std
 void TaggedRegionStore::write(std::size_t index, std::uint64_t offset,
                               std::span<const std::byte> bytes) {
   std::unique_lock lock(mutex_);
-  wait_refresh_locked(lock);
+  wait_refresh_for_writes_locked(lock);
   const ParamInfo& p = checked_access_locked(index, offset, bytes.size(), "write to");
   if (!bytes.empty()) copy_bytes(p.data + offset, bytes.data(), bytes.size());
 }
@@ -399,7 +399,7 @@ std::vector<TagState> TaggedRegionStore::memory_state() const {
 
 void TaggedRegionStore::begin_writes(std::span<const std::string> tags, const std::string& writer) {
   std::unique_lock lock(mutex_);
-  wait_refresh_locked(lock);
+  wait_refresh_for_writes_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -565,6 +565,18 @@ void TaggedRegionStore::wait_refresh_locked(std::unique_lock<std::mutex>& lock) 
   if (refresh_thread_.joinable()) refresh_thread_.join();
 }
 
+void TaggedRegionStore::wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock) {
+  if (refresh_.running && refresh_preempted_.load()) return;
+  wait_refresh_locked(lock);
+}
+
+void TaggedRegionStore::preempt_mirror_refresh(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  if (!refresh_.running || refresh_preempted_.load()) return;
+  preempt_reason_ = reason;
+  refresh_preempted_.store(true);
+}
+
 void TaggedRegionStore::join_mirror_refresh() noexcept {
   try {
     std::unique_lock lock(mutex_);
@@ -626,6 +638,8 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
       }
     }
     refresh->fault = std::exchange(refresh_fault_, std::string());
+    refresh_preempted_.store(false);
+    preempt_reason_.clear();
     // From here until the last byte landed the mirror claims nothing: not the old version (its
     // slots are being overwritten), not the new one (not all there yet).
     mirror.clear_committed();
@@ -656,7 +670,35 @@ void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
   std::string error;
   try {
     if (!refresh.fault.empty()) fail(FERRY_STATUS_INTERNAL, "{}", refresh.fault);
-    copy_to_mirror(refresh.copies);
+    // In batches, so that an update that begins meanwhile (preempt_mirror_refresh) waits for at
+    // most one batch in flight, not for the whole copy.
+    std::vector<CopyJob> batch;
+    std::uint64_t in_batch = 0;
+    auto flush = [&] {
+      if (batch.empty()) return;
+      if (refresh_preempted_.load()) {
+        std::lock_guard lock(mutex_);
+        fail(FERRY_STATUS_ABORTED, "pre-empted: {}", preempt_reason_);
+      }
+      copy_to_mirror(batch);
+      batch.clear();
+      in_batch = 0;
+    };
+    for (const auto& job : refresh.copies) {
+      for (std::uint64_t at = 0; at < job.bytes;) {
+        const std::uint64_t n = std::min(kRefreshBatchBytes - in_batch, job.bytes - at);
+        batch.push_back({static_cast<std::byte*>(job.dst) + at,
+                         static_cast<const std::byte*>(job.src) + at, n});
+        at += n;
+        in_batch += n;
+        if (in_batch == kRefreshBatchBytes) flush();
+      }
+    }
+    flush();
+    if (refresh_preempted_.load()) {
+      std::lock_guard lock(mutex_);
+      fail(FERRY_STATUS_ABORTED, "pre-empted: {}", preempt_reason_);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   } catch (...) {
@@ -687,6 +729,12 @@ void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
       logger("store")->debug("host mirror holds version {}: {} parameters, {} bytes in {:.3f} ms",
                              refresh.version.number, refresh.copies.size(), bytes,
                              seconds * 1e3);
+    } else if (refresh_preempted_.load()) {
+      // A normal event where updates come faster than the mirror copies.
+      logger("store")->debug(
+          "refresh of the host mirror with version {} stopped after {:.3f} ms: {}; the mirror "
+          "holds no committed weights until the next refresh",
+          refresh.version.number, seconds * 1e3, error);
     } else {
       logger("store")->warn(
           "refresh of the host mirror with version {} failed: {}; the mirror holds no committed "

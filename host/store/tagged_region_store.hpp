@@ -15,6 +15,7 @@
 #include "store/weight_store.hpp"
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -69,6 +70,10 @@ class TaggedRegionStore : public WeightStore {
                       std::span<const std::size_t> params,
                       std::span<const std::uint64_t> fingerprints, bool background) override;
   MirrorRefreshState wait_for_mirror_refresh() override;
+  void preempt_mirror_refresh(const std::string& reason) override;
+  // The refresh copies in batches of at most this many bytes, checking for pre-emption between
+  // them (64 MiB: ~1.2 ms of a page-locked device-to-host copy, ~1% of a refresh's throughput).
+  static constexpr std::uint64_t kRefreshBatchBytes = 64ull << 20;
   MirrorRefreshState mirror_refresh_state() const override;
 
   // For tests only: the copy of the next refresh_mirror fails with `error` (INTERNAL) instead
@@ -172,6 +177,9 @@ class TaggedRegionStore : public WeightStore {
   };
   // Waits (releasing `lock` meanwhile) until no refresh runs, then joins its thread.
   void wait_refresh_locked(std::unique_lock<std::mutex>& lock);
+  // For writes into the weights: waits as wait_refresh_locked unless the running refresh was
+  // pre-empted (its copies then only read the weights, into slots the mirror does not claim).
+  void wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock);
   // Copies (without the lock), then records the outcome under it and wakes the waiters.
   void run_refresh(Refresh& refresh) noexcept;
 
@@ -186,6 +194,10 @@ class TaggedRegionStore : public WeightStore {
   std::condition_variable refresh_done_;
   std::thread refresh_thread_;  // the background refresh's worker, joined by the next wait
   std::string refresh_fault_;
+  // Set by preempt_mirror_refresh (with its reason, under mutex_); the worker checks it between
+  // batches of copies.
+  std::atomic<bool> refresh_preempted_{false};
+  std::string preempt_reason_;
 };
 
 }  // namespace ferry::store

@@ -186,11 +186,19 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
            active_version_);
     }
   }
-  // The mirror refresh of the last commit must have landed before anything writes the weights:
-  // its copy reads them, and a failure of this update rolls back from it. Here, not later: a
-  // session says Ready once begin (and begin_direct_writes) returned, and from then on a
-  // direct-writing sender writes device memory without asking the engine.
-  (void)wait_for_mirror_locked();
+  // The mirror refresh of the last commit reads the weights, and a failure of this update rolls
+  // back from it. By default an update that comes before it ended pre-empts it (the store then
+  // lets the writes begin; the mirror holds no version, so a failure of this update fences); with
+  // MirrorRefreshMode::complete the copy must have landed first. Here, not later: a session says
+  // Ready once begin (and begin_direct_writes) returned, and from then on a direct-writing sender
+  // writes device memory without asking the engine.
+  if (options_.mirror_refresh == MirrorRefreshMode::background) {
+    store_.preempt_mirror_refresh(fmt::format(
+        "update {} began before the host mirror finished copying version {}", version,
+        this->version().number));
+  } else {
+    (void)wait_for_mirror_locked();
+  }
   bind_layout_locked();
   store_.begin_writes(layout_tags_, fmt::format("update {}", version));
   for (std::size_t i = 0; i < targets_.size(); ++i) written_[i].reset(targets_[i].view.elements);
@@ -815,7 +823,7 @@ void UpdateEngine::commit() {
       "{:.3f} ms, publish {:.3f} ms (host mirror refresh: {})",
       next.number, targets_.size(), ms(commit_start, covered_at), ms(covered_at, printed_at),
       ms(printed_at, checked_at), ms(checked_at, Clock::now()),
-      options_.mirror_refresh == MirrorRefreshMode::background ? "background" : "at commit");
+      options_.mirror_refresh == MirrorRefreshMode::commit ? "at commit" : "background");
 }
 
 void UpdateEngine::abort(const std::string& reason) {
@@ -859,7 +867,7 @@ bool UpdateEngine::all_tags_backup_locked() const {
 
 void UpdateEngine::refresh_mirror_locked(const WeightVersion& version,
                                          const std::vector<std::uint64_t>& fingerprints) noexcept {
-  const bool background = options_.mirror_refresh == MirrorRefreshMode::background;
+  const bool background = options_.mirror_refresh != MirrorRefreshMode::commit;
   try {
     std::vector<std::size_t> params;
     params.reserve(targets_.size());

@@ -72,7 +72,9 @@ class CudaApplier;
 
 // When the host mirror copies a committed version (config memory.mirror_refresh).
 enum class MirrorRefreshMode {
-  background,  // commit publishes and returns; the copy runs on the store's worker thread
+  background,  // commit publishes and returns; the copy runs on the store's worker thread; an
+               // update that begins before it ended pre-empts it (no rollback copy then)
+  complete,    // the same, but the next update waits for the copy to end (always a rollback copy)
   commit,      // commit returns after the copy ended (the pre-background behaviour)
 };
 

@@ -7,7 +7,7 @@ from . import errors
 from ._handle import OwnedHandle
 from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, check, config_source, lib,
                        override_key, take_string)
-from ._tensors import TensorView, named_items
+from ._tensors import TensorView, _is_torch_tensor, named_items
 
 Version = namedtuple("Version", ["number", "label"])
 Health = namedtuple("Health", ["ready", "state"])
@@ -25,10 +25,13 @@ class Receiver(OwnedHandle):
 
     Parameters on a GPU make the receiver's data path that GPU's (no receiver.device needed), so
     a trainer on the same host pushes through CUDA IPC. Before every update writes into them,
-    ferry waits for the engine's queued work on their devices (`engine_stream`: the streams the
-    engine runs on, a torch.cuda.Stream / cudaStream_t int / list, to wait for those alone; "none"
-    when the engine is idle during updates; default: synchronise the devices). The engine must
-    not start new work that reads the parameters while an update runs.
+    ferry waits for the engine's work queued on them until then: on `engine_stream` (a
+    torch.cuda.Stream, a cudaStream_t int, or a list) when given; "none" when the engine is idle
+    during updates; by default, for PyTorch parameters, on torch's current stream of each
+    parameter's device in the thread that registered them (where a PyTorch engine runs its
+    forward passes; an engine with streams of its own names them), else by synchronising the
+    parameters' devices. The engine must not start new work that reads the parameters while an
+    update runs.
     """
 
     _closed_what = "the receiver"
@@ -45,6 +48,8 @@ class Receiver(OwnedHandle):
                                           ctypes.byref(handle)))
         del keep
         self._handle = handle
+        self._engine_stream_given = False  # by the caller (else torch's, found by register)
+        self._torch_engine_streams = set()
         if engine_stream is not None:
             self.set_engine_stream(engine_stream)
 
@@ -70,10 +75,12 @@ class Receiver(OwnedHandle):
             order = ORDER_STREAMS
         array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
         check(lib().ferry_receiver_set_engine_order(self._handle, order, array, len(handles)))
+        self._engine_stream_given = True
 
     def register(self, named_params):
         """Registers (name, tensor) pairs, e.g. model.named_parameters(). Returns self."""
         self._require_open()
+        devices = set()
         for name, tensor in named_items(named_params):
             view = TensorView(name, tensor, writable=True)
             try:
@@ -82,6 +89,15 @@ class Receiver(OwnedHandle):
             finally:
                 view.release()
             self._params[name] = tensor  # the memory ferry writes into stays alive
+            if getattr(tensor, "is_cuda", False) and _is_torch_tensor(tensor):
+                devices.add(tensor.device.index)
+        if devices and not self._engine_stream_given:
+            # The engine's stream, by default: torch's current stream where it registers.
+            import torch
+            self._torch_engine_streams |= {torch.cuda.current_stream(d).cuda_stream
+                                           for d in devices}
+            self.set_engine_stream(sorted(self._torch_engine_streams))
+            self._engine_stream_given = False
         return self
 
     def register_params(self, params):

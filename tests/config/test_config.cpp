@@ -276,13 +276,13 @@ TEST(ConfigErrors, PolicyMustBeKnown) {
 
 TEST(ConfigErrors, MirrorRefreshMustBeKnown) {
   EXPECT_EQ(parse_error("[memory]\nweights_policy = 'backup'\nmirror_refresh = 'lazy'\n"),
-            "config.toml:3: 'memory.mirror_refresh' must be one of background, commit; got 'lazy'");
+            "config.toml:3: 'memory.mirror_refresh' must be one of background, complete, commit; got 'lazy'");
   EXPECT_EQ(parse_error("[memory]\nmirror_refresh = true\n"),
             "config.toml:2: 'memory.mirror_refresh' must be a string, got boolean");
   fc::Config c;
   EXPECT_EQ(override_error(c, "memory.mirror_refresh=sync"),
             "--set memory.mirror_refresh=sync: 'memory.mirror_refresh' must be one of background, "
-            "commit; got 'sync'");
+            "complete, commit; got 'sync'");
   EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::background);
   fc::apply_override(c, "memory.mirror_refresh=commit");
   EXPECT_EQ(c.memory.mirror_refresh, fc::MirrorRefresh::commit);

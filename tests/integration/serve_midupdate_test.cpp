@@ -126,6 +126,9 @@ class MidUpdateFailure : public ::testing::TestWithParam<Case> {
     config_.receiver.layout = config::Layout::engine;
     config_.update.apply_threads = 2;
     config_.memory.weights_policy = GetParam().policy;
+    // Failures come right after the load here: the next update waits for the mirror's copy, so
+    // a backup receiver always rolls back (the default pre-empts a copy still running).
+    config_.memory.mirror_refresh = config::MirrorRefresh::complete;
     const fs::path disk = required_env("FERRY_DISK_PLUGIN");
     const fs::path dense = required_env("FERRY_DENSE_PLUGIN");
     registry_ = std::make_unique<registry::Registry>(

@@ -199,14 +199,17 @@ TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
   }
 }
 
-// The CUDA store's background refresh of the page-locked mirror (the default
-// memory.mirror_refresh): commit returns while the device-to-host copy may still run; the next
-// update's begin waits for it, so a failure right after a commit rolls the device weights back
-// to exactly the version just published; a release right after a commit resumes exactly it. With
-// "commit" the mirror holds the version when commit returns.
+// The CUDA store's background refresh of the page-locked mirror with memory.mirror_refresh =
+// "complete": commit returns while the device-to-host copy may still run; the next update's begin
+// waits for it, so a failure right after a commit rolls the device weights back to exactly the
+// version just published; a release right after a commit resumes exactly it. With "commit" the
+// mirror holds the version when commit returns. (The default, "background", lets such an update
+// pre-empt the copy: update_engine_test covers it.)
 TEST_F(CudaUpdate, BackgroundMirrorRefreshIsWhatAFailureRightAfterTheCommitRollsBackTo) {
   IdentityPlans plans(layout);
-  UpdateEngine engine(cuda_store, plans);
+  UpdateOptions complete;
+  complete.mirror_refresh = MirrorRefreshMode::complete;
+  UpdateEngine engine(cuda_store, plans, complete);
   auto expect_weights = [&](std::uint64_t version, const char* when) {
     const auto weights = random_weights(layout, version);
     for (const auto& p : layout) {

@@ -10,6 +10,8 @@
 #include "update/update_engine.hpp"
 
 #include <gtest/gtest.h>
+
+#include <cstdio>
 #include <unistd.h>
 
 #include <atomic>
@@ -46,9 +48,18 @@ std::vector<LayoutParam> large_layout() {
           {"norm", FERRY_DTYPE_F16, {48}}};
 }
 
+// The fixture's default: the next update waits for the mirror's copy (mirror_refresh =
+// "complete"), so the rollback tests roll back whatever the pace; the pre-emption of the default
+// ("background") has its own tests, which pass UpdateOptions{}.
+UpdateOptions rollback_always() {
+  UpdateOptions options;
+  options.mirror_refresh = MirrorRefreshMode::complete;
+  return options;
+}
+
 // A receiver: store with the layout placed under "weights", a plan provider and the engine.
 struct Receiver {
-  explicit Receiver(Policy policy, UpdateOptions options = {},
+  explicit Receiver(Policy policy, UpdateOptions options = rollback_always(),
                     std::vector<LayoutParam> layout = small_layout())
       : plans(std::move(layout)) {
     std::vector<store::TensorSpec> specs;
@@ -479,11 +490,17 @@ UpdateOptions refresh_at_commit() {
   return options;
 }
 
-// With the background refresh (the default), commit returns while the mirror still copies; the
-// next update's begin waits for it, so an update that fails right after a commit rolls back to
+UpdateOptions refresh_complete() {
+  UpdateOptions options;
+  options.mirror_refresh = MirrorRefreshMode::complete;
+  return options;
+}
+
+// With mirror_refresh = "complete", commit returns while the mirror still copies; the next
+// update's begin waits for it, so an update that fails right after a commit rolls back to
 // exactly the bytes of the version just published (not the one before, not a mix).
-TEST(UpdateEngineMirrorRefresh, AFailureRightAfterABackgroundRefreshRollsBackToThePublishedBytes) {
-  Receiver r(Policy::Backup, {}, large_layout());
+TEST(UpdateEngineMirrorRefresh, AFailureRightAfterACompleteRefreshRollsBackToThePublishedBytes) {
+  Receiver r(Policy::Backup, refresh_complete(), large_layout());
   const auto& layout = r.plans.layout();
   const auto w1 = random_weights(layout, 300);
   const auto w2 = random_weights(layout, 301);
@@ -524,6 +541,62 @@ TEST(UpdateEngineMirrorRefresh, AFailureRightAfterABackgroundRefreshRollsBackToT
   EXPECT_EQ(r.store.mirror()->committed()->number, 4u);
   EXPECT_EQ(r.store.mirror()->committed()->label, "v4");
   EXPECT_GT(r.engine->metrics().mirror_refresh_seconds, 0.0);
+}
+
+// With the default ("background"), an update that begins while the mirror still copies the
+// previous version pre-empts that copy: its own failure then fences, naming the pre-emption,
+// instead of rolling back. Whichever happened (the copy may have ended first), the receiver never
+// serves a mix: either it rolled back to exactly the published bytes, or it is fenced with the
+// reason; and a later full update makes it ready again with a complete mirror.
+TEST(UpdateEngineMirrorRefresh, AnUpdateDuringABackgroundRefreshPreemptsItAndNeverServesAMix) {
+  // 64 MiB of weights: the copy takes milliseconds here, and an update that begins right after
+  // the commit finds it running.
+  std::vector<LayoutParam> layout_64mib = large_layout();
+  layout_64mib[0].shape = {8192, 4096};
+  Receiver r(Policy::Backup, {}, layout_64mib);
+  constexpr int kRounds = 3;
+  const auto& layout = r.plans.layout();
+  int preempted = 0;
+  int rolled_back = 0;
+  std::uint64_t version = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const auto w_ok = random_weights(layout, 400 + round);
+    const auto w_bad = random_weights(layout, 500 + round);
+    const auto ok = r.buckets(w_ok, version + 1);
+    auto bad = r.buckets(w_bad, version + 2);
+    bad[1].bytes[bad[1].manifest.tensors[0].offset] ^= std::byte{0x10};
+    ++version;
+    r.push(ok, version);
+    ++version;
+    r.engine->begin(version, "bad");  // right after the commit: the refresh may still copy
+    r.apply(bad[0]);
+    EXPECT_EQ(error_of([&] { r.apply(bad[1]); }).code(), FERRY_STATUS_CORRUPT_DATA);
+    const auto health = r.engine->health();
+    if (health.ready) {
+      ++rolled_back;
+      EXPECT_TRUE(r.contents() == w_ok) << "a rollback to something other than the published bytes";
+    } else {
+      ++preempted;
+      EXPECT_NE(health.reason.find("pre-empted: update"), std::string::npos) << health.reason;
+      EXPECT_NE(health.reason.find("began before the host mirror finished copying version"),
+                std::string::npos)
+          << health.reason;
+    }
+    EXPECT_EQ(r.engine->version().number, version - 1);
+    --version;  // the failed number is reused by the next round's full update
+  }
+  // A full update after all that: ready, and its mirror refresh (left to finish) is complete.
+  const auto w_last = random_weights(layout, 600);
+  ++version;
+  r.push(r.buckets(w_last, version), version);
+  EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  const auto state = r.store.wait_for_mirror_refresh();
+  EXPECT_FALSE(state.failed) << state.error;
+  ASSERT_TRUE(r.store.mirror()->committed().has_value());
+  EXPECT_EQ(r.store.mirror()->committed()->number, version);
+  EXPECT_EQ(preempted + rolled_back, kRounds);
+  std::printf("%d updates right after a commit: %d pre-empted the refresh, %d rolled back\n",
+              kRounds, preempted, rolled_back);
 }
 
 // A release with policy backup right after a commit (the refresh may still copy) and the resume
@@ -634,6 +707,9 @@ TEST_P(UpdateEngineRefreshFailure, AFailedRefreshFencesTheNextFailedUpdateWithTh
   // A full update lifts the fence; its refresh succeeds and is the next rollback point.
   r.push(w4, 4);
   EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  // At an RL step's pace the copy has landed before the next update (in the background mode an
+  // update that comes sooner pre-empts it: AnUpdateDuringABackgroundRefreshPreemptsIt...).
+  (void)r.store.wait_for_mirror_refresh();
   r.engine->begin(5, "v5");
   r.apply(r.bucket(w1, 5, 0));
   r.engine->abort("test");
