@@ -1,6 +1,8 @@
 // capi/config_source.cpp: config and plugin registry for the C API handles (config_source.hpp).
 #include "capi/config_source.hpp"
 
+#include <cstdlib>
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -40,6 +42,14 @@ std::vector<std::filesystem::path> split_dirs(const std::string& joined) {
 }  // namespace
 
 config::Config load_config(const ferry_config_source_t* source, const char* function) {
+  // An embedding program has no --log-level: FERRY_LOG_LEVEL ("debug", "warn", ...) sets it.
+  if (const char* level = std::getenv("FERRY_LOG_LEVEL"); level != nullptr && level[0] != '\0') {
+    try {
+      set_log_level(level);
+    } catch (const Error& e) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: FERRY_LOG_LEVEL: {}", function, e.what());
+    }
+  }
   if (source == nullptr) {
     config::Config defaults;
     config::validate(defaults);

@@ -369,6 +369,20 @@ TEST(CApi, PushRefusesBadStreamOrdersBeforeConnecting) {
   EXPECT_EQ(stream, 0u);
 }
 
+TEST(CApi, LogLevelComesFromTheEnvironmentAndABadOneIsNamed) {
+  ::setenv("FERRY_LOG_LEVEL", "chatty", 1);
+  ferry_receiver_t* rx = nullptr;
+  const Outcome bad = take(ferry_receiver_create(nullptr, &rx));
+  ::setenv("FERRY_LOG_LEVEL", "warn", 1);
+  const Outcome good = take(ferry_receiver_create(nullptr, &rx));
+  ::unsetenv("FERRY_LOG_LEVEL");
+  EXPECT_EQ(bad.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(bad.message.find("FERRY_LOG_LEVEL"), std::string::npos) << bad.message;
+  EXPECT_NE(bad.message.find("chatty"), std::string::npos) << bad.message;
+  EXPECT_EQ(good.code, FERRY_STATUS_OK) << good.message;
+  ferry_receiver_destroy(rx);
+}
+
 TEST(CApi, EngineOrderRefusesEventsAndBadValues) {
   ferry_receiver_t* rx = nullptr;
   ASSERT_EQ(take(ferry_receiver_create(nullptr, &rx)).code, FERRY_STATUS_OK);
