@@ -889,23 +889,41 @@ void ferry_transport::issue_pending_locked() {
     const std::size_t n = print_ops.size();
     // The lane of this launch (lanes_): it waits for stream_ (the previous launch included) only
     // where running beside it could reorder writes to the same bytes.
-    std::uintptr_t lo = UINTPTR_MAX;
-    std::uintptr_t hi = 0;
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    ranges.reserve(print_ops.size());
     for (const auto& op : print_ops) {
       const auto at = reinterpret_cast<std::uintptr_t>(op.dst);
-      lo = std::min(lo, at);
-      hi = std::max<std::uintptr_t>(hi, at + op.bytes);
+      if (op.bytes > 0) ranges.emplace_back(at, at + op.bytes);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> merged;
+    for (const auto& r : ranges) {
+      if (!merged.empty() && r.first <= merged.back().second) {
+        merged.back().second = std::max(merged.back().second, r.second);
+      } else {
+        merged.push_back(r);
+      }
+    }
+    // Two sorted, merged lists overlap when some pair does: one sweep.
+    bool overlaps = false;
+    for (std::size_t a = 0, b = 0; a < merged.size() && b < last_ranges_.size() && !overlaps;) {
+      if (merged[a].second <= last_ranges_[b].first) {
+        ++a;
+      } else if (last_ranges_[b].second <= merged[a].first) {
+        ++b;
+      } else {
+        overlaps = true;
+      }
     }
     const unsigned l = next_lane_;
     next_lane_ = (next_lane_ + 1) % copy_lanes_;
     cudaStream_t lane = lanes_[l];
-    if (stream_own_work_ || copy_lanes_ == 1 || (lo < last_hi_ && last_lo_ < hi)) {
+    if (stream_own_work_ || copy_lanes_ == 1 || overlaps) {
       check_rt(cudaEventRecord(stream_tail_, stream_), "cudaEventRecord");
       check_rt(cudaStreamWaitEvent(lane, stream_tail_, 0), "cudaStreamWaitEvent");
       stream_own_work_ = false;
     }
-    last_lo_ = lo;
-    last_hi_ = hi;
+    last_ranges_ = std::move(merged);
     PrintBatch batch;
     batch.lane = l;
     for (const auto& op : print_ops) batch.bytes += op.bytes;

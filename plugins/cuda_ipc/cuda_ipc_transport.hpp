@@ -203,8 +203,10 @@ struct ferry_transport {
   cudaEvent_t stream_tail_ = nullptr;
   unsigned next_lane_ = 0;
   bool stream_own_work_ = false;   // copies on stream_ since a lane last waited for it
-  std::uintptr_t last_lo_ = 0;     // destinations [lo, hi) of the last lane launch
-  std::uintptr_t last_hi_ = 0;
+  // The destinations [lo, hi) of the last lane launch, sorted and merged: a launch runs beside
+  // it unless one of its own destinations overlaps one of these (a bounding box would order
+  // every launch into an engine's parameters, which a caching allocator interleaves).
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> last_ranges_;
   std::vector<cudaEvent_t> free_events_;
   std::uint64_t granularity_ = 0;
   // Puts are queued and enqueued together (one batched copy kernel, batch_copy.hpp) by the
