@@ -148,6 +148,26 @@ def _cuda_device(obj):
     return int(device) if int(kind) in (_KDL_CUDA, _KDL_CUDA_MANAGED) else None
 
 
+def stream_handles(streams, what):
+    """cudaStream_t values of `streams` (a stream object with `cuda_stream`, such as a
+    torch.cuda.Stream, an int, or a list of them); InvalidArgumentError naming `what`
+    otherwise. A string is refused (the callers treat "none" themselves)."""
+    if isinstance(streams, str):
+        raise errors.InvalidArgumentError(
+            errors.INVALID_ARGUMENT,
+            f"{what}={streams!r}: give a CUDA stream, a list of them, or 'none'")
+    handles = []
+    for s in streams if isinstance(streams, (list, tuple)) else [streams]:
+        handle = getattr(s, "cuda_stream", s)
+        if not isinstance(handle, int) or isinstance(handle, bool) or handle < 0:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"{what}: {s!r} is neither a CUDA stream object nor a cudaStream_t value")
+        if handle not in handles:
+            handles.append(handle)
+    return handles
+
+
 def _is_torch_tensor(obj):
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
@@ -165,18 +185,7 @@ class Producers:
         self.streams = []
         self._torch_devices = set()
         if self.explicit and not self.none:
-            if isinstance(streams, str):
-                raise errors.InvalidArgumentError(
-                    errors.INVALID_ARGUMENT,
-                    f"stream={streams!r}: give a CUDA stream, a list of them, or 'none'")
-            if not isinstance(streams, (list, tuple)):
-                streams = [streams]
-            for s in streams:
-                handle = getattr(s, "cuda_stream", s)
-                if not isinstance(handle, int) or handle < 0:
-                    raise errors.InvalidArgumentError(
-                        errors.INVALID_ARGUMENT,
-                        f"stream {s!r} is neither a CUDA stream object nor a cudaStream_t value")
+            for handle in stream_handles(streams, "stream"):
                 self._add(handle)
 
     def _add(self, handle):

@@ -3,11 +3,10 @@
 import ctypes
 from collections import namedtuple
 
-from . import errors
 from ._handle import OwnedHandle
 from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, check, config_source, lib,
                        override_key, take_string)
-from ._tensors import TensorView, _is_torch_tensor, named_items
+from ._tensors import TensorView, _is_torch_tensor, named_items, stream_handles
 
 Version = namedtuple("Version", ["number", "label"])
 Health = namedtuple("Health", ["ready", "state"])
@@ -57,21 +56,10 @@ class Receiver(OwnedHandle):
         """How updates wait for the engine before writing its parameters (see the class text)."""
         self._require_open()
         order, handles = ORDER_SYNC_DEVICES, []
-        if isinstance(engine_stream, str):
-            if engine_stream != "none":
-                raise errors.InvalidArgumentError(
-                    errors.INVALID_ARGUMENT,
-                    f"engine_stream={engine_stream!r}: give CUDA streams, 'none' or None")
+        if isinstance(engine_stream, str) and engine_stream == "none":
             order = ORDER_NONE
         elif engine_stream is not None:
-            streams = engine_stream if isinstance(engine_stream, (list, tuple)) else [engine_stream]
-            for s in streams:
-                handle = getattr(s, "cuda_stream", s)
-                if not isinstance(handle, int) or handle < 0:
-                    raise errors.InvalidArgumentError(
-                        errors.INVALID_ARGUMENT,
-                        f"engine stream {s!r} is neither a CUDA stream nor a cudaStream_t value")
-                handles.append(handle)
+            handles = stream_handles(engine_stream, "engine_stream")
             order = ORDER_STREAMS
         array = (ctypes.c_void_p * max(1, len(handles)))(*handles)
         check(lib().ferry_receiver_set_engine_order(self._handle, order, array, len(handles)))
