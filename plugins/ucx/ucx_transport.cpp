@@ -428,7 +428,12 @@ void ferry_transport::peer_failed_locked(ferry_peer* peer, const std::string& wh
   if (peer->failed) return;
   peer->failed = true;
   peer->failure = fmt::format("peer {} failed: {}", peer->name, why);
-  ferry::ucx::log(FERRY_LOG_ERROR, peer->failure);
+  // An error where it fails work in flight; a peer that goes while nothing is outstanding is a
+  // session ending (its side closed first): the next request to it fails with this message.
+  bool in_flight = false;
+  for (ferry_request* r : requests) in_flight = in_flight || r->peer == peer;
+  ferry::ucx::log(in_flight ? FERRY_LOG_ERROR : FERRY_LOG_INFO,
+                  in_flight ? peer->failure : peer->failure + " (no request in flight)");
   for (ferry_request* r : requests) {
     if (r->peer == peer) fail_request_locked(r, FERRY_STATUS_PEER_FAILED, peer->failure + " (" + r->what + ")");
   }
