@@ -147,6 +147,12 @@ void wait(const StreamOrder& order, std::span<const int> devices, std::string_vi
       for (const auto handle : order.handles) {
         auto* stream = reinterpret_cast<cudaStream_t>(handle);
         if (special_stream(handle)) {
+          // Memory on no device (page-locked host buffers a device-to-host copy fills): the
+          // calling thread's current device, where there is one.
+          int current = 0;
+          if (unique.empty() && cudaGetDevice(&current) == cudaSuccess) {
+            wait_stream_on(current, stream, what);
+          }
           for (const int d : unique) wait_stream_on(d, stream, what);
           continue;
         }

@@ -9,8 +9,8 @@
 //    meaning of a consumer stream), wait for given events, or nothing (the caller synchronised).
 //  - Stream handles are cudaStream_t values: 0 is the default stream of the calling thread's
 //    current device, 1 (cudaStreamLegacy) and 2 (cudaStreamPerThread) the special streams; such a
-//    special handle is waited for on every device named by the caller. Any other stream is waited
-//    for on its own device.
+//    special handle is waited for on every device named by the caller (none named: the calling
+//    thread's current device, if any). Any other stream is waited for on its own device.
 //  - Waits block the calling thread. The calling thread's current CUDA device is restored
 //    afterwards (a trainer's thread keeps its device).
 //  - A build without CUDA: waiting on streams or events is UNIMPLEMENTED; with no CUDA devices

@@ -184,6 +184,7 @@ class Producers:
         self.none = isinstance(streams, str) and streams == "none"
         self.streams = []
         self._torch_devices = set()
+        self._pinned_seen = False
         if self.explicit and not self.none:
             for handle in stream_handles(streams, "stream"):
                 self._add(handle)
@@ -202,6 +203,13 @@ class Producers:
                     import torch
                     self._torch_devices.add(device)
                     self._add(torch.cuda.current_stream(device).cuda_stream)
+            elif (not self.explicit and not self._pinned_seen
+                  and sys.modules["torch"].cuda.is_initialized() and source.is_pinned()):
+                # Page-locked host memory that a non_blocking device-to-host copy may still be
+                # filling: ordered after torch's current stream of the current device. (Without
+                # CUDA initialised no copy can be in flight, and is_pinned() would initialise it.)
+                self._pinned_seen = True
+                self._add(sys.modules["torch"].cuda.current_stream().cuda_stream)
             # No event of its own: the current stream is named above (or by the caller).
             return sys.modules["torch"]._C._to_dlpack(source)
         device = None if self.explicit else _cuda_device(source)

@@ -37,3 +37,26 @@ def test_cuda_tensors_land_bit_identical_in_cuda_parameters(ferry_module):
             for name in source:
                 assert target[name].data_ptr() == addresses[name], name  # written in place
                 assert torch.equal(target[name], source[name]), name
+
+
+def test_pinned_host_tensors_a_non_blocking_copy_fills_are_read_after_it(ferry_module):
+    """A trainer that stages its weights with tensor.to("cpu", non_blocking=True) into page-locked
+    memory and pushes at once: ferry waits for torch's current stream before reading them."""
+    torch = _torch_cuda()
+    ferry = ferry_module
+    n = 1 << 22
+    source = torch.randn(n, device="cuda")
+    staged = torch.empty(n, pin_memory=True)
+    target = torch.zeros(n)
+    with ferry.Receiver() as receiver:
+        receiver.register_params({"w": target})
+        receiver.serve(port=0)
+        with ferry.Sender([receiver.address]) as sender:
+            for version in (1, 2):
+                source.add_(1)
+                staged.fill_(0)
+                torch.cuda._sleep(100_000_000)  # the copy lands ~50 ms after push() is called
+                staged.copy_(source, non_blocking=True)
+                sender.push({"w": staged}, version=version)
+                assert receiver.version.number == version
+                assert torch.equal(target, source.cpu()), "read before the copy landed"
