@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "ferry_build_config.h"
 #include "nccl/broadcast_group.hpp"
+#include "order/stream_order.hpp"
 #include "registry/registry.hpp"
 
 #if FERRY_HAVE_NCCL
@@ -188,6 +189,11 @@ BroadcastReport NcclTrainerGroup::broadcast(const std::vector<TensorView>& tenso
            t.device, s.options.group_name, s.options.device);
     }
   }
+  // The packing copies run on a stream of ferry's: they may read the tensors only once the work
+  // that produced them is done (a trainer broadcasts right after its optimizer step, whose
+  // kernels may still be queued): the group's device is synchronised (order/stream_order.hpp).
+  order::wait(order::StreamOrder{}, std::vector<int>{s.options.device},
+              fmt::format("broadcast of weight-update group '{}'", s.options.group_name));
   nccl::BroadcastGroup& group = *s.group;
   nccl::BroadcastGroup::Pending pending[2];
   std::string phase = "allocate staging";
