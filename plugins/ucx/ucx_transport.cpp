@@ -292,7 +292,7 @@ ferry_transport::ferry_transport(const ferry_transport_create_args_t& args,
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
   ferry::ucx::log(
-      FERRY_LOG_INFO,
+      FERRY_LOG_DEBUG,
       fmt::format("UCX {}.{}.{} worker ready ({}): tls = {}, error_mode = {}, rma = {}; GPU "
                   "memory: {}",
                   major, minor, release, role == FERRY_ROLE_SENDER ? "sender" : "receiver",
@@ -428,12 +428,14 @@ void ferry_transport::peer_failed_locked(ferry_peer* peer, const std::string& wh
   if (peer->failed) return;
   peer->failed = true;
   peer->failure = fmt::format("peer {} failed: {}", peer->name, why);
-  // An error where it fails work in flight; a peer that goes while nothing is outstanding is a
-  // session ending (its side closed first): the next request to it fails with this message.
-  bool in_flight = false;
-  for (ferry_request* r : requests) in_flight = in_flight || r->peer == peer;
-  ferry::ucx::log(in_flight ? FERRY_LOG_ERROR : FERRY_LOG_INFO,
-                  in_flight ? peer->failure : peer->failure + " (no request in flight)");
+  // An error where it fails data this side is sending; a peer that goes while nothing is being
+  // sent to it is a session ending (its side closed first, a normal event: debug). Receives still
+  // posted for it fail with this message, and the host, which knows whether an update was in
+  // progress, reports that.
+  bool sending = false;
+  for (ferry_request* r : requests) sending = sending || (r->peer == peer && !r->is_recv);
+  ferry::ucx::log(sending ? FERRY_LOG_ERROR : FERRY_LOG_DEBUG,
+                  sending ? peer->failure : peer->failure + " (nothing was being sent to it)");
   for (ferry_request* r : requests) {
     if (r->peer == peer) fail_request_locked(r, FERRY_STATUS_PEER_FAILED, peer->failure + " (" + r->what + ")");
   }
@@ -690,7 +692,7 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
   const bool put_allowed = options.rma == ferry::ucx::RmaPolicy::always ||
                            (options.rma == ferry::ucx::RmaPolicy::automatic && peer->rma_native);
   ferry::ucx::log(
-      FERRY_LOG_INFO,
+      FERRY_LOG_DEBUG,
       fmt::format("connected to {} ({}, pid {}): lanes {}; RMA {}; primitive: {}", name, info.host,
                   info.pid, peer->lanes,
                   peer->rma_native ? "native (RDMA or mapped shared memory)"

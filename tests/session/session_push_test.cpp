@@ -72,7 +72,9 @@ TEST_F(SessionPush, PushOverUcxIsBitIdentical) {
   if (std::getenv("FERRY_TEST_HAVE_UCX") == nullptr) {
     GTEST_SKIP() << "the ucx transport plugin is not built";
   }
-  ServeProcess a(receiver_options(versions_->v1_path()));
+  ServeOptions debug_a = receiver_options(versions_->v1_path());
+  debug_a.log_level = "debug";
+  ServeProcess a(debug_a);
   ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
   // UCX over tcp: buckets go by tagged sends into receives the receivers posted.
   const auto push = run_ferry({"--log-level", "warn", "push", "--to",
@@ -84,6 +86,12 @@ TEST_F(SessionPush, PushOverUcxIsBitIdentical) {
   EXPECT_NE(push.output.find("committed version 4 via ucx"), std::string::npos) << push.output;
   EXPECT_EQ(a.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
   EXPECT_EQ(b.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
+  // The sender's process is gone after a successful push: a session that ended, not an error.
+  EXPECT_TRUE(eventually([&] { return a.log().find("(nothing was being sent to it)") != std::string::npos; },
+                         10))
+      << a.log();
+  EXPECT_EQ(a.log().find("[error]"), std::string::npos) << a.log();
+  EXPECT_EQ(b.log().find("[error]"), std::string::npos) << b.log();
 }
 
 TEST_F(SessionPush, SessionIsAdvertisedOnTheControlApi) {
