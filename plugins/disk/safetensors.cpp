@@ -504,6 +504,21 @@ File read_file(const std::string& path, bool keep_open) {
   read_at(fd.get(), prefix, 0, path);
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
+  // A safetensors file starts with the 8-byte little-endian length of its JSON header; a text
+  // file (a config.json, an index) starts with text, which reads as an absurd length.
+  const bool text = std::all_of(std::begin(prefix), std::end(prefix), [](std::uint8_t c) {
+    return (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\r' || c == '\t';
+  });
+  if (text && n > size) {
+    std::string start(reinterpret_cast<const char*>(prefix), sizeof prefix);
+    for (auto& c : start) {
+      if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    }
+    fail(FERRY_STATUS_CORRUPT_DATA,
+         "{}: not a safetensors file: it starts with text (\"{}\"), where a safetensors file "
+         "starts with the 8-byte length of its header",
+         path, start);
+  }
   if (n > kMaxHeaderBytes) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: header length {} exceeds the limit of {} bytes", path,
          n, kMaxHeaderBytes);

@@ -97,6 +97,22 @@ TEST_F(InspectTest, BadFileExitsOneNamingTheRule) {
   EXPECT_NE(run.output.find("CORRUPT_DATA"), std::string::npos) << run.output;
 }
 
+// A config.json given where a safetensors file belongs is named as such, not as a header of an
+// absurd length.
+TEST_F(InspectTest, ATextFileIsNamedAsNotSafetensors) {
+  const std::string config = dir_.file("config.json");
+  {
+    std::FILE* f = std::fopen(config.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"hidden_size\": 4096\n}\n", f);
+    std::fclose(f);
+  }
+  ProcessResult run = run_inspect({config}, true);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("not a safetensors file: it starts with text"), std::string::npos)
+      << run.output;
+}
+
 TEST_F(InspectTest, MissingPathExitsOne) {
   ProcessResult run = run_inspect({dir_.file("absent")}, true);
   EXPECT_EQ(run.exit_code, 1) << run.output;

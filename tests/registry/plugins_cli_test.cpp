@@ -27,11 +27,13 @@ struct CommandRun {
   std::string out;
 };
 
-// Runs `ferry ARGS` with FERRY_PLUGIN_PATH unset; captures stdout (stderr carries the logs).
-CommandRun run_ferry(const std::string& args) {
+// Runs `ferry ARGS` with FERRY_PLUGIN_PATH unset; captures stdout (stderr carries the logs), or
+// stderr alone.
+// `stderr_only`: captures stderr instead (stdout discarded).
+CommandRun run_ferry(const std::string& args, bool stderr_only = false) {
   const auto exe = ferry::testing::env_dir("FERRY_EXE");
-  const std::string command =
-      "env -u FERRY_PLUGIN_PATH '" + exe.string() + "' " + args + " 2>/dev/null";
+  const std::string command = "env -u FERRY_PLUGIN_PATH '" + exe.string() + "' " + args +
+                              (stderr_only ? " 2>&1 >/dev/null" : " 2>/dev/null");
   CommandRun run;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
@@ -110,6 +112,25 @@ TEST(VersionCommand, PrintsVersionAbiAndFeatures) {
   EXPECT_THAT(run.out, HasSubstr("ferry 0.1.0\n"));
   EXPECT_THAT(run.out, HasSubstr("plugin ABI " + kAbi));
   EXPECT_THAT(run.out, HasSubstr("features: cuda "));
+}
+
+TEST(VersionCommand, VersionFlagPrintsTheVersion) {
+  const CommandRun run = run_ferry("--version");
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("ferry 0.1.0"));
+}
+
+// A mistyped command is named with the nearest one; global options are taken after the command.
+TEST(CommandLine, AMistypedCommandSuggestsTheNearestAndGlobalOptionsGoAnywhere) {
+  const CommandRun typo = run_ferry("--log-level warn srve", true);
+  EXPECT_EQ(typo.status, 2) << typo.out;
+  EXPECT_THAT(typo.out, HasSubstr("'srve' is not a ferry command; did you mean 'serve'?"));
+  const CommandRun far = run_ferry("frobnicate", true);
+  EXPECT_EQ(far.status, 2) << far.out;
+  EXPECT_THAT(far.out, HasSubstr("'frobnicate' is not a ferry command (commands: "));
+  const CommandRun after = run_ferry("version --log-level warn");
+  EXPECT_EQ(after.status, 0) << after.out;
+  EXPECT_THAT(after.out, HasSubstr("ferry 0.1.0\n"));
 }
 
 }  // namespace
