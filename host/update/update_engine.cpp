@@ -950,12 +950,11 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
     dirty = dirty_;
     version = active_version_;
     published = published_;
-    metrics_.updates_aborted += 1;
   }
   try {
     const std::string reason = fmt::format("update {} aborted {}: {}", version, where, why);
-    // begin() waited for the last refresh, and none starts during an update; waiting again
-    // costs nothing and gives the outcome the fence reason names.
+    // No refresh starts during an update; one begin() pre-empted (or, with "complete", waited
+    // for) ends within a batch. Waiting for it gives the outcome the fence reason names.
     store::MirrorRefreshState refresh;
     if (dirty) refresh = wait_for_mirror_locked();
     if (!dirty) {
@@ -982,6 +981,12 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
     }
   } catch (...) {
     fence_locked("an update was aborted and its cleanup failed; weights may be partial");
+  }
+  {
+    // Counted once its outcome (rolled back or fenced) is in place and logged: a reader of the
+    // metrics then sees the abort's health and reason too.
+    std::lock_guard state(state_mutex_);
+    metrics_.updates_aborted += 1;
   }
   finish_locked();
 }
