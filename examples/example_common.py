@@ -1,0 +1,292 @@
+"""examples/example_common.py: what every example's trainer and engine share: the small
+language model both sides build (same names, dtypes and shapes), one training step, JSON over
+HTTP to a ferry receiver's control API, the check that pushed weights arrived, and finding the
+`ferry` executable and the `ferry` Python package. Each example script puts this folder on
+sys.path; nothing here is part of ferry itself."""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent
+CHECKOUT = EXAMPLES.parent
+
+
+class ExampleError(Exception):
+    """A failure the example reports in one line and exits 1 for (no traceback)."""
+
+
+def run_main(main):
+    """Runs main() -> exit code; an ExampleError, a ferry.Error or Ctrl-C is one line on stderr,
+    exit 1 (130 for Ctrl-C)."""
+    try:
+        sys.exit(main())
+    except ExampleError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # a ferry.Error is a message for the user too: no traceback
+        if not type(e).__module__.startswith("ferry"):
+            raise
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+def argument_parser(doc):
+    """The script's parser: its docstring's first paragraph as the description, the rest (the
+    usage example) after the options."""
+    first, _, rest = doc.partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_trainer_arguments(parser, device, token=True):
+    """What every trainer takes: its device, the number of steps, a file for its final weights
+    and (where the engine has a control API) the engine's token."""
+    parser.add_argument("--device", default=device, help=f"the trainer's device ({device})")
+    parser.add_argument("--steps", type=positive_int, default=3, help="training steps (3)")
+    parser.add_argument("--save", help="torch.save the final weights here (to compare)")
+    if token:
+        parser.add_argument("--token", help="the engines' bearer token")
+    add_model_arguments(parser)
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+def add_model_arguments(parser):
+    """The model's shape and seed; trainer and engine must be given the same shape."""
+    g = parser.add_argument_group("model (the same on both sides)")
+    g.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary size (1024)")
+    g.add_argument("--hidden", type=positive_int, default=256, help="hidden size (256)")
+    g.add_argument("--layers", type=positive_int, default=2, help="layers (2)")
+    g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
+                   help="parameter dtype (bfloat16)")
+    g.add_argument("--seed", type=int, default=0, help="initial weights' seed")
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def port_number(text):
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {value}")
+    return value
+
+
+def import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ExampleError(f"PyTorch is not importable ({e}); the examples need torch") from None
+    return torch
+
+
+def torch_device(torch, name):
+    """torch.device(name), refused with a reason when it cannot be used here."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ExampleError(f"--device {name!r}: {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ExampleError(f"--device {name}: no CUDA device is usable here "
+                               "(torch.cuda.is_available() is False)")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise ExampleError(f"--device {name}: this machine has "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
+        device = torch.device("cuda", index)
+    elif device.type != "cpu":
+        raise ExampleError(f"--device {name}: only cpu and cuda[:N] are supported")
+    return device
+
+
+def build_model(torch, args, device):
+    """A small decoder-style language model (embedding, residual MLP blocks with RMS norms, an
+    untied head), initialised from args.seed: plain torch, so that it runs anywhere."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, hidden):
+            super().__init__()
+            self.norm = torch.nn.Parameter(torch.ones(hidden))
+            self.up = torch.nn.Linear(hidden, 4 * hidden, bias=False)
+            self.down = torch.nn.Linear(4 * hidden, hidden, bias=False)
+
+        def forward(self, x):
+            h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+            return x + self.down(torch.nn.functional.gelu(self.up(h * self.norm)))
+
+    class TinyLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(args.vocab, args.hidden)
+            self.layers = torch.nn.ModuleList(Block(args.hidden) for _ in range(args.layers))
+            self.head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    torch.manual_seed(args.seed)
+    return TinyLM().to(device=device, dtype=getattr(torch, args.dtype))
+
+
+def train_step(torch, model, optimizer, step, batch=4, seq=32):
+    """One next-token step on a random batch drawn from `step`; returns the loss."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(1000 + step)
+    vocab = model.embed.num_embeddings
+    tokens = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab),
+                                             tokens[:, 1:].reshape(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss)
+
+
+# ---- ferry -------------------------------------------------------------------------------------
+
+def import_ferry():
+    """The ferry Python package (pip install ./python, or PYTHONPATH=python in a checkout)."""
+    try:
+        import ferry
+    except ImportError as e:
+        raise ExampleError(f"the ferry Python package is not importable ({e}): pip install "
+                           "./python, or PYTHONPATH=<checkout>/python") from None
+    try:
+        ferry.library_path()
+    except ferry.Error as e:
+        raise ExampleError(f"libferry.so was not found: {e.message}") from None
+    return ferry
+
+
+def find_ferry(explicit=None):
+    """The `ferry` executable: --ferry, else $FERRY_EXE, else `ferry` on PATH, else this
+    checkout's build/host/cli/ferry."""
+    for candidate, what in ((explicit, "--ferry"), (os.environ.get("FERRY_EXE"), "FERRY_EXE")):
+        if candidate:
+            if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+                raise ExampleError(f"{what} {candidate}: not an executable file")
+            return candidate
+    on_path = shutil.which("ferry")
+    if on_path:
+        return on_path
+    built = CHECKOUT / "build" / "host" / "cli" / "ferry"
+    if built.is_file():
+        return str(built)
+    raise ExampleError("the ferry executable was not found: pass --ferry PATH, set FERRY_EXE, "
+                       "put it on PATH, or build this checkout (scripts/build)")
+
+
+def add_serve_arguments(parser, host="127.0.0.1", port=30000):
+    """The `ferry serve` options every engine script passes through."""
+    parser.add_argument("--host", default=host, help=f"address to bind ({host})")
+    parser.add_argument("--port", type=port_number, default=port,
+                        help=f"control API port ({port}; 0 picks a free one)")
+    parser.add_argument("--token", help="bearer token the trainer must send")
+    parser.add_argument("--ready-file", help="write the bound port here once serving")
+    parser.add_argument("--ferry", help="the ferry executable (default: FERRY_EXE, PATH, build/)")
+
+
+def exec_serve(args, extra, env=None):
+    """Replaces this process with `ferry serve` (its log is the engine's log; Ctrl-C stops it)."""
+    command = [find_ferry(args.ferry), "serve", "--host", args.host, "--port", str(args.port),
+               "--model-family", "identity", *extra]
+    if args.token:
+        command += ["--token", args.token]
+    if args.ready_file:
+        command += ["--ready-file", args.ready_file]
+    print("engine: " + " ".join(command), file=sys.stderr, flush=True)
+    try:
+        os.execve(command[0], command, {**os.environ, **(env or {})})
+    except OSError as e:
+        raise ExampleError(f"cannot run {command[0]}: {e.strerror}") from None
+
+
+def http_json(url, body=None, token=None, timeout=120):
+    """POSTs `body` (or GETs when None) and returns (status, JSON answer); an unreachable
+    server is an ExampleError naming the URL."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data,
+                                     headers={"Content-Type": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text or b"{}")
+        except ValueError:
+            return e.code, {"message": text.decode("utf-8", "replace")}
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise ExampleError(f"{url}: {reason} (is the engine running there?)") from None
+
+
+def base_url(address):
+    """HOST:PORT or http://HOST:PORT -> http://HOST:PORT."""
+    address = address.rstrip("/")
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+
+
+def check_arrived(url, state, token=None, names=None, values=64):
+    """Reads back the first `values` values of each named tensor (every tensor by default) from
+    the receiver at `url` (/get_weights_by_name) and compares them with the trainer's. Returns
+    the names that differ (empty: the weights arrived)."""
+    wrong = []
+    for name in names or list(state):
+        tensor = state[name]
+        status, answer = http_json(f"{url}/get_weights_by_name",
+                                   {"name": name, "truncate_size": values}, token=token)
+        expect = tensor.detach().flatten()[:values].float().cpu().tolist()
+        if status != 200 or answer.get("values") != expect:
+            wrong.append(f"{name} ({answer.get('message', 'values differ')})"
+                         if status != 200 else name)
+    return wrong
+
+
+def require_arrived(engine, url, state, step, token=None):
+    """check_arrived, as an ExampleError naming the engine and the tensors that differ."""
+    wrong = check_arrived(url, state, token=token)
+    if wrong:
+        raise ExampleError(f"{engine}: {len(wrong)} tensor(s) differ from the trainer's after "
+                           f"step {step}: {wrong[:5]}")
+
+
+def weight_version(url, token=None):
+    """The receiver's published (label, version number): GET /get_weight_version."""
+    status, answer = http_json(f"{url}/get_weight_version", token=token)
+    if status != 200:
+        raise ExampleError(f"{url}/get_weight_version answered {status}: {answer}")
+    return answer.get("weight_version"), int(answer.get("version", 0))
+
+
+def first_version(urls, token=None):
+    """The version number this run's first push takes: one above the highest any receiver
+    publishes, so that a trainer started again continues the sequence (0 + 1 on fresh ones)."""
+    return 1 + max(weight_version(url, token)[1] for url in urls)
+
+
+def save_state(torch, path, model):
+    """torch.save of the model's weights (CPU copies), for comparing with the engine's."""
+    torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, path)
