@@ -144,3 +144,17 @@ def gpu_main(check):
             sys.exit(1)
     print("PASS", flush=True)
     sys.exit(0)
+
+
+def network_address():
+    """This machine's first global IPv4 address (`ip -4 addr`), or None."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        words = line.split()
+        if "inet" in words:
+            return words[words.index("inet") + 1].split("/")[0]
+    return None

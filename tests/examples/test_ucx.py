@@ -41,6 +41,22 @@ def test_trainer_updates_the_engine_every_step(torch, tmp_path, transport):
         assert engine.stop() in (0, -15), engine.output()
 
 
+def test_engine_on_every_interface_reached_by_its_network_address(torch, tmp_path):
+    """The guide's engine command as given (--host 0.0.0.0): a trainer naming the machine's own
+    network address goes over TCP sessions and UCX, as from another node."""
+    address = ex.network_address()
+    if address is None:
+        pytest.skip("this machine has no global IPv4 address")
+    engine = ex.Engine([ENGINE, "--port", "0"], tmp_path)
+    try:
+        result = ex.run([TRAINER, "--engines", f"{address}:{engine.port}", "--steps", "2"])
+        assert result.returncode == 0, ex.explain(result) + engine.output()
+        assert result.stdout.count(f"{address}:{engine.port}: committed via ") == 2
+        assert f"session with sender {address}:" in engine.output(), engine.output()
+    finally:
+        engine.stop()
+
+
 def test_two_engines_and_one_refusing_a_mismatched_model(torch, tmp_path):
     a = ex.Engine([ENGINE, "--host", "127.0.0.1", "--port", "0"], tmp_path, name="a")
     b = ex.Engine([ENGINE, "--host", "127.0.0.1", "--port", "0"], tmp_path, name="b")
