@@ -1,8 +1,10 @@
 """ferry._library: finds and loads libferry.so and declares the C API's functions for ctypes.
 
-Search order: FERRY_LIBRARY, a copy bundled in this package, the newest build*/host/capi of a
-source checkout this package is imported from, <sys.prefix>/lib*, then the system search path.
-Loaded once, on first use, so that `import ferry` works without the library.
+Search order: FERRY_LIBRARY, the copy a wheel carries (ferry/_native/lib/libferry.so, with its
+plugins and libraries beside it), the newest build*/host/capi of a source checkout this package is
+imported from, lib/ of a scripts/bundle folder it is imported from (<bundle>/python/ferry),
+<sys.prefix>/lib*, then the system search path. Loaded once, on first use, so that `import ferry`
+works without the library.
 """
 
 import ctypes
@@ -195,12 +197,14 @@ def _candidates():
     if env:
         return [env]  # an explicit choice is the only one tried
     here = Path(__file__).resolve().parent
-    found = [here / "libferry.so", here / "libferry.so.1"]
-    checkout = here.parent.parent  # python/ferry -> repository root
+    found = [here / "_native" / "lib" / "libferry.so"]
+    checkout = here.parent.parent  # python/ferry -> repository root, or <bundle>/python/ferry
     if (checkout / "meson.build").is_file():
         builds = sorted(checkout.glob("build*/host/capi/libferry.so"),
                         key=lambda p: p.stat().st_mtime, reverse=True)
         found += builds
+    elif (checkout / "bin" / "ferry").is_file():
+        found.append(checkout / "lib" / "libferry.so")
     for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
         found.append(Path(sys.prefix) / libdir / "libferry.so")
     system = ctypes.util.find_library("ferry")
@@ -246,7 +250,8 @@ def lib():
             return _lib
         raise errors.NotFoundError(
             errors.NOT_FOUND,
-            "libferry.so not found (set FERRY_LIBRARY to its path); tried: " + "; ".join(tried))
+            "libferry.so not found: install the wheel scripts/wheel builds (it carries the library), "
+            "or set FERRY_LIBRARY to the path of a built one; tried: " + "; ".join(tried))
 
 
 def library_path():
