@@ -139,7 +139,7 @@ std::optional<OpenedLibrary> open_library(const std::filesystem::path& path, std
 ferry_plugin_negotiation_t host_negotiation(const ferry_host_api_t* host) {
   ferry_plugin_negotiation_t n;
   std::memset(&n, 0, sizeof n);
-  n.struct_size = FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, api);
+  n.struct_size = FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, option_keys);
   n.host_abi_major = FERRY_PLUGIN_ABI_MAJOR;
   n.host_abi_minor = FERRY_PLUGIN_ABI_MINOR;
   n.host = host;
@@ -197,6 +197,35 @@ std::optional<std::string> check_identity(const ferry_plugin_negotiation_t& answ
   return std::nullopt;
 }
 
+std::optional<std::string> read_option_keys(const ferry_plugin_negotiation_t& answer,
+                                            std::optional<std::vector<std::string>>* keys) {
+  keys->reset();
+  if (answer.option_keys == nullptr) return std::nullopt;  // not declared (ABI < 1.3, or left out)
+  constexpr std::size_t kMaxOptionKeys = 256;
+  std::vector<std::string> out;
+  for (std::size_t i = 0;; ++i) {
+    if (i == kMaxOptionKeys) {
+      return fmt::format("its option_keys list has no NULL among its first {} entries",
+                         kMaxOptionKeys);
+    }
+    const char* key = nullptr;
+    if (!copy_readable(answer.option_keys + i, &key, sizeof key)) {
+      return fmt::format("its option_keys entry {} at {} is not readable memory", i,
+                         static_cast<const void*>(answer.option_keys + i));
+    }
+    if (key == nullptr) break;
+    auto text = read_c_string(key, kMaxNameLength);
+    if (!text || text->empty()) {
+      return fmt::format("its option_keys entry {} is not a readable, non-empty string of at most "
+                         "{} bytes",
+                         i, kMaxNameLength);
+    }
+    out.push_back(std::move(*text));
+  }
+  *keys = std::move(out);
+  return std::nullopt;
+}
+
 std::optional<std::string> copy_tables(const ferry_plugin_negotiation_t& answer,
                                        ferry_plugin_kind_t kind, Tables* out) {
   if (answer.api == nullptr) return std::string("returned a NULL function table (api)");
@@ -209,10 +238,16 @@ std::optional<std::string> copy_tables(const ferry_plugin_negotiation_t& answer,
 }
 
 std::shared_ptr<LoadedPlugin> load_vetted(const std::filesystem::path& path,
-                                          const PluginFileName& expected, std::string* why) {
+                                          const PluginFileName& expected, std::string* why,
+                                          const std::function<void(const char*)>& stage) {
+  auto at = [&](const char* step) {
+    if (stage) stage(step);
+  };
+  at("loading");
   auto opened = open_library(path, why);
   if (!opened) return nullptr;
 
+  at(FERRY_PLUGIN_ENTRY_SYMBOL);
   ferry_plugin_negotiation_t answer = host_negotiation(host_api_table());
   if (ferry_error_t* refused = opened->entry(&answer)) {
     ErrorPtr owned(refused);
@@ -225,6 +260,10 @@ std::shared_ptr<LoadedPlugin> load_vetted(const std::filesystem::path& path,
     return nullptr;
   }
   if (auto reason = check_identity(answer, expected, &info.name, &info.version)) {
+    *why = *reason;
+    return nullptr;
+  }
+  if (auto reason = read_option_keys(answer, &info.option_keys)) {
     *why = *reason;
     return nullptr;
   }
@@ -241,6 +280,7 @@ std::shared_ptr<LoadedPlugin> load_vetted(const std::filesystem::path& path,
     ferry_transport_caps_t caps;
     std::memset(&caps, 0, sizeof caps);
     caps.struct_size = FERRY_STRUCT_SIZE(ferry_transport_caps_t, max_inflight_buckets);
+    at("get_caps");
     if (ferry_error_t* failed = tables.transport.get_caps(&caps)) {
       ErrorPtr owned(failed);
       *why = fmt::format("get_caps failed: {} ({})", error_message(owned.get()),

@@ -8,9 +8,11 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "registry/plugin_file.hpp"
 #include "registry/registry.hpp"
@@ -41,6 +43,10 @@ std::optional<std::string> check_abi_version(const ferry_plugin_negotiation_t& a
 std::optional<std::string> check_identity(const ferry_plugin_negotiation_t& answer,
                                           const PluginFileName& expected, std::string* name,
                                           std::string* version);
+// The declared option keys (ABI 1.3; NULL: *keys = nullopt), each entry read safely: at most
+// 256, each a non-empty string of at most 255 bytes.
+std::optional<std::string> read_option_keys(const ferry_plugin_negotiation_t& answer,
+                                            std::optional<std::vector<std::string>>* keys);
 
 // The function tables, copied out of the plugin (see LoadedPlugin::transport()).
 struct Tables {
@@ -61,7 +67,10 @@ inline constexpr std::size_t kModelRequiredSize = FERRY_STRUCT_SIZE(ferry_model_
 
 // Runs the whole load for one file whose name was already parsed and whose safety was checked:
 // map, negotiate with the host's table, vet, and (transports) query caps. nullptr with `*why`.
+// `stage`, when set, is called before each step that runs plugin code ("loading" runs its
+// constructors, then "ferry_plugin_negotiate", then "get_caps"): the vetting child reports it.
 std::shared_ptr<LoadedPlugin> load_vetted(const std::filesystem::path& path,
-                                          const PluginFileName& expected, std::string* why);
+                                          const PluginFileName& expected, std::string* why,
+                                          const std::function<void(const char*)>& stage = {});
 
 }  // namespace ferry::registry

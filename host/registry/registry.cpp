@@ -15,6 +15,7 @@
 #include "ferry_build_config.h"
 #include "registry/loader.hpp"
 #include "registry/plugin_file.hpp"
+#include "registry/vetting.hpp"
 
 namespace ferry::registry {
 namespace {
@@ -43,6 +44,24 @@ std::string join_paths(const std::vector<fs::path>& paths) {
   std::string text;
   for (const auto& p : paths) text += (text.empty() ? "" : ", ") + p.string();
   return text.empty() ? "(no folders)" : text;
+}
+
+// Vets, in parallel child processes, the file the scan will load first for each kind and name
+// (the first one with a good name that passes the safety checks), so the scan that follows finds
+// their verdicts cached. Files after it are vetted only if the scan gets to them.
+void prefetch_vetting(const std::vector<std::pair<fs::path, std::vector<fs::path>>>& listed) {
+  std::vector<VetRequest> first;
+  std::set<std::pair<int, std::string>> named;
+  for (const auto& [dir, candidates] : listed) {
+    for (const auto& path : candidates) {
+      auto declared = parse_plugin_file_name(path.filename().string(), nullptr);
+      if (!declared || named.count({declared->kind, declared->name}) != 0) continue;
+      if (unsafe_file_reason(path)) continue;
+      named.insert({declared->kind, declared->name});
+      first.push_back({path, *declared});
+    }
+  }
+  vet_in_children(first);
 }
 
 }  // namespace
@@ -97,6 +116,7 @@ Registry::Registry(std::vector<fs::path> search_dirs) {
     search_dirs_.push_back(dir);
   }
 
+  std::vector<std::pair<fs::path, std::vector<fs::path>>> listed;  // candidates per folder
   for (const auto& dir : search_dirs_) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
@@ -112,7 +132,11 @@ Registry::Registry(std::vector<fs::path> search_dirs) {
       continue;
     }
     std::sort(candidates.begin(), candidates.end());
+    listed.emplace_back(dir, std::move(candidates));
+  }
+  prefetch_vetting(listed);
 
+  for (const auto& [dir, candidates] : listed) {
     for (const auto& path : candidates) {
       auto refuse = [&](std::string reason) {
         Refusal refusal{path, std::move(reason)};
@@ -131,6 +155,10 @@ Registry::Registry(std::vector<fs::path> search_dirs) {
       }
       if (auto unsafe = unsafe_file_reason(path)) {
         refuse(*unsafe);
+        continue;
+      }
+      if (auto in_child = vet_in_children({{path, *declared}}).front()) {
+        refuse(*in_child);
         continue;
       }
       auto plugin = load_vetted(path, *declared, &why);
@@ -156,6 +184,9 @@ std::shared_ptr<LoadedPlugin> Registry::load_file(const fs::path& path) {
   if (!declared) fail(FERRY_STATUS_INCOMPATIBLE, "{}: {}", path.string(), why);
   if (auto unsafe = unsafe_file_reason(path)) {
     fail(FERRY_STATUS_INCOMPATIBLE, "{}: {}", path.string(), *unsafe);
+  }
+  if (auto in_child = vet_in_children({{path, *declared}}).front()) {
+    fail(FERRY_STATUS_INCOMPATIBLE, "{}: {}", path.string(), *in_child);
   }
   auto plugin = load_vetted(path, *declared, &why);
   if (!plugin) fail(FERRY_STATUS_INCOMPATIBLE, "{}: {}", path.string(), why);

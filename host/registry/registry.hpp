@@ -33,6 +33,9 @@ struct PluginInfo {
   std::uint32_t abi_minor = 0;
   std::string version;
   std::optional<ferry_transport_caps_t> transport_caps;  // transports only
+  // The option keys its create accepts (plugin ABI 1.3, negotiation option_keys); nullopt when
+  // the plugin did not declare them.
+  std::optional<std::vector<std::string>> option_keys;
 };
 
 struct Refusal {

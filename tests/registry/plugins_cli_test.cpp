@@ -106,6 +106,31 @@ TEST_F(PluginsCommand, TableShowsCapabilityWordsAndRefusedLines) {
                                  ": implements plugin ABI 2."));
 }
 
+// Plugins that abort, crash or hang while loading are listed as refused with what happened; the
+// command itself goes on (before they were vetted in a child process, it died or never returned).
+TEST_F(PluginsCommand, CrashingAndHangingPluginsAreNamedAndTheListGoesOn) {
+  ferry::testing::copy_plugin(ferry::testing::broken("ctorabort"), dir_);
+  ferry::testing::copy_plugin(ferry::testing::broken("negsegv"), dir_);
+  ferry::testing::copy_plugin(ferry::testing::broken("negspin", "model"), dir_);
+  const CommandRun run = run_ferry("--plugin-dir '" + dir_.string() + "' plugins --json");
+  ASSERT_EQ(run.status, 0) << run.out;
+  const auto doc = nlohmann::json::parse(run.out);
+  std::map<std::string, std::string> reasons;
+  for (const auto& refusal : doc["refused"]) {
+    reasons[std::filesystem::path(refusal["path"].get<std::string>()).filename().string()] =
+        refusal["reason"].get<std::string>();
+  }
+  EXPECT_THAT(reasons["libferry_transport_ctorabort.so"],
+              HasSubstr("crashed with SIGABRT (Aborted) while being loaded"));
+  EXPECT_THAT(reasons["libferry_transport_negsegv.so"],
+              HasSubstr("crashed with SIGSEGV (Segmentation fault) in ferry_plugin_negotiate"));
+  EXPECT_THAT(reasons["libferry_model_negspin.so"],
+              HasSubstr("did not return within 4 s in ferry_plugin_negotiate"));
+  bool mock_listed = false;
+  for (const auto& plugin : doc["plugins"]) mock_listed = mock_listed || plugin["name"] == "mock";
+  EXPECT_TRUE(mock_listed) << run.out;
+}
+
 TEST(VersionCommand, PrintsVersionAbiAndFeatures) {
   const CommandRun run = run_ferry("version");
   ASSERT_EQ(run.status, 0) << run.out;
