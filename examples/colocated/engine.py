@@ -46,9 +46,12 @@ class Engine:
             if self.kv_cache is None:
                 return 409, {"success": False, "message": "the KV cache is already released"}
             self.kv_cache = None
+            answer = {"success": True, "message": f"released {self.kv_bytes} bytes"}
             if self.device.type == "cuda":
+                before = self.torch.cuda.memory_reserved(self.device)
                 self.torch.cuda.empty_cache()  # back to the driver: the trainer can have it
-            return 200, {"success": True, "message": f"released {self.kv_bytes} bytes"}
+                answer["freed_bytes"] = before - self.torch.cuda.memory_reserved(self.device)
+            return 200, answer
 
     def resume(self):
         with self.lock:

@@ -51,7 +51,10 @@ def main():
 
     with ferry.Sender([args.engine], transport=args.transport) as sender:
         for step in range(1, args.steps + 1):
-            engine_call(control_url, "/release_memory_occupation")  # the GPU is the trainer's
+            released = engine_call(control_url, "/release_memory_occupation")
+            if step == 1 and "freed_bytes" in released:  # GPU memory the trainer can now use
+                print(f"the engine gave back {released['freed_bytes'] / 2**20:.0f} MiB of GPU "
+                      "memory for training", flush=True)
             loss = ex.train_step(torch, model, optimizer, step)
             label = f"step-{step}"
             t0 = time.perf_counter()

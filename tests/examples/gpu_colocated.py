@@ -31,6 +31,9 @@ def check(workdir):
         assert result.stdout.count("committed via cuda_ipc (direct into its parameters)") \
             == STEPS, ex.explain(result)
         assert "warning" not in result.stdout, ex.explain(result)
+        # The KV cache (256 MiB by default) went back to the driver while the trainer trained.
+        freed = [line for line in result.stdout.splitlines() if "gave back" in line]
+        assert freed and int(freed[0].split()[4]) >= 256, ex.explain(result)
     finally:
         code = engine.stop()
     assert code == 0, engine.output()
