@@ -208,6 +208,11 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
       string_array_key("plugin_dirs", [](Config& c) -> auto& { return c.plugin_dirs; }),
       string_key("log_level", [](Config& c) -> auto& { return c.log_level; }, log_level_name),
+      choice_key("progress", +[](Config& c) -> ProgressMode& { return c.progress; },
+                 kProgressModes),
+      integer_key<std::uint64_t>("progress_interval_ms",
+                                 [](Config& c) -> auto& { return c.progress_interval_ms; }, 100,
+                                 kMaxTimeoutMs),
 
       string_key("receiver.host", [](Config& c) -> auto& { return c.receiver.host; }, non_empty),
       integer_key<std::uint16_t>("receiver.port",

@@ -5,6 +5,8 @@
 
 #include <ferry/plugin.h>
 
+#include "common/progress.hpp"
+
 #include <cstdint>
 #include <map>
 #include <span>
@@ -102,6 +104,10 @@ using PluginOptions = std::map<std::string, std::string>;
 struct Config {
   std::vector<std::string> plugin_dirs;  // searched before the environment and install dir
   std::string log_level = "info";        // trace, debug, info, warn, error, off
+  // Progress of long pushes and loads (common/progress.hpp): auto, terminal, lines, never; the
+  // lines (not on a terminal) this far apart.
+  ProgressMode progress = ProgressMode::automatic;
+  std::uint64_t progress_interval_ms = 5000;
   ReceiverConfig receiver;
   UpdateConfig update;
   MemoryConfig memory;

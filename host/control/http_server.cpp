@@ -3,14 +3,16 @@
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
-#include <httplib.h>
 
+#include <cmath>
+#include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
-#include <atomic>
-#include <chrono>
-#include <thread>
+#include <set>
+#include <type_traits>
 
 #include "common/log.hpp"
+#include "control/http_listener.hpp"
 #include "receiver/receiver.hpp"
 #include "receiver/receiver_ckpt.hpp"
 #include "receiver/receiver_nccl.hpp"
@@ -38,34 +40,51 @@ const std::vector<Route> kRoutes = {
     {"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)"},
 };
 
+// Routes answered on the I/O thread: they read state that no update holds (receiver.hpp:
+// health(), version(), metrics_text(), layout() never block), so they answer while any number of
+// updates or slow clients wait. Every other route runs on a worker thread: mutating ones on the
+// changes' pool, reads that wait for the update lock (weights, fingerprints) on the readers'.
+const std::set<std::string> kNeverBlocking = {"/health", "/metrics", "/get_weight_version",
+                                              "/get_model_info", "/ferry/session"};
+
 int http_status(ferry_status_code_t code) {
   switch (code) {
     case FERRY_STATUS_INVALID_ARGUMENT:
     case FERRY_STATUS_CORRUPT_DATA:
     case FERRY_STATUS_INCOMPATIBLE: return 400;
     case FERRY_STATUS_NOT_FOUND: return 404;
-    case FERRY_STATUS_FAILED_PRECONDITION: return 409;
+    case FERRY_STATUS_FAILED_PRECONDITION:
+    case FERRY_STATUS_ABORTED: return 409;
     case FERRY_STATUS_UNIMPLEMENTED: return 501;
+    case FERRY_STATUS_PEER_FAILED: return 502;
     case FERRY_STATUS_TIMEOUT: return 504;
     case FERRY_STATUS_OUT_OF_MEMORY: return 507;
-    case FERRY_STATUS_PEER_FAILED: return 502;
-    case FERRY_STATUS_ABORTED: return 409;
-    default: return 500;
+    case FERRY_STATUS_OK:
+    case FERRY_STATUS_IO:
+    case FERRY_STATUS_INTERNAL:
+    case FERRY_STATUS_END_OF_STREAM: return 500;
   }
+  return 500;
 }
 
-void reply(httplib::Response& res, int status, const json& body) {
+HttpResponse reply(int status, const json& body) {
+  HttpResponse res;
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.body = body.dump();
+  return res;
 }
 
-void reply_error(httplib::Response& res, ferry_status_code_t code, const std::string& message) {
-  reply(res, http_status(code),
-        json{{"success", false}, {"message", message}, {"code", status_name(code)}});
+// Every error answer, whatever produced it: {"success": false, "message", "code"}.
+HttpResponse error_reply(int status, const std::string& code, const std::string& message) {
+  return reply(status, json{{"success", false}, {"message", message}, {"code", code}});
+}
+
+HttpResponse reply_error(ferry_status_code_t code, const std::string& message) {
+  return error_reply(http_status(code), status_name(code), message);
 }
 
 // Parses the request body as a JSON object; an empty body is an empty object.
-json parse_body(const httplib::Request& req) {
+json parse_body(const HttpRequest& req) {
   if (req.body.empty()) return json::object();
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) fail(FERRY_STATUS_INVALID_ARGUMENT, "request body is not valid JSON");
@@ -77,6 +96,18 @@ template <typename T>
 T field(const json& body, const char* key, T fallback) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return fallback;
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann converts 3.7 to 3 silently: an integer field takes integers only.
+    if (!it->is_number_integer()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer (got {} {})", key,
+           it->type_name(), it->dump());
+    }
+    const bool fits = it->is_number_unsigned()
+                          ? it->get<std::uint64_t>() <=
+                                static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+                          : std::is_signed_v<T> || it->get<std::int64_t>() >= 0;
+    if (!fits) fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is out of range ({})", key, it->dump());
+  }
   try {
     return it->get<T>();
   } catch (const json::exception&) {
@@ -136,41 +167,78 @@ const std::vector<Route>& routes() { return kRoutes; }
 struct ControlServer::Impl {
   receiver::Receiver& receiver;
   ServerOptions options;
-  httplib::Server server;
-  std::thread thread;
-  int bound_port = -1;
-  std::atomic<bool> listen_returned{false};
   receiver::WeightUpdateGroups groups{receiver};  // NCCL groups (receiver/receiver_nccl.hpp)
+  std::map<std::string, std::pair<const Route*, HttpHandler>> handlers;  // by path
+  HttpListener listener;
+  int bound_port = -1;
 
-  Impl(receiver::Receiver& r, ServerOptions o) : receiver(r), options(std::move(o)) {}
+  Impl(receiver::Receiver& r, ServerOptions o)
+      : receiver(r),
+        options(std::move(o)),
+        listener(HttpLimits{}, [this](const HttpRequest& head) { return route(head); },
+                 [](int status, ferry_status_code_t code, const std::string& message) {
+                   return error_reply(status, status_name(code), message);
+                 }) {}
 
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  using Handler = HttpHandler;
 
-  // Wraps a handler with authentication and error translation.
+  // Decides from the request's head alone, before any body byte is read: the route, its
+  // method, the token.
+  Dispatch route(const HttpRequest& head) {
+    Dispatch d;
+    auto it = handlers.find(head.path);
+    if (it == handlers.end()) {
+      d.answer = error_reply(404, status_name(FERRY_STATUS_NOT_FOUND),
+                             "no route " + head.method + " " + head.path);
+      return d;
+    }
+    const Route& r = *it->second.first;
+    if (head.method != r.method) {
+      d.answer = error_reply(405, status_name(FERRY_STATUS_INVALID_ARGUMENT),
+                             fmt::format("{} takes {}, not {}", r.path, r.method, head.method));
+      d.answer->headers.emplace_back("Allow", r.method);
+      return d;
+    }
+    if (r.mutating && !options.token.empty() && !token_matches(head.authorization, options.token)) {
+      d.answer = error_reply(401, "UNAUTHENTICATED",
+                             "this route needs 'Authorization: Bearer <token>'");
+      d.answer->headers.emplace_back("WWW-Authenticate", "Bearer");
+      return d;
+    }
+    d.handler = it->second.second;
+    d.thread = kNeverBlocking.count(r.path) != 0 ? Dispatch::Thread::io
+               : r.mutating                          ? Dispatch::Thread::changes
+                                                     : Dispatch::Thread::reads;
+    return d;
+  }
+
+  // Wraps a handler with error translation: a request's own mistakes are 4xx, never 500.
   Handler wrap(const Route& route, Handler body) {
-    return [this, &route, body](const httplib::Request& req, httplib::Response& res) {
-      if (route.mutating && !options.token.empty() &&
-          !token_matches(req.get_header_value("Authorization"), options.token)) {
-        res.set_header("WWW-Authenticate", "Bearer");
-        reply(res, 401, json{{"success", false},
-                             {"message", "this route needs 'Authorization: Bearer <token>'"}});
-        return;
-      }
+    return [&route, body](const HttpRequest& req) {
       try {
-        body(req, res);
+        return body(req);
       } catch (const Error& e) {
         logger("control")->warn("{} {}: {}", route.method, route.path, e.what());
-        reply_error(res, e.code(), e.what());
+        return reply_error(e.code(), e.what());
+      } catch (const json::exception& e) {
+        // A field of the request read as the wrong JSON type by a parser.
+        logger("control")->warn("{} {}: {}", route.method, route.path, e.what());
+        return reply_error(FERRY_STATUS_INVALID_ARGUMENT,
+                           fmt::format("request body: {}", e.what()));
+      } catch (const std::bad_alloc&) {
+        logger("control")->error("{} {}: out of memory", route.method, route.path);
+        return reply_error(FERRY_STATUS_OUT_OF_MEMORY,
+                           fmt::format("{}: out of memory", route.path));
       } catch (const std::exception& e) {
         logger("control")->error("{} {}: {}", route.method, route.path, e.what());
-        reply_error(res, FERRY_STATUS_INTERNAL, e.what());
+        return reply_error(FERRY_STATUS_INTERNAL, e.what());
       }
     };
   }
 
   Handler handler_for(const std::string& path) {
     if (path == "/update_weights_from_disk") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         json body = parse_body(req);
         auto report = receiver.update_from_disk(required_string(body, "model_path"),
                                                 optional_label(body, "weight_version"));
@@ -178,39 +246,39 @@ struct ControlServer::Impl {
         out["success"] = true;
         out["message"] = "updated from disk";
         out["num_paused_requests"] = 0;
-        reply(res, 200, out);
+        return reply(200, out);
       };
     }
     if (path == "/get_weights_by_name") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         json body = parse_body(req);
         const auto truncate = field<long long>(body, "truncate_size", 100);
         if (truncate < 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "truncate_size must be >= 0");
         auto w = receiver.weights_by_name(required_string(body, "name"),
                                           static_cast<std::size_t>(truncate));
-        reply(res, 200, json{{"name", w.name}, {"dtype", dtype_name(w.dtype)},
+        return reply(200, json{{"name", w.name}, {"dtype", dtype_name(w.dtype)},
                              {"shape", w.shape}, {"values", w.values}});
       };
     }
     if (path == "/update_weight_version") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         json body = parse_body(req);
         auto label = optional_label(body, "new_version");
         if (!label) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'new_version' is required");
         receiver.set_version_label(*label);
-        reply(res, 200, json{{"success", true}, {"message", "weight version updated"},
+        return reply(200, json{{"success", true}, {"message", "weight version updated"},
                              {"new_version", *label}});
       };
     }
     if (path == "/get_weight_version") {
-      return [this](const httplib::Request&, httplib::Response& res) {
+      return [this](const HttpRequest&) {
         auto v = receiver.version();
-        reply(res, 200, json{{"weight_version", v.label}, {"version", v.number}});
+        return reply(200, json{{"weight_version", v.label}, {"version", v.number}});
       };
     }
     if (path == "/release_memory_occupation" || path == "/resume_memory_occupation") {
       const bool release = path == "/release_memory_occupation";
-      return [this, release](const httplib::Request& req, httplib::Response& res) {
+      return [this, release](const HttpRequest& req) {
         json body = parse_body(req);
         auto tags = tags_field(body);
         if (release) {
@@ -223,108 +291,98 @@ struct ControlServer::Impl {
           state.push_back(json{{"tag", t.tag}, {"bytes", t.bytes}, {"released", t.released},
                                {"policy", t.policy}, {"contents_valid", t.contents_valid}});
         }
-        reply(res, 200, json{{"success", true},
+        return reply(200, json{{"success", true},
                              {"message", release ? "memory released" : "memory resumed"},
                              {"memory", state}});
       };
     }
     if (path == "/get_model_info") {
-      return [this](const httplib::Request&, httplib::Response& res) {
+      return [this](const HttpRequest&) {
         auto v = receiver.version();
         const std::uint64_t count = receiver.layout().size();
-        reply(res, 200, json{{"weight_version", v.label}, {"num_parameters", count}});
+        return reply(200, json{{"weight_version", v.label}, {"num_parameters", count}});
       };
     }
     if (path == "/get_fingerprints") {
-      return [this](const httplib::Request&, httplib::Response& res) {
+      return [this](const HttpRequest&) {
         json prints = json::object();
         for (const auto& [name, value] : receiver.fingerprints()) {
           prints[name] = fmt::format("{:016x}", value);
         }
-        reply(res, 200, json{{"algorithm", "xxh64-chunked-v1"},
+        return reply(200, json{{"algorithm", "xxh64-chunked-v1"},
                              {"weight_version", receiver.version().label},
                              {"fingerprints", prints}});
       };
     }
     if (path == "/health") {
-      return [this](const httplib::Request&, httplib::Response& res) {
+      return [this](const HttpRequest&) {
         auto h = receiver.health();
-        reply(res, h.ready ? 200 : 503,
+        return reply(h.ready ? 200 : 503,
               json{{"ready", h.ready}, {"state", h.state}, {"reason", h.reason}});
       };
     }
     if (path == "/init_weights_update_group") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         auto init = receiver::parse_group_init(parse_body(req));
         groups.init(init);
-        reply(res, 200, json{{"success", true},
+        return reply(200, json{{"success", true},
                              {"message", fmt::format("joined weight-update group '{}'",
                                                      init.group_name)}});
       };
     }
     if (path == "/update_weights_from_distributed") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         auto report = groups.update(receiver::parse_distributed_update(parse_body(req)));
         json out = report_json(report);
         out["success"] = true;
         out["message"] = "updated by broadcast";
-        reply(res, 200, out);
+        return reply(200, out);
       };
     }
     if (path == "/update_weights_from_ipc") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         auto report = receiver::update_weights_from_ipc(
             receiver, receiver::parse_ipc_update(parse_body(req)));
         json out = report_json(report);
         out["success"] = true;
         out["message"] = "updated from checkpoint-engine";
-        reply(res, 200, out);
+        return reply(200, out);
       };
     }
     if (path == "/destroy_weights_update_group") {
-      return [this](const httplib::Request& req, httplib::Response& res) {
+      return [this](const HttpRequest& req) {
         const json body = parse_body(req);
         const std::string name = receiver::parse_group_name(body);
         const std::string how = groups.destroy(name, receiver::parse_destroy_timeout(body));
-        reply(res, 200, json{{"success", true},
+        return reply(200, json{{"success", true},
                              {"teardown", how},
                              {"message", fmt::format("destroyed weight-update group '{}' ({})",
                                                      name, how)}});
       };
     }
     if (path == "/metrics") {
-      return [this](const httplib::Request&, httplib::Response& res) {
-        res.status = 200;
-        res.set_content(receiver.metrics_text(), "text/plain; version=0.0.4");
+      return [this](const HttpRequest&) {
+        HttpResponse res;
+        res.content_type = "text/plain; version=0.0.4";
+        res.body = receiver.metrics_text();
+        return res;
       };
     }
     if (path == "/ferry/session") {
-      return [this](const httplib::Request&, httplib::Response& res) {
+      return [this](const HttpRequest&) {
         if (!options.session_info) {
           fail(FERRY_STATUS_NOT_FOUND, "this receiver runs no session listener");
         }
-        res.status = 200;
-        res.set_content(options.session_info(), "application/json");
+        HttpResponse res;
+        res.body = options.session_info();
+        return res;
       };
     }
     fail(FERRY_STATUS_INTERNAL, "route {} has no handler", path);
   }
 
   void install() {
-    for (const Route& route : kRoutes) {
-      Handler h = wrap(route, handler_for(route.path));
-      if (std::string(route.method) == "GET") {
-        server.Get(route.path, h);
-      } else {
-        server.Post(route.path, h);
-      }
-    }
-    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (res.status == 404 && res.body.empty()) {
-        reply(res, 404, json{{"success", false}, {"message", "no route " + req.method + " " + req.path}});
-      }
-    });
-    server.set_payload_max_length(16u << 20);
+    for (const Route& route : kRoutes) handlers[route.path] = {&route, wrap(route, handler_for(route.path))};
   }
 };
 
@@ -336,34 +394,13 @@ ControlServer::ControlServer(receiver::Receiver& receiver, ServerOptions options
 ControlServer::~ControlServer() { stop(); }
 
 void ControlServer::start() {
-  auto& s = impl_->server;
-  if (impl_->options.port == 0) {
-    impl_->bound_port = s.bind_to_any_port(impl_->options.host);
-  } else {
-    impl_->bound_port =
-        s.bind_to_port(impl_->options.host, impl_->options.port) ? impl_->options.port : -1;
-  }
-  if (impl_->bound_port < 0) {
-    fail(FERRY_STATUS_IO, "cannot listen on {}:{} (address in use or not local)",
-         impl_->options.host, impl_->options.port);
-  }
-  impl_->thread = std::thread([this] {
-    impl_->server.listen_after_bind();
-    impl_->listen_returned = true;
-  });
-  // httplib's stop() is a no-op until the listen loop runs: wait for it, so that a stop() right
-  // after start() (a failed initial load) cannot leave the thread listening forever.
-  while (!impl_->server.is_running() && !impl_->listen_returned) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  impl_->bound_port = impl_->listener.start(impl_->options.host, impl_->options.port);
   logger("control")->info("listening on http://{}:{}{}", impl_->options.host, impl_->bound_port,
                           impl_->options.token.empty() ? "" : " (token required for changes)");
 }
 
 void ControlServer::stop() {
-  if (!impl_) return;
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_) impl_->listener.stop();
 }
 
 int ControlServer::port() const { return impl_->bound_port; }

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "common/log.hpp"
+#include "common/progress.hpp"
 #include "config/config.hpp"
 #include "receiver/source_reader.hpp"
 #include "registry/registry.hpp"
@@ -46,6 +47,17 @@ update::MirrorRefreshMode mirror_refresh_mode(config::MirrorRefresh refresh) {
 namespace fs = std::filesystem;
 constexpr const char* kWeightsTag = "weights";
 constexpr std::uint64_t kStagingAlign = 256;
+
+// A long load from disk shows its progress as info lines of the log (config `progress`; never
+// drawn in place, this is a log): none for "never", nor for "terminal" off a terminal.
+ProgressMeter::Options load_progress(const config::Config& c) {
+  ProgressMeter::Options o;
+  o.style = progress_style(c.progress, stderr_is_terminal()) == ProgressStyle::none
+                ? ProgressStyle::none
+                : ProgressStyle::lines;
+  o.interval = std::chrono::milliseconds(c.progress_interval_ms);
+  return o;
+}
 
 store::Policy to_store_policy(config::ReleasePolicy p) {
   return p == config::ReleasePolicy::backup ? store::Policy::Backup : store::Policy::Discard;
@@ -415,6 +427,10 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
   const std::string version_label = label.value_or(std::to_string(number));
   s.wait_for_engine(number);
   s.engine->begin(number, version_label);
+  ProgressMeter progress(load_progress(s.config), [](const std::string& line, ProgressStyle, bool) {
+    logger("receiver")->info("{}", line);
+  });
+  progress.begin(fmt::format("update {} from disk", number), total);
 
   UpdateReport report;
   try {
@@ -439,6 +455,7 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
         report.bytes += current.bytes;
         report.tensors += decoded.tensors.size();
         report.buckets += 1;
+        progress.update(0, report.bytes);
       } catch (...) {
         next.wait();
         throw;
@@ -724,6 +741,10 @@ std::string Receiver::metrics_text() const {
            "seconds the last host mirror refresh took, start to last byte", m.mirror_refresh_seconds);
     metric("ferry_mirror_refresh_waits_total", "counter",
            "calls that waited for a running host mirror refresh", m.mirror_refresh_waits);
+    out += m.update_seconds.prometheus_text(
+        "ferry_update_seconds", "seconds of each committed update, from its begin to published");
+    out += m.update_bytes.prometheus_text("ferry_update_bytes",
+                                          "bytes applied by each committed update");
   }
   for (const auto& t : memory_state()) {
     const std::string labels = "tag=\"" + escape_label(t.tag) + "\"";

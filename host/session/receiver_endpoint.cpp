@@ -3,7 +3,10 @@
 #include "session/receiver_endpoint.hpp"
 
 #include <ferry/sdk/error.hpp>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <list>
@@ -27,6 +30,15 @@ std::atomic<unsigned> g_endpoint_counter{0};
 
 // How long a release waits for the senders of kept sessions to let go of the memory.
 constexpr std::chrono::seconds kClosingTimeout{5};
+
+// Session connections served at once, each on its own thread (kept sessions included); more are
+// refused with a Refusal naming the limit. Connections that send no Hello end after the
+// handshake deadline (ReceiverSessionSettings::hello_timeout), so idle ones free their place.
+constexpr std::size_t kMaxSessionConnections = 256;
+// A refused connection is half-closed and read until the sender closes it (at most this long),
+// so that closing it cannot reset the connection before the sender read the Refusal.
+constexpr std::chrono::milliseconds kRefusedDrain{1000};
+constexpr std::size_t kMaxDraining = 64;
 
 // A Unix socket path unique to this process and endpoint; empty when no folder fits.
 std::string unix_socket_path() {
@@ -61,6 +73,8 @@ struct ReceiverEndpoint::Impl {
   };
   std::mutex connections_mutex;
   std::list<Connection> connections;
+  // Refused connections being drained (accept thread only).
+  std::vector<std::pair<int, Clock::time_point>> draining;
 
   Impl(receiver::Receiver& r, const config::Config& c, const registry::Registry& reg)
       : receiver(r), config(c), registry(reg) {
@@ -86,6 +100,7 @@ struct ReceiverEndpoint::Impl {
   void serve(int fd, const std::string& peer) {
     std::lock_guard lock(connections_mutex);
     reap_finished_locked();
+    if (connections.size() >= kMaxSessionConnections) return refuse(fd, peer);
     auto& c = connections.emplace_back();
     c.channel = std::make_unique<Channel>(fd, "sender " + peer);
     Connection* conn = &c;
@@ -134,6 +149,47 @@ struct ReceiverEndpoint::Impl {
     }
   }
 
+  // Answers a connection over the limit with a Refusal (the sender reports it) and drains it.
+  void refuse(int fd, const std::string& peer) {
+    Channel channel(fd, "sender " + peer);
+    const std::string why = fmt::format(
+        "this receiver has {} session connections open, its limit; try again when one ends",
+        kMaxSessionConnections);
+    logger("session")->warn("sender {} refused: {}", peer, why);
+    try {
+      capnp::MallocMessageBuilder m;
+      auto refusal = m.initRoot<wire::Message>().initRefusal();
+      refusal.setCode(static_cast<std::uint32_t>(FERRY_STATUS_FAILED_PRECONDITION));
+      refusal.setMessage(why);
+      channel.send(m, deadline_in(std::chrono::milliseconds(100)), "refusal");
+    } catch (const Error& e) {
+      logger("session")->debug("sender {}: refusal not sent: {}", peer, e.what());
+      return;
+    }
+    if (draining.size() >= kMaxDraining) return;
+    const int kept = ::dup(channel.fd());
+    if (kept < 0) return;
+    ::shutdown(kept, SHUT_WR);
+    draining.emplace_back(kept, Clock::now() + kRefusedDrain);
+  }
+
+  // Reads and discards what refused senders still send; closes each at its end or deadline.
+  void drain_refused() {
+    for (auto it = draining.begin(); it != draining.end();) {
+      char discard[4096];
+      ssize_t n = 0;
+      while ((n = ::recv(it->first, discard, sizeof discard, MSG_DONTWAIT)) > 0) {
+      }
+      const bool open = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      if (!open || Clock::now() >= it->second) {
+        ::close(it->first);
+        it = draining.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   void accept_loop() {
     const std::array<const Listener*, 2> listeners = {&tcp, &unix_socket};
     while (!stopping.load()) {
@@ -142,6 +198,7 @@ struct ReceiverEndpoint::Impl {
       const int fd = accept_connection(listeners, std::chrono::milliseconds(100), peer);
       if (fd >= 0 && !stopping.load()) serve(fd, peer);
       if (fd >= 0 && stopping.load()) ::close(fd);
+      drain_refused();
       if (fd < 0) {
         // Finished sessions are joined within one poll timeout, not only when the next sender
         // connects: a finished, unjoined thread keeps its stack mapped.
@@ -229,6 +286,8 @@ void ReceiverEndpoint::stop() {
   }
   i.stopping = true;
   if (i.accept_thread.joinable()) i.accept_thread.join();
+  for (const auto& [fd, deadline] : i.draining) ::close(fd);
+  i.draining.clear();
   {
     std::lock_guard lock(i.connections_mutex);
     for (auto& c : i.connections) c.channel->shutdown();

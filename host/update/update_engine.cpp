@@ -213,6 +213,8 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
   writer_fingerprints_ = false;
   active_version_ = version;
   active_label_ = std::move(label);
+  begun_at_ = std::chrono::steady_clock::now();
+  bytes_at_begin_ = metrics_.bytes_applied;
   logger("update")->info("update {} begins ({} parameters)", version, targets_.size());
 }
 
@@ -812,6 +814,9 @@ void UpdateEngine::commit() {
   {
     std::lock_guard state(state_mutex_);
     metrics_.updates_committed += 1;
+    metrics_.update_seconds.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begun_at_).count());
+    metrics_.update_bytes.observe(static_cast<double>(metrics_.bytes_applied - bytes_at_begin_));
   }
   finish_locked();
   const auto ms = [](Clock::time_point a, Clock::time_point b) {

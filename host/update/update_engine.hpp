@@ -52,6 +52,7 @@
 #pragma once
 
 #include "store/weight_store.hpp"
+#include "update/histogram.hpp"
 #include "update/plan_cache.hpp"
 #include "update/plan_provider.hpp"
 #include "update/written_ranges.hpp"
@@ -59,6 +60,7 @@
 #include <ferry/kernels/cpu.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -115,6 +117,10 @@ struct UpdateMetrics {
   // its start to its last byte, and how many calls found one running and waited for it.
   double mirror_refresh_seconds = 0;
   std::uint64_t mirror_refresh_waits = 0;
+  // Of every committed update: seconds from begin() to the version published, and bytes
+  // applied (staged buckets and bytes written in place).
+  Histogram update_seconds = update_seconds_histogram();
+  Histogram update_bytes = update_bytes_histogram();
 };
 
 class UpdateEngine {
@@ -321,6 +327,9 @@ class UpdateEngine {
   std::vector<std::uint64_t> fingerprint_values_;
   std::vector<std::string> health_tags_;  // copy of layout_tags_ for health()
   UpdateMetrics metrics_;
+  // The active update's start and metrics_.bytes_applied then (its histogram entries).
+  std::chrono::steady_clock::time_point begun_at_{};
+  std::uint64_t bytes_at_begin_ = 0;
 };
 
 }  // namespace ferry::update

@@ -171,6 +171,13 @@ TEST_F(ControlApi, MissingOrMistypedFieldIs400NamingTheField) {
        "'truncate_size'"},
       {"/get_weights_by_name", json{{"name", "model.norm.weight"}, {"truncate_size", -1}},
        "truncate_size"},
+      // Integer fields take integers: 3.7 is not read as 3.
+      {"/get_weights_by_name", json{{"name", "model.norm.weight"}, {"truncate_size", 3.7}},
+       "'truncate_size' must be an integer"},
+      {"/get_weights_by_name", json{{"name", "model.norm.weight"}, {"truncate_size", 1e30}},
+       "'truncate_size' must be an integer"},
+      {"/get_weights_by_name", json{{"name", "model.norm.weight"}, {"truncate_size", true}},
+       "'truncate_size' must be an integer"},
       {"/update_weights_from_disk", json::object(), "'model_path'"},
       {"/update_weights_from_disk", json{{"model_path", ""}}, "'model_path'"},
       {"/update_weight_version", json::object(), "'new_version'"},

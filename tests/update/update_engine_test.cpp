@@ -140,6 +140,30 @@ TEST(UpdateEngine, FullUpdateCommitsExactDataAndPublishesTheVersion) {
   EXPECT_FALSE(r.engine->active());
 }
 
+// /metrics' histograms: each committed update is one observation of its seconds and of the bytes
+// it applied; an aborted one is none.
+TEST(UpdateEngine, HistogramsObserveEachCommittedUpdateOnly) {
+  Receiver r(Policy::Discard);
+  const auto w = random_weights(r.plans.layout(), 1);
+  r.push(w, 1);
+  const auto one = r.engine->metrics();
+  EXPECT_EQ(one.update_seconds.count(), 1u);
+  EXPECT_EQ(one.update_bytes.count(), 1u);
+  EXPECT_EQ(one.update_bytes.sum(), static_cast<double>(one.bytes_applied));
+  EXPECT_GT(one.update_seconds.sum(), 0);
+  r.engine->begin(2, "v2");
+  r.apply(r.bucket(w, 2, 0));
+  r.engine->abort("stopped by the test");
+  r.push(w, 3);
+  const auto m = r.engine->metrics();
+  EXPECT_EQ(m.updates_aborted, 1u);
+  EXPECT_EQ(m.update_seconds.count(), 2u);
+  EXPECT_EQ(m.update_bytes.count(), 2u);
+  // The aborted update's bucket counts in bytes_applied, not in the histogram.
+  EXPECT_EQ(m.update_bytes.sum(), 2 * one.update_bytes.sum());
+  EXPECT_GT(static_cast<double>(m.bytes_applied), m.update_bytes.sum());
+}
+
 TEST(UpdateEngine, CallsOutOfOrderAreRefused) {
   Receiver r(Policy::Discard);
   const auto w = random_weights(r.plans.layout(), 2);
