@@ -1,6 +1,7 @@
 // cli/cmd_push.cpp: `ferry push`: the trainer side from the command line: pushes a safetensors
 // checkpoint (or synthetic Qwen3-shaped weights) as one versioned update to one or many receivers
-// through the session protocol, and prints per-receiver results and throughput.
+// through the session protocol, and prints per-receiver results and throughput; progress on
+// standard error while it runs.
 #include <ferry/sdk/error.hpp>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -17,9 +18,11 @@
 
 #include "cli/command.hpp"
 #include "cli/context.hpp"
+#include "cli/token_option.hpp"
 #include "cli/demo_model.hpp"
 #include "common/log.hpp"
 #include "disk/safetensors.hpp"
+#include "session/push_progress.hpp"
 #include "session/sender.hpp"
 
 namespace ferry::cli {
@@ -40,10 +43,11 @@ struct PushOptions {
   std::optional<std::string> label;
   std::uint64_t bucket_mb = 256;
   std::optional<std::uint64_t> bucket_bytes;
-  std::optional<std::string> token;
   std::uint64_t connect_timeout_ms = 10000;
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
+  std::optional<std::string> progress;  // a ProgressMode name; default: the config's `progress`
+  bool no_progress = false;
 };
 
 // A read-only mapping of a whole file (the tensors are viewed in place).
@@ -89,10 +93,18 @@ std::string read_text(const fs::path& file) {
 // Test hooks of the fault tests (tests/session/): die or stall right after bucket k was handed
 // to the receivers, as a crashed or hung trainer would. Dying waits (up to 10 s) until every
 // receiver's session reached bucket k, so that each one has begun the update when the sender dies.
+// FERRY_PUSH_TEST_BUCKET_DELAY_MS makes every bucket take that much longer, as a slow link would
+// (the progress tests).
 std::function<void(const std::string&, std::uint32_t)> test_hook_from_environment(
     std::size_t receivers) {
   const char* exit_after = std::getenv("FERRY_PUSH_TEST_EXIT_AFTER_BUCKET");
   const char* stall_after = std::getenv("FERRY_PUSH_TEST_STALL_AFTER_BUCKET");
+  if (const char* delay = std::getenv("FERRY_PUSH_TEST_BUCKET_DELAY_MS")) {
+    const long ms = std::atol(delay);
+    return [ms](const std::string&, std::uint32_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+  }
   if (exit_after == nullptr && stall_after == nullptr) return {};
   const long exit_k = exit_after != nullptr ? std::atol(exit_after) : -1;
   const long stall_k = stall_after != nullptr ? std::atol(stall_after) : -1;
@@ -134,11 +146,17 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--label", o->label, "weight_version label (default: the number)");
   cmd->add_option("--bucket-mb", o->bucket_mb, "bucket size in MiB (default 256)");
   cmd->add_option("--bucket-bytes", o->bucket_bytes, "bucket size in bytes (overrides --bucket-mb)");
-  cmd->add_option("--token", o->token, "bearer token of the receivers' control APIs");
+  auto token = add_token_options(*cmd, "bearer token of the receivers' control APIs");
   cmd->add_option("--connect-timeout-ms", o->connect_timeout_ms, "discovery and handshake deadline");
   cmd->add_option("--bucket-timeout-ms", o->bucket_timeout_ms, "per-bucket deadline");
   cmd->add_option("--commit-timeout-ms", o->commit_timeout_ms, "commit deadline");
-  return [o, &globals] {
+  auto* progress = cmd->add_option(
+      "--progress", o->progress,
+      "progress on stderr: auto (in place on a terminal, else a line every progress_interval_ms), "
+      "terminal, lines or never (default: the config's progress, auto)");
+  cmd->add_flag("--no-progress", o->no_progress, "no progress (--progress never)")
+      ->excludes(progress);
+  return [o, token, &globals] {
     if (!o->model_path && !o->synthetic) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "give --model-path DIR or --synthetic");
     }
@@ -150,11 +168,23 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
     options.transport = o->transport;
     options.bucket_bytes = o->bucket_bytes.value_or(o->bucket_mb << 20);
     if (options.bucket_bytes == 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket size must be > 0");
-    options.token = o->token.value_or("");
+    options.token = resolve_token(*token).value_or(config.receiver.token);
     options.connect_timeout = std::chrono::milliseconds(o->connect_timeout_ms);
     options.bucket_timeout = std::chrono::milliseconds(o->bucket_timeout_ms);
     options.commit_timeout = std::chrono::milliseconds(o->commit_timeout_ms);
     options.after_bucket = test_hook_from_environment(options.receivers.size());
+    ProgressMode progress_mode = config.progress;
+    if (o->no_progress) progress_mode = ProgressMode::never;
+    if (o->progress) {
+      const auto mode = parse_progress_mode(*o->progress);
+      if (!mode) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "--progress '{}': must be one of auto, terminal, lines, never", *o->progress);
+      }
+      progress_mode = *mode;
+    }
+    options.progress = session::progress_display(
+        progress_mode, std::chrono::milliseconds(config.progress_interval_ms));
 
     std::vector<session::TensorView> tensors;
     safetensors::Checkpoint checkpoint;

@@ -13,13 +13,6 @@
 namespace ferry {
 namespace {
 
-constexpr std::pair<std::string_view, ProgressMode> kModes[] = {
-    {"auto", ProgressMode::automatic},
-    {"terminal", ProgressMode::terminal},
-    {"lines", ProgressMode::lines},
-    {"never", ProgressMode::never},
-};
-
 // The unit every size of a line is written in, chosen by the total (so that "done / total"
 // share one).
 struct Unit {
@@ -42,14 +35,14 @@ std::string duration_text(double seconds) {
 }  // namespace
 
 std::optional<ProgressMode> parse_progress_mode(std::string_view name) {
-  for (const auto& [text, mode] : kModes) {
+  for (const auto& [text, mode] : kProgressModes) {
     if (text == name) return mode;
   }
   return std::nullopt;
 }
 
 const char* progress_mode_name(ProgressMode mode) noexcept {
-  for (const auto& [text, m] : kModes) {
+  for (const auto& [text, m] : kProgressModes) {
     if (m == mode) return text.data();
   }
   return "auto";

@@ -8,6 +8,7 @@
 // concurrently with itself.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ferry {
@@ -26,6 +28,14 @@ enum class ProgressMode {
   lines,      // "lines": a line every interval, terminal or not
   never,      // "never"
 };
+
+// Every mode by its name.
+inline constexpr std::array<std::pair<std::string_view, ProgressMode>, 4> kProgressModes = {{
+    {"auto", ProgressMode::automatic},
+    {"terminal", ProgressMode::terminal},
+    {"lines", ProgressMode::lines},
+    {"never", ProgressMode::never},
+}};
 
 // The mode named `name` ("auto", "terminal", "lines", "never"), or nullopt.
 std::optional<ProgressMode> parse_progress_mode(std::string_view name);

@@ -178,6 +178,7 @@ struct PushPlan {
   std::vector<PlannedBucket> buckets;
   std::uint64_t capacity = 0;
   std::uint64_t total = 0;
+  std::uint64_t bucket_total = 0;  // the buckets' bytes (alignment padding included)
   bool cuda_tensors = false;  // every tensor is in CUDA memory
   int device = -1;            // the GPU of the first CUDA tensor; -1: none
   std::vector<std::uint64_t> sizes;  // bytes of each tensor of the push
@@ -1015,6 +1016,16 @@ struct Sender::Impl {
         results[index].buckets = result.buckets;
         results[index].bytes = result.bytes;
       }
+      if (options.progress) {
+        PushProgress p;
+        p.event = PushProgress::Event::bucket;
+        p.version = version;
+        p.receivers = options.receivers.size();
+        p.receiver = index;
+        p.bytes_done = result.bytes;
+        p.bytes_total = plan.bucket_total;
+        options.progress(p);
+      }
       announce_s += seconds_since(announce_start);
       if (options.after_bucket) options.after_bucket(address, k);
     };
@@ -1281,6 +1292,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     }
     plan.buckets.push_back(std::move(current));
   }
+  for (const auto& b : plan.buckets) plan.bucket_total += b.bytes;
   // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a
   // thread joined before `plan` goes (join_sealing, declared after it).
   double plan_s = 0;
@@ -1322,6 +1334,24 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   if (!plan.cuda_tensors) plan.seal();
 
   const double prepare_s = seconds_since(start);
+  // Progress: begin now, end however push() leaves from here on.
+  struct ProgressEnds {
+    const std::function<void(const PushProgress&)>& progress;
+    PushProgress last;
+    ~ProgressEnds() {
+      if (!progress) return;
+      last.event = PushProgress::Event::end;
+      try {
+        progress(last);
+      } catch (...) {
+        // A display that fails must not turn a push's outcome into an exception.
+      }
+    }
+  } progress_ends{i.options.progress, {}};
+  progress_ends.last.version = version;
+  progress_ends.last.receivers = i.options.receivers.size();
+  progress_ends.last.bytes_total = plan.bucket_total;
+  if (i.options.progress) i.options.progress(progress_ends.last);
   if (i.options.receivers.size() == 1) {
     i.run_receiver(0, tensors, plan, version, version_label,
                    same_catalog.empty() ? std::nullopt : same_catalog[0]);  // no thread to start
@@ -1352,6 +1382,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   }
   report.seconds = seconds_since(start);
   report.producer_wait_seconds = producer_wait_s;
+  progress_ends.last.all_committed = report.all_committed();
   logger("sender")->debug(
       "push of version {}: {} tensors, {} bytes: waiting for the producers ({}) {:.3f} ms, checks "
       "and buckets {:.3f} ms, fingerprints + manifests {:.3f} ms, total {:.3f} ms (sessions "

@@ -51,6 +51,20 @@ struct TensorView {
   int device = 0;  // CUDA device ordinal when memory_kind is a device kind
 };
 
+// How far a push has come, for a display (session/push_progress.hpp). `begin` once the buckets
+// are planned, `bucket` each time a receiver was handed one more bucket, `end` when push()
+// returns (also after a failure).
+struct PushProgress {
+  enum class Event { begin, bucket, end };
+  Event event = Event::begin;
+  std::uint64_t version = 0;
+  std::size_t receivers = 0;      // how many the push goes to
+  std::size_t receiver = 0;       // bucket: which (SenderOptions::receivers order)
+  std::uint64_t bytes_done = 0;   // bucket: that receiver's bucket bytes handed over so far
+  std::uint64_t bytes_total = 0;  // bucket bytes per receiver
+  bool all_committed = false;     // end: every receiver committed
+};
+
 struct SenderOptions {
   std::vector<std::string> receivers;  // "HOST:PORT" of each receiver's control API
   std::string transport = "auto";      // data transport plugin name; "auto" picks the best one
@@ -66,6 +80,10 @@ struct SenderOptions {
   // that receiver (data delivered, BucketReady sent). Used by the fault tests (`ferry push` sets
   // it from FERRY_PUSH_TEST_*). Must be thread-safe.
   std::function<void(const std::string& receiver, std::uint32_t bucket)> after_bucket;
+  // Progress (PushProgress), called on push()'s thread (begin, end) and on a receiver's session
+  // thread (bucket; receivers' threads may call it at the same time). Empty: none. Must be
+  // thread-safe and quick: it runs on the data path once per bucket.
+  std::function<void(const PushProgress&)> progress;
   // Threads for fingerprints and packing; 0: the hardware count.
   unsigned threads = 0;
   // Direct delivery through copies that fingerprint what they write: consecutive buckets are
