@@ -110,8 +110,14 @@ def main():
                 try:
                     sent, seconds = group.broadcast(state)
                 except ferry.Error as e:
-                    answers(receiving, urls, f"step {step}")  # names the engine that failed
-                    raise ex.ExampleError(f"step {step}: broadcast failed: {e}") from None
+                    try:  # the engines' answers name the rank that failed
+                        answers(receiving, urls, "the engines")
+                        theirs = ""
+                    except ex.ExampleError as engines_said:
+                        theirs = f"; {engines_said}"
+                    raise ex.ExampleError(f"step {step}: broadcast failed: {e}{theirs} "
+                                          "(every rank aborted: run again for a new group)") \
+                        from None
                 answers(receiving, urls, f"step {step}")
                 print(f"step {step}: loss {loss:.4f}, broadcast {sent / 1e6:.2f} MB in "
                       f"{seconds:.3f} s; every engine committed {label}", flush=True)
