@@ -1,9 +1,10 @@
 """tests/examples/gpu_colocated.py: the colocated example (docs/guides/colocated.md) on one GPU
 as its guide runs it: engine and trainer processes on cuda:0. A first one-step run forced
-through UCX commits and the trainer warns that GPU tensors did not go through CUDA IPC; then
-every step of a five-step run goes through CUDA IPC straight into the engine's parameters, the
-engine's values and greedy tokens match the trainer's, and the parameters the engine dumps as it
-stops equal the trainer's final weights bit for bit. Exits 77 (skipped) without a GPU."""
+inline (the session socket) commits, and the trainer warns that GPU tensors did not go through
+CUDA IPC; then every step of a five-step run goes through CUDA IPC straight into the engine's
+parameters, the engine gives back its KV cache's GPU memory while the trainer trains, its values
+and greedy tokens match the trainer's, and the parameters it dumps as it stops equal the
+trainer's final weights bit for bit. Exits 77 (skipped) without a GPU."""
 
 import examples_support as ex
 
@@ -19,10 +20,10 @@ def check(workdir):
     trainer = [TRAINER, "--engine", engine.address, "--engine-control",
                f"127.0.0.1:{engine.info['control_port']}", "--device", "cuda:0"]
     try:
-        other = ex.run(trainer + ["--steps", "1", "--transport", "ucx"], timeout=300)
+        other = ex.run(trainer + ["--steps", "1", "--transport", "inline"], timeout=300)
         print(other.stdout)
         assert other.returncode == 0, ex.explain(other) + engine.output()
-        assert "warning: GPU tensors went through ucx, not cuda_ipc" in other.stdout, \
+        assert "warning: GPU tensors went through inline, not cuda_ipc" in other.stdout, \
             ex.explain(other)
         result = ex.run(trainer + ["--steps", str(STEPS), "--save", str(workdir / "t.pt")],
                         timeout=300)
