@@ -75,6 +75,8 @@ struct ReceiverEndpoint::Impl {
   std::list<Connection> connections;
   // Refused connections being drained (accept thread only).
   std::vector<std::pair<int, Clock::time_point>> draining;
+  Clock::time_point last_refusal_log{};
+  std::size_t refused_since_log = 0;
 
   Impl(receiver::Receiver& r, const config::Config& c, const registry::Registry& reg)
       : receiver(r), config(c), registry(reg) {
@@ -155,7 +157,14 @@ struct ReceiverEndpoint::Impl {
     const std::string why = fmt::format(
         "this receiver has {} session connections open, its limit; try again when one ends",
         kMaxSessionConnections);
-    logger("session")->warn("sender {} refused: {}", peer, why);
+    // One line per burst, not per connection: a flood of connections would flood the log.
+    ++refused_since_log;
+    if (Clock::now() - last_refusal_log >= std::chrono::seconds(10)) {
+      logger("session")->warn("{} session connection(s) refused (the last from {}): {}",
+                              refused_since_log, peer, why);
+      last_refusal_log = Clock::now();
+      refused_since_log = 0;
+    }
     try {
       capnp::MallocMessageBuilder m;
       auto refusal = m.initRoot<wire::Message>().initRefusal();

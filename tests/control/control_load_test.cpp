@@ -4,12 +4,15 @@
 // ones leave /health answering and an update running; every error, the protocol's own included,
 // is a JSON object; the session port bounds its connections and refuses the rest with a message.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -229,6 +232,34 @@ TEST_F(ControlLoad, SessionPortRefusesConnectionsOverItsLimitWithAMessage) {
   }
   EXPECT_LE(proc_status_value(serve_->pid(), "Threads"), threads_before + 2);
   EXPECT_EQ(serve_->get("/health").status, 200);
+}
+
+// Every connection is a file: `ferry serve` started with a low soft limit raises it to the hard one.
+TEST(ControlFiles, ServeRaisesItsOpenFileLimitToTheHardLimit) {
+  rlimit own{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &own), 0);
+  if (own.rlim_max <= 512) GTEST_SKIP() << "the hard limit is too low to lower the soft one";
+  rlimit low = own;
+  low.rlim_cur = 512;  // inherited by the child
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::unique_ptr<ServeProcess> serve;
+  try {
+    serve = std::make_unique<ServeProcess>(ServeOptions{});
+  } catch (...) {
+    ::setrlimit(RLIMIT_NOFILE, &own);
+    throw;
+  }
+  ::setrlimit(RLIMIT_NOFILE, &own);
+  std::ifstream in("/proc/" + std::to_string(serve->pid()) + "/limits");
+  std::string soft, hard;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Max open files", 0) != 0) continue;
+    std::istringstream fields(line.substr(14));
+    fields >> soft >> hard;
+  }
+  ASSERT_FALSE(soft.empty()) << "no open-file limit in /proc/PID/limits";
+  EXPECT_EQ(soft, hard);
+  EXPECT_NE(soft, "512");
 }
 
 }  // namespace
