@@ -158,3 +158,9 @@ def network_address():
         if "inet" in words:
             return words[words.index("inet") + 1].split("/")[0]
     return None
+
+
+def assert_engine_holds(torch, saved, address):
+    """Every value the engine at `address` holds equals the trainer's weights saved in `saved`."""
+    wrong = differing_values(torch.load(saved), address)
+    assert wrong == [], f"the engine's weights differ from the trainer's: {wrong}"

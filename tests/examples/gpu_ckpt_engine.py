@@ -33,8 +33,7 @@ def check(workdir):
         assert result.returncode == 0, ex.explain(result) + engine.output()
         for step in range(1, STEPS + 1):
             assert f"the engine committed step-{step}" in result.stdout, ex.explain(result)
-        wrong = ex.differing_values(torch.load(workdir / "trainer.pt"), engine.address)
-        assert wrong == [], f"the engine's weights differ from the trainer's: {wrong}"
+        ex.assert_engine_holds(torch, workdir / "trainer.pt", engine.address)
     finally:
         engine.stop()
     # An engine without a checkpoint has no layout: the trainer says so before training.

@@ -34,8 +34,7 @@ def check(workdir):
         for step in range(1, STEPS + 1):
             assert f"every engine committed step-{step}" in result.stdout, ex.explain(result)
         assert "destroyed: finalized" in result.stdout, ex.explain(result)
-        wrong = ex.differing_values(torch.load(workdir / "trainer.pt"), engine.address)
-        assert wrong == [], f"the engine's weights differ from the trainer's: {wrong}"
+        ex.assert_engine_holds(torch, workdir / "trainer.pt", engine.address)
     finally:
         engine.stop()
 

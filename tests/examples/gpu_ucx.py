@@ -21,8 +21,7 @@ def check(workdir):
         print(result.stdout)
         assert result.returncode == 0, ex.explain(result) + engine.output()
         assert result.stdout.count("committed via ucx") == STEPS, ex.explain(result)
-        wrong = ex.differing_values(torch.load(workdir / "trainer.pt"), engine.address)
-        assert wrong == [], f"the engine's weights differ from the trainer's: {wrong}"
+        ex.assert_engine_holds(torch, workdir / "trainer.pt", engine.address)
     finally:
         engine.stop()
 
