@@ -1,7 +1,6 @@
 // capi/config_source.cpp: config and plugin registry for the C API handles (config_source.hpp).
 #include "capi/config_source.hpp"
 
-#include <cstdlib>
 
 #include <dlfcn.h>
 
@@ -11,6 +10,7 @@
 
 #include "capi/capi_boundary.hpp"
 #include "common/log.hpp"
+#include "config/plugin_sections.hpp"
 #include "ferry_capi_in_tree_plugins.h"
 
 namespace ferry::capi {
@@ -42,17 +42,20 @@ std::vector<std::filesystem::path> split_dirs(const std::string& joined) {
 }  // namespace
 
 config::Config load_config(const ferry_config_source_t* source, const char* function) {
-  // An embedding program has no --log-level: FERRY_LOG_LEVEL ("debug", "warn", ...) sets it.
-  if (const char* level = std::getenv("FERRY_LOG_LEVEL"); level != nullptr && level[0] != '\0') {
+  // An embedding program has no --log-level: FERRY_LOG_LEVEL ("debug", "warn", ...) sets it,
+  // over the config's file or text and under its overrides (docs/config.md, "The log level").
+  auto environment = [function](config::Config& config) {
     try {
-      set_log_level(level);
+      config::apply_environment(config);
     } catch (const Error& e) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: FERRY_LOG_LEVEL: {}", function, e.what());
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {}", function, e.what());
     }
-  }
+  };
   if (source == nullptr) {
     config::Config defaults;
+    environment(defaults);
     config::validate(defaults);
+    set_log_level(defaults.log_level);
     return defaults;
   }
   const ferry_config_source_t s =
@@ -72,6 +75,7 @@ config::Config load_config(const ferry_config_source_t* source, const char* func
   } else if (s.toml_text != nullptr) {
     config = config::parse(s.toml_text, "<toml_text>");
   }
+  environment(config);
   for (std::size_t i = 0; i < s.num_overrides; ++i) {
     if (s.overrides[i] == nullptr) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: config override {} is NULL", function, i);
@@ -100,6 +104,7 @@ std::unique_ptr<registry::Registry> make_registry(const config::Config& config) 
   for (const auto& refusal : registry->refused()) {
     logger("capi")->debug("plugin refused: {}", refusal.describe());
   }
+  config::check_plugin_sections(config, *registry);
   return registry;
 }
 

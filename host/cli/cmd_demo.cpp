@@ -501,7 +501,10 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--hidden-size", opts->hidden_size, "model hidden size (default: [demo] hidden_size)");
   cmd->add_option("--layers", opts->layers, "transformer layers (default: [demo] layers)");
   cmd->add_option("--vocab-size", opts->vocab_size, "vocabulary size (default: [demo] vocab_size)");
-  cmd->add_option("--transport", opts->transport, "auto, cuda_ipc, ucx, inline or disk (default: [demo] transport; auto: cuda_ipc with a GPU receiver, else ucx, when available)");
+  cmd->add_option("--transport", opts->transport,
+                  fmt::format("{} (default: [demo] transport; auto: cuda_ipc with a GPU receiver, "
+                              "else ucx, when available, else disk)",
+                              fmt::join(config::demo_transport_names(), ", ")));
   cmd->add_option("--device", opts->device, "receiver weights on cpu, cuda or cuda:N");
   cmd->add_option("--work-dir", opts->work_dir,
                   "cache and scratch folder (default: $XDG_CACHE_HOME or ~/.cache, /ferry/demo-<shape>)");

@@ -10,11 +10,13 @@
 
 namespace ferry::cli {
 
-// --config and --set applied in order, then validated.
+// --config, FERRY_LOG_LEVEL and --set applied in order, then validated; log_level is the one in
+// force (globals.log_level, which main() resolved).
 config::Config load_config(const GlobalOptions& globals);
 
 // --plugin-dir folders, then config plugin_dirs, then FERRY_PLUGIN_PATH, the install directory
-// and the in-tree build folders.
+// and the in-tree build folders. Every [transport.<name>] / [model.<name>] section of `config` is
+// checked against the plugins found (config/plugin_sections.hpp).
 std::unique_ptr<registry::Registry> make_registry(const GlobalOptions& globals,
                                                   const config::Config& config);
 

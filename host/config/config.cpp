@@ -3,12 +3,15 @@
 // place.
 #include "config/config.hpp"
 
+#include "config/suggest.hpp"
+
 #include <ferry/sdk/error.hpp>
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -59,6 +62,7 @@ struct Key {
   std::string_view path;
   Kind kind;
   Setter set;
+  std::vector<std::string_view> choices = {};  // the spellings a choice key takes, else empty
 };
 
 Rule wrong_type(std::string_view path, Kind kind, const toml::node& node) {
@@ -134,6 +138,8 @@ Key string_array_key(std::string_view path, std::vector<std::string>& (*field)(C
 template <typename E, std::size_t N>
 Key choice_key(std::string_view path, E& (*field)(Config&),
                std::array<std::pair<std::string_view, E>, N> choices) {
+  std::vector<std::string_view> names;
+  for (const auto& choice : choices) names.push_back(choice.first);
   return {path, Kind::string,
           [path, field, choices](Config& c, const toml::node& node) -> std::optional<Rule> {
             const auto* s = node.as_string();
@@ -148,7 +154,24 @@ Key choice_key(std::string_view path, E& (*field)(Config&),
               names += name;
             }
             return Rule{fmt::format("'{}' must be one of {}; got '{}'", path, names, s->get())};
-          }};
+          },
+          std::move(names)};
+}
+
+// A string key with a fixed set of spellings, kept as the string.
+Key string_choice_key(std::string_view path, std::string& (*field)(Config&),
+                      std::vector<std::string_view> choices) {
+  Key key = string_key(path, field, [choices](const std::string& s) -> std::optional<std::string> {
+    std::string names;
+    for (const auto& name : choices) {
+      if (s == name) return std::nullopt;
+      names += names.empty() ? "" : ", ";
+      names += name;
+    }
+    return "must be one of " + names;
+  });
+  key.choices = std::move(choices);
+  return key;
 }
 
 std::optional<std::string> non_empty(const std::string& s) {
@@ -278,8 +301,8 @@ const std::vector<Key>& keys() {
                                  1),
       integer_key<std::uint64_t>("demo.vocab_size",
                                  [](Config& c) -> auto& { return c.demo.vocab_size; }, 1),
-      string_key("demo.transport", [](Config& c) -> auto& { return c.demo.transport; },
-                 non_empty),
+      string_choice_key("demo.transport", [](Config& c) -> auto& { return c.demo.transport; },
+                        demo_transport_names()),
       string_key("demo.device", [](Config& c) -> auto& { return c.demo.device; }, device_name),
   };
   return table;
@@ -292,11 +315,51 @@ const Key* find_key(std::string_view path) {
   return nullptr;
 }
 
+constexpr std::array<std::string_view, 4> kSections = {"receiver", "update", "memory", "demo"};
+
 bool is_section(std::string_view name) {
-  return name == "receiver" || name == "update" || name == "memory" || name == "demo";
+  return std::find(kSections.begin(), kSections.end(), name) != kSections.end();
 }
 
 bool is_plugin_group(std::string_view name) { return name == "transport" || name == "model"; }
+
+// "unknown key 'receiver.prot'; did you mean 'receiver.port'?": the nearest known key by
+// spelling, else a key of the same name in another section ("receiver.bucket_bytes" ->
+// "update.bucket_bytes"), else the keys of the section it is in (or is).
+Rule unknown_key(std::string_view path) {
+  const auto leaf = [](std::string_view p) { return p.substr(p.rfind('.') + 1); };
+  const auto keys_of = [](std::string_view section) {
+    std::string list;
+    for (const Key& key : keys()) {
+      if (key.path.size() > section.size() && key.path.substr(0, section.size()) == section &&
+          key.path[section.size()] == '.') {
+        list += (list.empty() ? "" : ", ") + std::string(key.path.substr(section.size() + 1));
+      }
+    }
+    return list;
+  };
+  if (is_section(path)) {
+    return Rule{fmt::format("unknown key '{}' ([{}] is a section; its keys: {})", path, path,
+                            keys_of(path))};
+  }
+  std::vector<std::string> known;
+  for (const Key& key : keys()) known.emplace_back(key.path);
+  for (const auto section : kSections) known.emplace_back(section);
+  known.emplace_back("transport");
+  known.emplace_back("model");
+  std::optional<std::string> near = nearest(path, known);
+  for (std::size_t i = 0; !near && i < known.size(); ++i) {
+    if (known[i].find('.') != std::string::npos && leaf(known[i]) == leaf(path)) near = known[i];
+  }
+  if (near) return Rule{fmt::format("unknown key '{}'; did you mean '{}'?", path, *near)};
+  const auto dot = path.find('.');
+  const std::string_view section = dot == std::string_view::npos ? "" : path.substr(0, dot);
+  if (is_section(section)) {
+    return Rule{fmt::format("unknown key '{}' (the keys of [{}]: {})", path, section,
+                            keys_of(section))};
+  }
+  return Rule{fmt::format("unknown key '{}'", path)};
+}
 
 std::map<std::string, PluginOptions>& plugin_group(Config& c, std::string_view group) {
   return group == "transport" ? c.transports : c.models;
@@ -373,6 +436,7 @@ void parse_plugin_group(Config& c, std::string_view group, const toml::node& nod
               Rule{fmt::format("'{}' must be a table, got {}", section_path, type_name(section))});
     }
     PluginOptions& out = plugin_group(c, group)[name];
+    c.origins[section_path] = where(source, name_key.source());
     for (const auto& [option_key, value] : *options) {
       const std::string path = fmt::format("{}.{}", section_path, option_key.str());
       std::string text;
@@ -380,6 +444,7 @@ void parse_plugin_group(Config& c, std::string_view group, const toml::node& nod
         fail_at(where(source, value.source()), *broken);
       }
       out[std::string(option_key.str())] = std::move(text);
+      c.origins[path] = where(source, option_key.source());
     }
   }
 }
@@ -418,7 +483,7 @@ Config parse(std::string_view toml_text, std::string source_name) {
   auto set = [&](const std::string& path, const toml::key& key, const toml::node& node) {
     const Key* known = find_key(path);
     const std::string location = where(source_name, key.source());
-    if (known == nullptr) fail_at(location, Rule{fmt::format("unknown key '{}'", path)});
+    if (known == nullptr) fail_at(location, unknown_key(path));
     if (auto broken = known->set(config, node)) fail_at(location, *broken);
     locations[path] = location;
   };
@@ -488,11 +553,13 @@ void apply_override(Config& config, std::string_view key_eq_value) {
       if (option_string(path, *parsed->get("value"), text)) text = std::string(value);
     }
     plugin_group(config, group)[name][path.substr(second_dot + 1)] = std::move(text);
+    config.origins[path] = location;
+    config.origins.try_emplace(fmt::format("{}.{}", group, name), location);
     return;
   }
 
   const Key* key = find_key(path);
-  if (key == nullptr) fail_at(location, Rule{fmt::format("unknown key '{}'", path)});
+  if (key == nullptr) fail_at(location, unknown_key(path));
 
   std::optional<Rule> broken;
   const bool quoted = !value.empty() && (value.front() == '"' || value.front() == '\'');
@@ -514,11 +581,36 @@ void validate(const Config& config) {
   check_cross(config, [](std::string_view) { return std::string(); });
 }
 
+void apply_environment(Config& config) {
+  const char* level = std::getenv("FERRY_LOG_LEVEL");
+  if (level == nullptr || level[0] == '\0') return;
+  const Key* key = find_key("log_level");
+  if (auto broken = key->set(config, toml::value<std::string>(std::string(level)))) {
+    fail_at("FERRY_LOG_LEVEL", *broken);
+  }
+}
+
 Config load(const std::string& path, std::span<const std::string> overrides) {
   Config config = path.empty() ? Config{} : load_file(path);
+  apply_environment(config);
   for (const std::string& override_text : overrides) apply_override(config, override_text);
   validate(config);
   return config;
+}
+
+const std::vector<std::string_view>& demo_transport_names() {
+  static const std::vector<std::string_view> names = {"auto", "cuda_ipc", "ucx", "inline", "disk"};
+  return names;
+}
+
+std::vector<KeyInfo> known_keys() {
+  std::vector<KeyInfo> out;
+  for (const Key& key : keys()) {
+    KeyInfo info{std::string(key.path), kind_name(key.kind), {}};
+    for (const auto choice : key.choices) info.choices.emplace_back(choice);
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 const char* policy_name(ReleasePolicy policy) noexcept {

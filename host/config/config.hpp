@@ -93,7 +93,7 @@ struct DemoConfig {
   std::uint64_t hidden_size = 512;
   std::uint32_t layers = 8;
   std::uint64_t vocab_size = 8192;
-  std::string transport = "auto";
+  std::string transport = "auto";  // one of demo_transport_names()
   std::string device = "cpu";
 };
 
@@ -114,6 +114,9 @@ struct Config {
   DemoConfig demo;
   std::map<std::string, PluginOptions> transports;  // by plugin name
   std::map<std::string, PluginOptions> models;      // by plugin name
+  // Where each plugin section and option was given, for messages: "transport.ucx.tls" ->
+  // "receiver.toml:12" or "--set transport.ucx.tls=tcp".
+  std::map<std::string, std::string> origins;
 };
 
 // Parses TOML text. `source_name` prefixes error messages ("config.toml:12: unknown key
@@ -133,13 +136,32 @@ Config load_file(const std::string& path);
 // order of overrides does not matter. Throws ferry::Error INVALID_ARGUMENT naming the override.
 void apply_override(Config& config, std::string_view key_eq_value);
 
+// The environment's part: FERRY_LOG_LEVEL, when set and not empty, sets log_level (checked like
+// the key; the error names FERRY_LOG_LEVEL). load() applies it after the file and before the
+// overrides, so the precedence is: overrides (--set, the C API's), FERRY_LOG_LEVEL, the file.
+void apply_environment(Config& config);
+
 // Cross-key rules: receiver.tp_rank < tp_size, receiver.ep_rank < ep_size.
 // Throws ferry::Error INVALID_ARGUMENT.
 void validate(const Config& config);
 
-// The usual sequence: defaults or `path` (when not empty), then each override in order, then
-// validate().
+// The usual sequence: defaults or `path` (when not empty), then apply_environment(), then each
+// override in order, then validate().
 Config load(const std::string& path, std::span<const std::string> overrides);
+
+// What `ferry demo` can push through ([demo] transport, `ferry demo --transport`): "auto",
+// "cuda_ipc", "ucx", "inline", "disk". The config check and the demo's --help use this list;
+// tests/docs checks that docs/config.md names the same.
+const std::vector<std::string_view>& demo_transport_names();
+
+// Every key the config knows, with its type ("a string", "an integer", ...) and, for a key
+// with a fixed set of spellings, those spellings (tests/docs holds docs/config.md to this list).
+struct KeyInfo {
+  std::string path;
+  std::string kind;
+  std::vector<std::string> choices;
+};
+std::vector<KeyInfo> known_keys();
 
 const char* policy_name(ReleasePolicy policy) noexcept;  // "discard", "backup"
 const char* mirror_refresh_name(MirrorRefresh refresh) noexcept;  // "background", "commit"

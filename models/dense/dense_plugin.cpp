@@ -14,6 +14,8 @@ struct DenseFamily {
   using Tensor = ferry::dense::Tensor;
   static constexpr const char* kName = "dense";
   static constexpr const char* kVersion = FERRY_DENSE_VERSION;
+  // The option keys create accepts ([model.dense]; plugin ABI 1.3).
+  static constexpr const char* kOptions[] = {"dtype", nullptr};
 
   static std::unique_ptr<Model> create(const ferry_model_create_args_t& args) {
     constexpr const char* kWho = "dense model";

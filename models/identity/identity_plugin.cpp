@@ -158,6 +158,7 @@ struct IdentityFamily {
   using Tensor = Param;
   static constexpr const char* kName = "identity";
   static constexpr const char* kVersion = FERRY_IDENTITY_VERSION;
+  static constexpr const char* const* kOptions = ferry::sdk::kNoOptions;  // it takes none
 
   static std::unique_ptr<Model> create(const ferry_model_create_args_t& args) {
     if (args.struct_size >= FERRY_STRUCT_SIZE(ferry_model_create_args_t, tp_size) &&

@@ -14,6 +14,8 @@ struct LowbitFamily {
   using Tensor = ferry::lowbit::Tensor;
   static constexpr const char* kName = "lowbit";
   static constexpr const char* kVersion = FERRY_LOWBIT_VERSION;
+  // The option keys create accepts ([model.lowbit]; plugin ABI 1.3).
+  static constexpr const char* kOptions[] = {"scale_fmt", "unquantized", "dtype", nullptr};
 
   static std::unique_ptr<Model> create(const ferry_model_create_args_t& args) {
     constexpr const char* kWho = "lowbit model";

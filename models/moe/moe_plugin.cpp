@@ -14,6 +14,8 @@ struct MoeFamily {
   using Tensor = ferry::moe::Tensor;
   static constexpr const char* kName = "moe";
   static constexpr const char* kVersion = FERRY_MOE_VERSION;
+  // The option keys create accepts ([model.moe]; plugin ABI 1.3).
+  static constexpr const char* kOptions[] = {"dtype", nullptr};
 
   static std::unique_ptr<Model> create(const ferry_model_create_args_t& args) {
     constexpr const char* kWho = "moe model";

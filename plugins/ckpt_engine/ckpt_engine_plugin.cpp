@@ -239,8 +239,11 @@ const ferry_transport_api_t kApi = {
 
 }  // namespace
 
+// The option keys create accepts ([transport.ckpt_engine]; plugin ABI 1.3).
+constexpr const char* kOptionKeys[] = {"receive_timeout_s", "abort_grace_s", "release_before_finish", nullptr};
+
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, kName,
-                               FERRY_CKPT_ENGINE_VERSION, &kApi);
+                               FERRY_CKPT_ENGINE_VERSION, &kApi, kOptionKeys);
 }

@@ -270,10 +270,13 @@ static void pin_this_library() noexcept {
   }
 }
 
+// The option keys create accepts ([transport.cuda_ipc]; plugin ABI 1.3).
+constexpr const char* kOptionKeys[] = {"socket_dir", "copy_lanes", nullptr};
+
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
   static const bool pinned = (pin_this_library(), true);
   (void)pinned;
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, "cuda_ipc",
-                               FERRY_CUDA_IPC_VERSION, &kApi);
+                               FERRY_CUDA_IPC_VERSION, &kApi, kOptionKeys);
 }

@@ -237,8 +237,11 @@ const ferry_transport_api_t kApi = {
 
 }  // namespace
 
+// The option keys create accepts ([transport.disk]; plugin ABI 1.3).
+constexpr const char* kOptionKeys[] = {"read_threads", nullptr};
+
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, kName, FERRY_DISK_VERSION,
-                               &kApi);
+                               &kApi, kOptionKeys);
 }

@@ -417,5 +417,5 @@ const ferry_transport_api_t kApi = {
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, kName, FERRY_NCCL_VERSION,
-                               &kApi);
+                               &kApi, ferry::sdk::kNoOptions);  // it takes no options
 }

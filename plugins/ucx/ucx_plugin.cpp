@@ -224,8 +224,11 @@ const ferry_transport_api_t kApi = {
 
 }  // namespace
 
+// The option keys create accepts ([transport.ucx]; plugin ABI 1.3).
+constexpr const char* kOptionKeys[] = {"tls", "error_mode", "rma", "keepalive_interval", "spin_polls", nullptr};
+
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* negotiation) {
   return ferry::sdk::negotiate(negotiation, FERRY_PLUGIN_TRANSPORT, kName, FERRY_UCX_VERSION,
-                               &kApi);
+                               &kApi, kOptionKeys);
 }

@@ -211,17 +211,32 @@ TEST(ConfigFile, ErrorsNameThePathAsGiven) {
 
 TEST(ConfigErrors, UnknownKeyInSection) {
   EXPECT_EQ(parse_error("[receiver]\nport = 1\n\n\n\n\n\n\n\n\n\nprot = 8000\n"),
-            "config.toml:12: unknown key 'receiver.prot'");
+            "config.toml:12: unknown key 'receiver.prot'; did you mean 'receiver.port'?");
 }
 
 TEST(ConfigErrors, UnknownTopLevelKey) {
   EXPECT_EQ(parse_error("log_level = 'info'\nplugin_dir = ['/a']\n"),
-            "config.toml:2: unknown key 'plugin_dir'");
+            "config.toml:2: unknown key 'plugin_dir'; did you mean 'plugin_dirs'?");
 }
 
 TEST(ConfigErrors, UnknownSection) {
   EXPECT_EQ(parse_error("log_level = 'info'\n[recevier]\nport = 1\n"),
-            "config.toml:2: unknown key 'recevier'");
+            "config.toml:2: unknown key 'recevier'; did you mean 'receiver'?");
+}
+
+TEST(ConfigErrors, UnknownKeyNamesTheNearestKnownOne) {
+  // Same name in another section.
+  EXPECT_EQ(parse_error("[receiver]\nbucket_bytes = 1\n"),
+            "config.toml:2: unknown key 'receiver.bucket_bytes'; did you mean "
+            "'update.bucket_bytes'?");
+  EXPECT_EQ(parse_error("[update]\nverify_fingerprint = true\n"),
+            "config.toml:2: unknown key 'update.verify_fingerprint'; did you mean "
+            "'update.verify_fingerprints'?");
+  // Nothing near: the section's keys are listed.
+  EXPECT_EQ(parse_error("[demo]\nmodel = 'x'\n"),
+            "config.toml:2: unknown key 'demo.model' (the keys of [demo]: steps, hidden_size, "
+            "layers, vocab_size, transport, device)");
+  EXPECT_EQ(parse_error("whatever = 1\n"), "config.toml:1: unknown key 'whatever'");
 }
 
 TEST(ConfigErrors, WrongTypeNamesExpectedAndActual) {
@@ -387,8 +402,11 @@ TEST(ConfigOverride, ValueCannotSmuggleInAnotherKey) {
 TEST(ConfigOverride, UnknownKey) {
   fc::Config c;
   EXPECT_EQ(override_error(c, "receiver.prot=8000"),
-            "--set receiver.prot=8000: unknown key 'receiver.prot'");
-  EXPECT_EQ(override_error(c, "receiver=1"), "--set receiver=1: unknown key 'receiver'");
+            "--set receiver.prot=8000: unknown key 'receiver.prot'; did you mean "
+            "'receiver.port'?");
+  EXPECT_EQ(override_error(c, "memory=1"),
+            "--set memory=1: unknown key 'memory' ([memory] is a section; its keys: "
+            "weights_policy, staging_policy, mirror_path, mirror_refresh)");
   EXPECT_EQ(override_error(c, "transport.disk=1"),
             "--set transport.disk=1: unknown key 'transport.disk' (plugin options are "
             "transport.<name>.<key>)");
@@ -484,4 +502,65 @@ TEST(ConfigPlugins, OverridesAddOptions) {
   EXPECT_EQ(override_error(c, "transport.a/b.x=1"),
             "--set transport.a/b.x=1: 'transport.a/b': a plugin name must be letters, digits, "
             "'_' or '-'");
+}
+
+TEST(ConfigPlugins, OriginsNameWhereEachOptionWasGiven) {
+  fc::Config c = fc::parse("[transport.ucx]\n\ntls = 'tcp'\n", "a.toml");
+  fc::apply_override(c, "model.moe.dtype=bf16");
+  EXPECT_EQ(c.origins.at("transport.ucx"), "a.toml:1");
+  EXPECT_EQ(c.origins.at("transport.ucx.tls"), "a.toml:3");
+  EXPECT_EQ(c.origins.at("model.moe.dtype"), "--set model.moe.dtype=bf16");
+  EXPECT_EQ(c.origins.at("model.moe"), "--set model.moe.dtype=bf16");
+}
+
+// ---- the log level: overrides over FERRY_LOG_LEVEL over the file ---------------------------
+
+class LogLevelEnvironment : public ::testing::Test {
+ protected:
+  void TearDown() override { ::unsetenv("FERRY_LOG_LEVEL"); }
+};
+
+TEST_F(LogLevelEnvironment, SitsBetweenTheFileAndTheOverrides) {
+  TempDir dir;
+  const std::string path = dir.write("l.toml", "log_level = 'error'\n");
+  EXPECT_EQ(fc::load(path, {}).log_level, "error");
+  ::setenv("FERRY_LOG_LEVEL", "debug", 1);
+  EXPECT_EQ(fc::load(path, {}).log_level, "debug");
+  EXPECT_EQ(fc::load("", {}).log_level, "debug");
+  EXPECT_EQ(fc::load(path, std::vector<std::string>{"log_level=warn"}).log_level, "warn");
+  ::setenv("FERRY_LOG_LEVEL", "", 1);  // empty: not set
+  EXPECT_EQ(fc::load(path, {}).log_level, "error");
+}
+
+TEST_F(LogLevelEnvironment, ABadLevelIsNamedWithTheVariable) {
+  ::setenv("FERRY_LOG_LEVEL", "chatty", 1);
+  try {
+    fc::load("", {});
+    ADD_FAILURE() << "FERRY_LOG_LEVEL=chatty accepted";
+  } catch (const ferry::Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(e.what()),
+              "FERRY_LOG_LEVEL: 'log_level' must be one of trace, debug, info, warn, error, off; "
+              "got 'chatty'");
+  }
+}
+
+// ---- [demo] transport: one list ------------------------------------------------------------
+
+TEST(ConfigDemo, TransportIsOneOfTheDemoTransports) {
+  for (const auto name : fc::demo_transport_names()) {
+    EXPECT_EQ(fc::parse(fmt::format("[demo]\ntransport = '{}'\n", name), "d.toml").demo.transport,
+              name);
+  }
+  EXPECT_EQ(parse_error("[demo]\ntransport = 'nccl'\n"),
+            "config.toml:2: 'demo.transport' must be one of auto, cuda_ipc, ucx, inline, disk; "
+            "got 'nccl'");
+  bool listed = false;
+  for (const fc::KeyInfo& key : fc::known_keys()) {
+    if (key.path != "demo.transport") continue;
+    listed = true;
+    EXPECT_EQ(key.choices, std::vector<std::string>(fc::demo_transport_names().begin(),
+                                                    fc::demo_transport_names().end()));
+  }
+  EXPECT_TRUE(listed);
 }

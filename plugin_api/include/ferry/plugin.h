@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 2
+#define FERRY_PLUGIN_ABI_MINOR 3
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -163,7 +163,8 @@ typedef struct ferry_host_api {
 
 /* Key/value options from the config section of this plugin ([transport.<name>] or
  * [model.<name>]), as strings. The plugin rejects unknown keys with INVALID_ARGUMENT naming the
- * key. Borrowed for the duration of the call. */
+ * key (ABI 1.3: the keys it declares in ferry_plugin_negotiation_t.option_keys are exactly the
+ * ones it accepts). Borrowed for the duration of the call. */
 typedef struct ferry_option {
   const char* key;
   const char* value;
@@ -493,6 +494,12 @@ typedef struct ferry_plugin_negotiation {
   const char* name;           /* static; must equal <name> in the file name */
   const char* version;        /* static; the plugin's own version, free form */
   const void* api;            /* static; const ferry_transport_api_t* or const ferry_model_api_t* */
+  /* ABI 1.3, out, optional: the option keys `create` accepts, as a static NULL-terminated array
+   * of static strings (an array holding only NULL: it takes no options). The host refuses a
+   * config section of this plugin holding any other key before it creates anything, even when
+   * the plugin is not the one in use. NULL: not declared; the plugin's create is then the only
+   * check. */
+  const char* const* option_keys;
 } ferry_plugin_negotiation_t;
 
 /* Exported by every plugin. Called once per load, before anything else, from one thread. */

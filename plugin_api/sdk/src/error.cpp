@@ -46,7 +46,8 @@ void log(ferry_log_level_t level, const char* plugin_name, const std::string& me
 }
 
 ferry_error_t* negotiate(ferry_plugin_negotiation_t* n, ferry_plugin_kind_t kind,
-                         const char* name, const char* version, const void* api) noexcept {
+                         const char* name, const char* version, const void* api,
+                         const char* const* option_keys) noexcept {
   if (n == nullptr) return nullptr;  // nobody to answer
   const size_t have = n->struct_size;
   if (have >= FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, host)) set_host_api(n->host);
@@ -61,6 +62,9 @@ ferry_error_t* negotiate(ferry_plugin_negotiation_t* n, ferry_plugin_kind_t kind
   n->name = name;
   n->version = version;
   n->api = api;
+  if (have >= FERRY_STRUCT_SIZE(ferry_plugin_negotiation_t, option_keys)) {
+    n->option_keys = option_keys;
+  }
   if (n->host_abi_major != FERRY_PLUGIN_ABI_MAJOR) {
     return make_error(FERRY_STATUS_INCOMPATIBLE,
                       fmt::format("plugin '{}' implements ABI {}.{}, host offers {}.{}", name,

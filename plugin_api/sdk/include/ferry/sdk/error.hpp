@@ -70,8 +70,15 @@ void log(ferry_log_level_t level, const char* plugin_name, const std::string& me
 
 // Reads the negotiation struct safely and fills the plugin's answer. Returns NULL to accept, or
 // an INCOMPATIBLE error when the host's major differs. Every in-tree plugin's entry is one call.
+// `option_keys` (ABI 1.3): the static NULL-terminated list of the option keys create accepts
+// (kNoOptions: none), answered to a host whose negotiation struct has the field; NULL: not
+// declared.
 ferry_error_t* negotiate(ferry_plugin_negotiation_t* negotiation, ferry_plugin_kind_t kind,
-                         const char* name, const char* version, const void* api) noexcept;
+                         const char* name, const char* version, const void* api,
+                         const char* const* option_keys = nullptr) noexcept;
+
+// The option list of a plugin that takes no options.
+inline constexpr const char* kNoOptions[] = {nullptr};
 
 }  // namespace sdk
 }  // namespace ferry

@@ -10,6 +10,8 @@
 //                                             //            std::vector<std::uint64_t> shape;}
 //     static constexpr const char* kName = "moe";             // must match the file name
 //     static constexpr const char* kVersion = FERRY_MOE_VERSION;
+//     // the option keys create accepts ([model.moe]), NULL-terminated; sdk::kNoOptions for none
+//     static constexpr const char* const* kOptions = ferry::moe::kOptionKeys;
 //     // args is non-NULL; struct_size is not checked yet (see require_create_args).
 //     static std::unique_ptr<Model> create(const ferry_model_create_args_t& args);
 //   };
@@ -169,7 +171,7 @@ class ModelPlugin {
   // The whole body of the plugin's ferry_plugin_negotiate.
   static ferry_error_t* negotiate(ferry_plugin_negotiation_t* negotiation) noexcept {
     return sdk::negotiate(negotiation, FERRY_PLUGIN_MODEL, Family::kName, Family::kVersion,
-                          &kApi);
+                          &kApi, Family::kOptions);
   }
 
  private:
