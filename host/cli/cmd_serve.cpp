@@ -1,5 +1,6 @@
-// cli/cmd_serve.cpp: `ferry serve`: the standalone receiver host. Loads the initial weights (if
-// a model path is given) through the disk transport and the model plugin, then serves the HTTP
+// cli/cmd_serve.cpp: `ferry serve`: the standalone receiver host. Restores the last committed
+// weights from a file-backed host mirror (memory.mirror_path) or loads the initial weights (if a
+// model path is given) through the disk transport and the model plugin, then serves the HTTP
 // control API until SIGTERM or SIGINT.
 #include <ferry/sdk/error.hpp>
 
@@ -71,13 +72,13 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
     // The control API and the session listener senders find through it (GET /ferry/session).
     session::ReceiverEndpoint server(receiver, config, *registry);
     server.start();
-    if (!config.receiver.model_path.empty()) {
-      try {
-        receiver.update_from_disk(config.receiver.model_path, std::nullopt);
-      } catch (const Error& e) {
-        server.stop();
-        throw Error(e.code(), "initial load of '" + config.receiver.model_path + "' failed: " + e.what());
-      }
+    // The last committed version from memory.mirror_path's file, else the initial checkpoint.
+    try {
+      receiver.start(config.receiver.model_path);
+    } catch (const Error& e) {
+      server.stop();
+      if (config.receiver.model_path.empty()) throw;
+      throw Error(e.code(), "initial load of '" + config.receiver.model_path + "' failed: " + e.what());
     }
     if (opts->ready_file) {
       std::ofstream(*opts->ready_file) << server.port() << "\n";

@@ -6,6 +6,7 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -130,6 +131,56 @@ std::string escape_label(const std::string& s) {
   return out;
 }
 
+// What a file-backed host mirror keeps beside the weights (HostMirror metadata): the catalog the
+// layout was made from and the checkpoint's config.json, so that a restart without
+// receiver.model_path can make the same layout again.
+std::string mirror_metadata(const manifest::Manifest& cat, const std::string& config_json) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& e : cat.tensors) {
+    tensors.push_back({{"name", e.name}, {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}});
+  }
+  const nlohmann::json doc{{"catalog", std::move(tensors)}, {"config_json", config_json}};
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The catalog and config.json text kept by mirror_metadata; CORRUPT_DATA naming `where` when the
+// record is missing or malformed.
+manifest::Manifest catalog_from_mirror_metadata(const std::string& text, const std::string& where,
+                                                std::string& config_json) {
+  auto refuse = [&](const std::string& why) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: {} (it cannot give the layout without receiver.model_path)",
+         where, why);
+  };
+  if (text.empty()) refuse("it records no checkpoint catalog");
+  const auto doc = nlohmann::json::parse(text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("catalog") ||
+      !doc["catalog"].is_array() || !doc.value("config_json", nlohmann::json()).is_string()) {
+    refuse("its catalog record is not the receiver's");
+  }
+  manifest::Manifest cat;
+  for (const auto& t : doc["catalog"]) {
+    manifest::Entry e;
+    const auto dtype = t.is_object() && t.value("dtype", nlohmann::json()).is_string()
+                           ? dtype_from_name(t["dtype"].get<std::string>())
+                           : std::nullopt;
+    if (!dtype || !t.value("name", nlohmann::json()).is_string() ||
+        !t.value("shape", nlohmann::json()).is_array()) {
+      refuse("a tensor of its catalog record is malformed");
+    }
+    e.name = t["name"].get<std::string>();
+    e.dtype = *dtype;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_unsigned()) refuse(fmt::format("tensor '{}' has a malformed shape", e.name));
+      e.shape.push_back(d.get<std::uint64_t>());
+    }
+    e.size = byte_size(e.dtype, e.shape).value_or(0);
+    cat.tensors.push_back(std::move(e));
+  }
+  manifest::validate(cat);
+  config_json = doc["config_json"].get<std::string>();
+  return cat;
+}
+
 }  // namespace
 
 struct Receiver::State {
@@ -161,7 +212,28 @@ struct Receiver::State {
   std::vector<int> engine_devices;
   std::atomic<int> cuda_device{-1};  // weights_cuda_device() once a store exists
 
+  // memory.mirror_path's file, opened by start() because it holds a committed version: the
+  // first layout attaches it (attach_mirror checks its layout) instead of a fresh file.
+  std::shared_ptr<store::HostMirror> mirror_to_restore;
+
   State(const config::Config& c, const registry::Registry& r) : config(c), registry(r) {}
+
+  // The file-backed host mirror of a new store: the one start() opened, else a fresh file (which
+  // replaces an old one) recording `cat` and `config_json` for a restart without model_path.
+  std::shared_ptr<store::HostMirror> file_mirror(const store::WeightStore& new_store,
+                                                 const manifest::Manifest& cat,
+                                                 const std::string& config_json) {
+    if (mirror_to_restore) return std::exchange(mirror_to_restore, nullptr);
+    return store::HostMirror::create_file(config.memory.mirror_path, new_store.mirror_layout(),
+                                          config.update.apply_threads,
+                                          mirror_metadata(cat, config_json));
+  }
+
+  // start(): restores the committed version of memory.mirror_path's file when it holds one whose
+  // layout is this receiver's (made from `model_path`'s headers, or from the mirror's own record
+  // when `model_path` is empty). Returns false, having said why at warn (info when there is no
+  // file yet), when it does not; a layout may exist then (the caller's load uses it).
+  bool restore_at_start(const fs::path& model_path);
 
   unsigned threads() const { return config.update.apply_threads; }
 
@@ -215,8 +287,7 @@ struct Receiver::State {
     new_store->place_all(kWeightsTag, to_store_policy(config.memory.weights_policy), specs);
     if (!config.memory.mirror_path.empty() &&
         config.memory.weights_policy == config::ReleasePolicy::backup) {
-      new_store->attach_mirror(store::HostMirror::create_file(
-          config.memory.mirror_path, new_store->mirror_layout(), config.update.apply_threads));
+      new_store->attach_mirror(file_mirror(*new_store, cat, config_json));
     }
     update::UpdateOptions uopts;
     uopts.verify_fingerprints = config.update.verify_fingerprints;
@@ -372,6 +443,75 @@ struct BusyGuard {
 };
 }  // namespace
 
+bool Receiver::State::restore_at_start(const fs::path& model_path) {
+  const std::string path = config.memory.mirror_path;
+  const std::string instead =
+      model_path.empty()
+          ? std::string("the receiver waits for the first update (no receiver.model_path)")
+          : fmt::format("the receiver loads the initial checkpoint '{}' instead",
+                        model_path.string());
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<store::HostMirror> mirror;
+  try {
+    mirror = store::HostMirror::open_file(path, nullptr, threads());
+  } catch (const Error& e) {
+    if (e.code() == FERRY_STATUS_NOT_FOUND) {
+      logger("receiver")->info("no host mirror at {} yet: {}", path, instead);
+      return false;
+    }
+    // A mirror in use by a running receiver is not replaced: refusing to start says so.
+    if (e.code() == FERRY_STATUS_FAILED_PRECONDITION) throw;
+    logger("receiver")->warn("{}; {} (the file is replaced)", e.what(), instead);
+    return false;
+  }
+  const auto committed = mirror->committed();
+  if (!committed) {
+    logger("receiver")->warn("host mirror {} holds no committed version to restore: {}; {}",
+                             path, mirror->uncommitted_reason(), instead);
+    return false;
+  }
+  const auto written = mirror->committed_at();
+  std::lock_guard lock(update_mutex);
+  BusyGuard busy(this->busy, activity, "loading");
+  try {
+    manifest::Manifest cat;
+    std::string config_json;
+    fs::path source = model_path;
+    if (!model_path.empty()) {
+      // Only the checkpoint's headers: the layout, not the initial weights.
+      SourceReader reader(registry.transport("disk"), config.transports["disk"],
+                          model_path.string());
+      cat = reader.catalog();
+      config_json = read_config_json(model_path);
+    } else {
+      cat = catalog_from_mirror_metadata(mirror->metadata(), "host mirror " + path, config_json);
+      source = "the host mirror " + path;
+    }
+    mirror_to_restore = mirror;
+    create_layout(cat, config_json, source);
+    mirror_to_restore.reset();
+    engine->restore_from_mirror();
+  } catch (const Error& e) {
+    mirror_to_restore.reset();
+    logger("receiver")->warn("host mirror {}: version {} is not restored: {}; {}", path,
+                             committed->number, e.what(), instead);
+    return false;
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& entry : mirror->entries()) bytes += entry.bytes;
+  logger("receiver")->info(
+      "restored version {} ('{}') from {}, written at {:%Y-%m-%d %H:%M:%S} UTC: {} parameters, "
+      "{:.1f} MiB in {:.3f} s{}",
+      committed->number, committed->label, path,
+      fmt::gmtime(std::chrono::system_clock::to_time_t(written)), mirror->entries().size(),
+      bytes / 1048576.0, seconds_since(start),
+      model_path.empty() ? std::string()
+                         : fmt::format(" (layout from the headers of '{}', whose weights are "
+                                       "not loaded)",
+                                       model_path.string()));
+  return true;
+}
+
 Receiver::Receiver(const config::Config& config, const registry::Registry& registry)
     : state_(std::make_unique<State>(config, registry)) {
   // A device this build or machine cannot use is refused now, not at the first load.
@@ -381,6 +521,22 @@ Receiver::Receiver(const config::Config& config, const registry::Registry& regis
 }
 
 Receiver::~Receiver() = default;
+
+VersionInfo Receiver::start(const fs::path& model_path) {
+  auto& s = *state_;
+  if (!s.config.memory.mirror_path.empty()) {
+    if (s.config.memory.weights_policy != config::ReleasePolicy::backup) {
+      logger("receiver")->warn(
+          "memory.mirror_path {} is not used: the host mirror needs memory.weights_policy = "
+          "\"backup\"",
+          s.config.memory.mirror_path);
+    } else if (s.restore_at_start(model_path)) {
+      return version();
+    }
+  }
+  if (!model_path.empty()) update_from_disk(model_path, std::nullopt);
+  return version();
+}
 
 UpdateReport Receiver::update_from_disk(const fs::path& path,
                                         const std::optional<std::string>& label) {

@@ -82,6 +82,18 @@ class Receiver {
   UpdateReport update_from_disk(const std::filesystem::path& path,
                                 const std::optional<std::string>& label);
 
+  // The start of a standalone receiver (`ferry serve`), before any other update. With
+  // memory.mirror_path naming a host mirror file that holds a committed version of this
+  // receiver's layout, restores that version (verified against the fingerprints the mirror
+  // recorded) and publishes it: the layout comes from the headers of `model_path` (its weights
+  // are not read) or, when `model_path` is empty, from the catalog the mirror recorded. Otherwise
+  // (no file, a torn or damaged one, no committed version, another layout, a failed restore) it
+  // says why at warn and loads `model_path` as update 1 (an empty `model_path`: no weights until
+  // the first update); the file is then replaced by a mirror of the new layout. FAILED_PRECONDITION
+  // when the mirror file is in use by another running process; the errors of update_from_disk.
+  // Returns the published version (number 0 when none).
+  VersionInfo start(const std::filesystem::path& model_path);
+
   // Applies one update from buckets already in memory (bucket bytes + manifest bytes each), the
   // path every network transport ends in. `expected` maps parameter names to fingerprints the
   // sender computed; a mismatch aborts the update.

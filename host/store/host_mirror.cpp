@@ -8,6 +8,7 @@
 #include <ferry/sdk/error.hpp>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,7 +25,8 @@ namespace ferry::store {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'M', 'I', 'R'};
-constexpr std::uint32_t kFormatVersion = 1;
+// 2: owner metadata, the committed record's time and checksum, notes of why nothing is committed.
+constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::uint64_t kHeaderAlign = 4096;
 constexpr std::uint64_t kEntryAlign = 256;
 constexpr std::uint64_t kLabelArea = 256;
@@ -43,9 +45,12 @@ struct FileHeader {
   std::uint64_t table_bytes;
   std::uint64_t table_hash;
   std::uint64_t committed_version;
-  std::uint32_t label_bytes;
-  std::uint32_t reserved0;
-  std::uint8_t reserved[56];
+  std::uint32_t label_bytes;     // of the committed label (label area) while one is committed
+  std::uint32_t note_bytes;      // of the note (label area) while none is; 0: no note recorded
+  std::uint64_t metadata_bytes;  // the owner's metadata, right after the table
+  std::uint64_t committed_at_ns;  // system clock, nanoseconds since the epoch
+  std::uint64_t commit_hash;     // xxh64 of the committed record (HostMirror::commit_record_hash)
+  std::uint8_t reserved[32];
 };
 static_assert(sizeof(FileHeader) == 128, "the mirror header is 128 bytes");
 
@@ -168,6 +173,23 @@ class TableReader {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Takes the exclusive lock that marks a mirror file in use; false when another open file holds
+// it (a running process).
+bool lock_file(int fd, const std::string& name) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+  if (errno == EWOULDBLOCK) return false;
+  fail(FERRY_STATUS_IO, "host mirror {}: cannot lock: {}", name, errno_text());
+}
+
+[[noreturn]] void fail_in_use(const std::string& name) {
+  fail(FERRY_STATUS_FAILED_PRECONDITION,
+       "host mirror {}: the file is in use by another running process (two receivers must not "
+       "share a memory.mirror_path)",
+       name);
+}
+
+constexpr std::string_view kNeverCommitted = "it was created and has held no committed version yet";
+
 }  // namespace
 
 void copy_parallel(std::span<const CopyJob> jobs, unsigned threads) {
@@ -212,11 +234,20 @@ void copy_parallel(std::span<const CopyJob> jobs, unsigned threads) {
 }
 
 std::unique_ptr<HostMirror> HostMirror::build(std::vector<MirrorParam> layout, unsigned threads,
-                                              int fd, const std::filesystem::path& path) {
+                                              int fd, const std::filesystem::path& path,
+                                              std::string_view metadata) {
+  if (metadata.size() > kMirrorMetadataMax) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "host mirror: {} bytes of metadata (at most {})",
+         metadata.size(), kMirrorMetadataMax);
+  }
   std::unique_ptr<HostMirror> mirror(new HostMirror());
   mirror->threads_ = threads;
+  mirror->metadata_ = std::string(metadata);
   mirror->entries_ = lay_out(std::move(layout), mirror->data_bytes_);
-  const auto table = serialize_table(mirror->entries_);
+  auto table = serialize_table(mirror->entries_);
+  const std::uint64_t table_bytes = table.size();
+  const auto* meta = reinterpret_cast<const std::byte*>(metadata.data());
+  table.insert(table.end(), meta, meta + metadata.size());
   const std::uint64_t n = mirror->entries_.size();
   const std::uint64_t table_offset = kStateOffset + n * sizeof(EntryState);
   mirror->header_bytes_ = align_up(table_offset + table.size(), kHeaderAlign);
@@ -248,9 +279,12 @@ std::unique_ptr<HostMirror> HostMirror::build(std::vector<MirrorParam> layout, u
   header.header_bytes = mirror->header_bytes_;
   header.data_bytes = mirror->data_bytes_;
   header.num_entries = n;
-  header.table_bytes = table.size();
+  header.table_bytes = table_bytes;
+  header.metadata_bytes = metadata.size();
   header.table_hash = XXH64(table.data(), table.size(), 0);
+  header.note_bytes = static_cast<std::uint32_t>(kNeverCommitted.size());
   std::memcpy(mirror->base_, &header, sizeof(header));
+  std::memcpy(mirror->base_ + kLabelOffset, kNeverCommitted.data(), kNeverCommitted.size());
   std::memset(mirror->base_ + kStateOffset, 0, n * sizeof(EntryState));
   if (!table.empty()) std::memcpy(mirror->base_ + table_offset, table.data(), table.size());
   return mirror;
@@ -258,12 +292,24 @@ std::unique_ptr<HostMirror> HostMirror::build(std::vector<MirrorParam> layout, u
 
 std::unique_ptr<HostMirror> HostMirror::anonymous(std::vector<MirrorParam> layout,
                                                   unsigned threads) {
-  return build(std::move(layout), threads, -1, {});
+  return build(std::move(layout), threads, -1, {}, {});
 }
 
 std::unique_ptr<HostMirror> HostMirror::create_file(const std::filesystem::path& path,
                                                     std::vector<MirrorParam> layout,
-                                                    unsigned threads) {
+                                                    unsigned threads, std::string_view metadata) {
+  // The file it replaces must not be the mirror of a running process.
+  if (const int old = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); old >= 0) {
+    bool free = false;
+    try {
+      free = lock_file(old, path.string());
+    } catch (...) {
+      ::close(old);
+      throw;
+    }
+    ::close(old);
+    if (!free) fail_in_use(path.string());
+  }
   auto temp = path;
   temp += fmt::format(".tmp.{}", ::getpid());
   const int fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -272,13 +318,14 @@ std::unique_ptr<HostMirror> HostMirror::create_file(const std::filesystem::path&
   }
   std::unique_ptr<HostMirror> mirror;
   try {
-    mirror = build(std::move(layout), threads, fd, path);
+    if (!lock_file(fd, temp.string())) fail_in_use(temp.string());
+    mirror = build(std::move(layout), threads, fd, path, metadata);
   } catch (...) {
     ::close(fd);
     ::unlink(temp.c_str());
     throw;
   }
-  ::close(fd);
+  mirror->lock_fd_ = fd;  // closed (unlocked) by the destructor
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const auto why = errno_text();
     ::unlink(temp.c_str());
@@ -298,6 +345,12 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
   if (fd < 0) {
     if (errno == ENOENT) fail(FERRY_STATUS_NOT_FOUND, "host mirror {}: no such file", name);
     fail(FERRY_STATUS_IO, "host mirror {}: cannot open: {}", name, errno_text());
+  }
+  try {
+    if (!lock_file(fd, name)) fail_in_use(name);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -325,7 +378,10 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
   if (header.num_entries > kMaxEntries) refuse(fmt::format("{} entries", header.num_entries));
   const std::uint64_t table_offset = kStateOffset + header.num_entries * sizeof(EntryState);
   const auto table_end = checked_add(table_offset, header.table_bytes);
-  if (!table_end || *table_end > header.header_bytes || header.header_bytes % kHeaderAlign != 0) {
+  const auto metadata_end =
+      table_end ? checked_add(*table_end, header.metadata_bytes) : std::nullopt;
+  if (!metadata_end || *metadata_end > header.header_bytes ||
+      header.header_bytes % kHeaderAlign != 0 || header.metadata_bytes > kMirrorMetadataMax) {
     refuse("header sizes are inconsistent");
   }
   const auto total = checked_add(header.header_bytes, header.data_bytes);
@@ -333,15 +389,18 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
     refuse(fmt::format("file is {} bytes but the header describes {}", file_bytes,
                        total ? *total : 0));
   }
-  if (header.label_bytes > kMirrorLabelMax) refuse("label length exceeds the label area");
+  if (header.label_bytes > kMirrorLabelMax || header.note_bytes > kMirrorLabelMax) {
+    refuse("label length exceeds the label area");
+  }
 
   void* base = ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const auto map_errno = errno;
-  ::close(fd);
   if (base == MAP_FAILED) {
+    ::close(fd);
     fail(FERRY_STATUS_IO, "host mirror {}: cannot map: {}", name, std::strerror(map_errno));
   }
   std::unique_ptr<HostMirror> mirror(new HostMirror());
+  mirror->lock_fd_ = fd;  // from here the destructor unmaps and unlocks
   mirror->base_ = static_cast<std::byte*>(base);
   mirror->mapping_bytes_ = file_bytes;
   mirror->header_bytes_ = header.header_bytes;
@@ -350,9 +409,11 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
   mirror->path_ = path;
 
   const std::byte* table = mirror->base_ + table_offset;
-  if (XXH64(table, header.table_bytes, 0) != header.table_hash) {
+  if (XXH64(table, header.table_bytes + header.metadata_bytes, 0) != header.table_hash) {
     fail(FERRY_STATUS_CORRUPT_DATA, "host mirror {}: parameter table checksum mismatch", name);
   }
+  mirror->metadata_.assign(reinterpret_cast<const char*>(table + header.table_bytes),
+                           header.metadata_bytes);
   TableReader reader(table, header.table_bytes, path);
   std::uint64_t previous_end = 0;
   for (std::uint64_t i = 0; i < header.num_entries; ++i) {
@@ -382,6 +443,12 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
     fail(FERRY_STATUS_CORRUPT_DATA, "host mirror {}: trailing bytes after the parameter table",
          name);
   }
+  if (header.has_committed != 0 && mirror->commit_record_hash() != header.commit_hash) {
+    fail(FERRY_STATUS_CORRUPT_DATA,
+         "host mirror {}: the record of committed version {} is damaged (checksum mismatch over "
+         "its version, time, label and per-parameter state)",
+         name, header.committed_version);
+  }
   if (expected != nullptr) mirror->check_layout(*expected);
   logger("store")->info("host mirror {} reopened: {} parameters{}", name, mirror->entries_.size(),
                         mirror->committed() ? fmt::format(", committed version {}",
@@ -392,6 +459,7 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
 
 HostMirror::~HostMirror() {
   if (base_ != nullptr) ::munmap(base_, mapping_bytes_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::optional<std::size_t> HostMirror::find(std::string_view name) const {
@@ -497,6 +565,29 @@ std::optional<CommittedVersion> HostMirror::committed() const {
   return version;
 }
 
+std::chrono::system_clock::time_point HostMirror::committed_at() const {
+  const auto* header = reinterpret_cast<const FileHeader*>(base_);
+  if (!committed()) return {};
+  return std::chrono::system_clock::time_point(std::chrono::duration_cast<
+      std::chrono::system_clock::duration>(std::chrono::nanoseconds(header->committed_at_ns)));
+}
+
+std::uint64_t HostMirror::commit_record_hash() const {
+  const auto* header = reinterpret_cast<const FileHeader*>(base_);
+  XXH64_state_t* state = XXH64_createState();
+  if (state == nullptr) fail(FERRY_STATUS_OUT_OF_MEMORY, "host mirror: no memory for a checksum");
+  XXH64_reset(state, 0);
+  XXH64_update(state, &header->committed_version, sizeof(header->committed_version));
+  XXH64_update(state, &header->committed_at_ns, sizeof(header->committed_at_ns));
+  XXH64_update(state, &header->table_hash, sizeof(header->table_hash));
+  XXH64_update(state, &header->label_bytes, sizeof(header->label_bytes));
+  XXH64_update(state, base_ + kLabelOffset, std::min<std::uint64_t>(header->label_bytes, kMirrorLabelMax));
+  XXH64_update(state, base_ + kStateOffset, entries_.size() * sizeof(EntryState));
+  const auto hash = XXH64_digest(state);
+  XXH64_freeState(state);
+  return hash;
+}
+
 void HostMirror::set_committed(const CommittedVersion& version,
                                std::span<const std::uint64_t> fingerprints) {
   if (fingerprints.size() != entries_.size()) {
@@ -511,12 +602,36 @@ void HostMirror::set_committed(const CommittedVersion& version,
   std::memcpy(base_ + kLabelOffset, version.label.data(), n);
   header->label_bytes = static_cast<std::uint32_t>(n);
   header->committed_version = version.number;
+  header->committed_at_ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  header->commit_hash = commit_record_hash();
   std::atomic_ref<std::uint32_t>(header->has_committed).store(1, std::memory_order_release);
 }
 
-void HostMirror::clear_committed() noexcept {
+void HostMirror::clear_committed(std::string_view note) noexcept {
+  // In this order, so that a process stopped half way leaves no claim, and a note only once it
+  // is complete.
   auto* header = reinterpret_cast<FileHeader*>(base_);
   std::atomic_ref<std::uint32_t>(header->has_committed).store(0, std::memory_order_release);
+  std::atomic_ref<std::uint32_t>(header->note_bytes).store(0, std::memory_order_release);
+  const auto n = std::min(note.size(), kMirrorLabelMax);
+  if (n == 0) return;
+  std::memcpy(base_ + kLabelOffset, note.data(), n);
+  std::atomic_ref<std::uint32_t>(header->note_bytes)
+      .store(static_cast<std::uint32_t>(n), std::memory_order_release);
+}
+
+std::string HostMirror::uncommitted_reason() const {
+  if (committed()) return {};
+  const auto* header = reinterpret_cast<const FileHeader*>(base_);
+  const auto n = std::min<std::uint64_t>(header->note_bytes, kMirrorLabelMax);
+  if (n == 0) {
+    return "its committed version was withdrawn and no reason was recorded (the process may have "
+           "stopped right then)";
+  }
+  return std::string(reinterpret_cast<const char*>(base_ + kLabelOffset), n);
 }
 
 std::uint64_t HostMirror::fingerprint(std::size_t index) const {

@@ -300,7 +300,10 @@ void TaggedRegionStore::release(std::span<const std::string> tags) {
     save_locked(name);
     if (!t.contents_valid && mirror_) {
       // The mirror now holds invalid (partial) weights: it no longer holds a committed version.
-      mirror_->clear_committed();
+      mirror_->clear_committed(fmt::format(
+          "tag '{}' was released while its weights were not valid ({}); the mirror holds that "
+          "copy, not a committed version",
+          name, t.reason));
     }
   }
   for (const auto& name : names) {
@@ -642,7 +645,10 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
     preempt_reason_.clear();
     // From here until the last byte landed the mirror claims nothing: not the old version (its
     // slots are being overwritten), not the new one (not all there yet).
-    mirror.clear_committed();
+    mirror.clear_committed(fmt::format(
+        "the copy of version {} into the mirror began and did not end (its receiver stopped "
+        "during the copy)",
+        version.number));
     for (auto entry : refresh->entries) mirror.clear_filled(entry);
     refresh->started = std::chrono::steady_clock::now();
     refresh_.running = true;
@@ -653,7 +659,11 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
       refresh_thread_ = std::thread([this, job = std::move(refresh)] { run_refresh(*job); });
     }
   } catch (const std::exception& e) {
-    if (mirror_) mirror_->clear_committed();
+    if (mirror_) {
+      mirror_->clear_committed(
+          fmt::format("the copy of version {} into the mirror could not start: {}",
+                      version.number, e.what()));
+    }
     refresh_.running = false;
     refresh_.version = version.number;
     refresh_.failed = true;
@@ -713,9 +723,12 @@ void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
       for (auto entry : refresh.entries) mirror.mark_filled(entry);
       mirror.set_committed(refresh.version, refresh.fingerprints);
     } catch (const std::exception& e) {
-      mirror.clear_committed();
       error = e.what();
     }
+  }
+  if (!error.empty()) {
+    mirror.clear_committed(fmt::format("the copy of version {} into the mirror did not end: {}",
+                                       refresh.version.number, error));
   }
   refresh_.running = false;
   refresh_.failed = !error.empty();

@@ -1,16 +1,21 @@
 // Tests of the host mirror: parallel copies, the file-backed format reopened by a second instance
-// (restart without the trainer, also after a shutdown during a background refresh), and refusal
-// of mismatched or corrupt files.
+// (restart without the trainer, also after a shutdown during a background refresh), refusal of
+// mismatched, corrupt, damaged or in-use files, and what a file that claims no version says about
+// why (a process killed during a refresh, a pre-empted refresh, a release of invalid weights).
 #include "store/cpu_weight_store.hpp"
 #include "store/host_mirror.hpp"
+#include "store/tagged_region_store.hpp"
 
 #include <ferry/sdk/error.hpp>
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 namespace ferry::store {
@@ -156,6 +161,7 @@ TEST_F(MirrorFile, RefusesAMismatchedLayoutNamingTheParameter) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
   }
+  mirror.reset();  // a mirror file is held by one mirror at a time (its lock)
   // One parameter fewer is a mismatch too.
   specs.pop_back();
   specs[1].shape = {33, 17};
@@ -247,6 +253,181 @@ TEST(HostMirror, AnonymousMirrorBacksUpOnlyBackupTags) {
   ASSERT_EQ(layout.size(), 3u);
   EXPECT_EQ(layout[0].name, "embed");
   EXPECT_EQ(layout[2].tag, "weights");
+}
+
+// ---- restart without the trainer: what a reopened file claims, and why it claims nothing ----
+
+// A store whose one big parameter takes a background refresh many batches (tens of ms) to copy.
+std::vector<TensorSpec> big_specs() {
+  auto specs = model_specs();
+  specs.push_back({"big", FERRY_DTYPE_U8, {5 * TaggedRegionStore::kRefreshBatchBytes}});
+  return specs;
+}
+
+const std::vector<std::size_t> kBigParams = {0, 1, 2, 3};
+const std::vector<std::uint64_t> kBigPrints = {11, 12, 13, 14};
+
+// The offset of the committed version number in the 128-byte header (magic 8, format 4,
+// has_committed 4, five u64 sizes and hashes).
+constexpr std::streamoff kCommittedVersionOffset = 8 + 4 + 4 + 5 * 8;
+
+void flip_byte(const std::filesystem::path& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  const char c = static_cast<char>(f.get());
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ 0x01));
+}
+
+std::string open_error(const std::filesystem::path& path, ferry_status_code_t want) {
+  try {
+    HostMirror::open_file(path);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "open_file accepted " << path;
+  return {};
+}
+
+TEST_F(MirrorFile, AProcessKilledDuringABackgroundRefreshLeavesAFileThatClaimsNothingAndSaysWhy) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The receiver: version 6 in the mirror, then version 7's copy starts in the background and
+    // the process dies at once (no destructor joins the copy).
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, big_specs());
+    store.attach_mirror(HostMirror::create_file(path_, store.mirror_layout()));
+    store.refresh_mirror(kWeights, {6, "v6"}, kBigParams, kBigPrints, false);
+    store.refresh_mirror(kWeights, {7, "v7"}, kBigParams, kBigPrints, true);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto mirror = HostMirror::open_file(path_);
+  EXPECT_EQ(mirror->committed(), std::nullopt);
+  const auto why = mirror->uncommitted_reason();
+  EXPECT_NE(why.find("the copy of version 7 into the mirror began and did not end"),
+            std::string::npos)
+      << why;
+  EXPECT_FALSE(mirror->filled(3));
+}
+
+TEST_F(MirrorFile, APreemptedRefreshLeavesAFileThatClaimsNothingAndSaysWhy) {
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, big_specs());
+    store.attach_mirror(HostMirror::create_file(path_, store.mirror_layout()));
+    store.refresh_mirror(kWeights, {8, "v8"}, kBigParams, kBigPrints, false);
+    ASSERT_EQ(store.mirror()->committed(), (CommittedVersion{8, "v8"}));
+    store.refresh_mirror(kWeights, {9, "v9"}, kBigParams, kBigPrints, true);
+    store.preempt_mirror_refresh("update 10 began before the host mirror finished copying");
+    const auto state = store.wait_for_mirror_refresh();
+    ASSERT_TRUE(state.failed) << "the copy ended before it was pre-empted";
+  }
+  auto mirror = HostMirror::open_file(path_);
+  // Neither version 8 (its slots were being overwritten) nor 9 (not all there).
+  EXPECT_EQ(mirror->committed(), std::nullopt);
+  const auto why = mirror->uncommitted_reason();
+  EXPECT_NE(why.find("the copy of version 9 into the mirror did not end: pre-empted: update 10"),
+            std::string::npos)
+      << why;
+}
+
+TEST_F(MirrorFile, AReleaseOfInvalidWeightsLeavesAFileThatClaimsNothingAndSaysWhy) {
+  {
+    CpuWeightStore store;
+    store.place_all("weights", Policy::Backup, model_specs());
+    fill_random(store, 7);
+    store.attach_mirror(HostMirror::create_file(path_, store.mirror_layout()));
+    store.refresh_mirror(kWeights, {4, "v4"}, std::vector<std::size_t>{0, 1, 2},
+                         std::vector<std::uint64_t>{1, 2, 3}, false);
+    store.set_contents_valid("weights", false, "update 5 failed half way");
+    store.release(kWeights);
+  }
+  auto mirror = HostMirror::open_file(path_);
+  EXPECT_EQ(mirror->committed(), std::nullopt);
+  EXPECT_NE(mirror->uncommitted_reason().find("update 5 failed half way"), std::string::npos)
+      << mirror->uncommitted_reason();
+}
+
+TEST_F(MirrorFile, ADamagedCommittedRecordIsRefused) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  fill_random(store, 8);
+  auto write_committed = [&] {
+    auto mirror = HostMirror::create_file(path_, store.mirror_layout());
+    mirror->set_committed({9, "v9"}, std::vector<std::uint64_t>{1, 2, 3});
+  };
+  // The version number: a restart would claim version 8 or 11 for version 9's bytes.
+  write_committed();
+  flip_byte(path_, kCommittedVersionOffset);
+  auto why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(why.find(path_.string()), std::string::npos) << why;
+  EXPECT_NE(why.find("record of committed version 8 is damaged"), std::string::npos) << why;
+  // A fingerprint in the per-parameter state.
+  write_committed();
+  flip_byte(path_, 128 + 256 + 16 + 3);
+  why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(why.find("record of committed version 9 is damaged"), std::string::npos) << why;
+  // The label.
+  write_committed();
+  flip_byte(path_, 128 + 1);
+  why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(why.find("damaged"), std::string::npos) << why;
+  // The format version (a file of another ferry release).
+  write_committed();
+  flip_byte(path_, 8);
+  why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(why.find("format version 3 is not the supported 2"), std::string::npos) << why;
+  // Undamaged, the same file opens and claims version 9.
+  write_committed();
+  EXPECT_EQ(HostMirror::open_file(path_)->committed(), (CommittedVersion{9, "v9"}));
+}
+
+TEST_F(MirrorFile, AMirrorInUseCannotBeOpenedOrReplaced) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  auto mirror = HostMirror::create_file(path_, store.mirror_layout());
+  auto why = open_error(path_, FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(why.find("in use by another running process"), std::string::npos) << why;
+  try {
+    HostMirror::create_file(path_, store.mirror_layout());
+    FAIL() << "a mirror in use was replaced";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION) << e.what();
+  }
+  mirror.reset();
+  EXPECT_NO_THROW(HostMirror::open_file(path_));
+}
+
+TEST_F(MirrorFile, MetadataAndTheCommitTimeSurviveAReopen) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  const std::string metadata = "{\"catalog\": []} and any bytes \x01\x02";
+  const auto before = std::chrono::system_clock::now();
+  {
+    auto mirror = HostMirror::create_file(path_, store.mirror_layout(), 0, metadata);
+    EXPECT_EQ(mirror->uncommitted_reason(), "it was created and has held no committed version yet");
+    mirror->set_committed({2, "v2"}, std::vector<std::uint64_t>(3, 0));
+  }
+  const auto after = std::chrono::system_clock::now();
+  auto mirror = HostMirror::open_file(path_);
+  EXPECT_EQ(mirror->metadata(), metadata);
+  EXPECT_GE(mirror->committed_at(), before);
+  EXPECT_LE(mirror->committed_at(), after);
+  EXPECT_EQ(mirror->uncommitted_reason(), "");
+  mirror.reset();
+  // The metadata is covered by the table's checksum.
+  std::ifstream in(path_, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = bytes.find("any bytes");
+  ASSERT_NE(at, std::string::npos);
+  flip_byte(path_, static_cast<std::streamoff>(at));
+  const auto why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(why.find("checksum mismatch"), std::string::npos) << why;
 }
 
 }  // namespace
