@@ -11,6 +11,7 @@
 #include "capi/push_report.hpp"
 #include "capi/tensor_input.hpp"
 #include "order/stream_order.hpp"
+#include "session/push_progress.hpp"
 #include "session/sender.hpp"
 
 // Owns everything session::Sender borrows (config, registry), declared in that order so the
@@ -81,6 +82,10 @@ FERRY_API ferry_error_t* ferry_sender_create(const ferry_sender_create_args_t* a
         a.commit_timeout_ms,
         std::chrono::milliseconds(handle->config.update.commit_timeout_ms), kFn,
         "commit_timeout_ms");
+    // Progress on stderr as the config's `progress` says (Python's Sender sets it; its default
+    // draws on a terminal only).
+    options.progress = ferry::session::progress_display(
+        handle->config.progress, std::chrono::milliseconds(handle->config.progress_interval_ms));
     handle->registry = ferry::capi::make_registry(handle->config);
     handle->sender = std::make_unique<ferry::session::Sender>(handle->config, *handle->registry,
                                                               std::move(options));

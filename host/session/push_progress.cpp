@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace ferry::session {
@@ -14,6 +15,8 @@ std::function<void(const PushProgress&)> progress_display(ProgressMode mode,
   ProgressMeter::Options options;
   options.style = style;
   options.interval = interval;
+  // In place, a short interval asked for also brings the first draw closer.
+  options.first_draw = std::min(options.first_draw, interval);
   auto meter = std::make_shared<ProgressMeter>(options, stderr_writer());
   return [meter](const PushProgress& p) {
     switch (p.event) {

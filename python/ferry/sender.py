@@ -1,6 +1,7 @@
 """ferry.sender: the trainer side: push versioned updates to one or many receivers."""
 
 import ctypes
+import threading
 from dataclasses import dataclass, field
 
 from . import errors
@@ -70,6 +71,46 @@ def _read_report(handle):
         c.ferry_push_report_free(handle)
 
 
+def _progress_mode(progress):
+    """The config's `progress` for Sender(progress=...), and the callable to call, if any."""
+    if callable(progress):
+        return "never", progress
+    if progress is True:
+        return "auto", None
+    if progress is False or progress is None:
+        return "never", None
+    if progress in ("auto", "terminal", "lines", "never"):
+        return progress, None
+    raise errors.InvalidArgumentError(
+        errors.INVALID_ARGUMENT,
+        f"progress={progress!r}: must be 'auto', 'terminal', 'lines', 'never', a bool or a "
+        "callable(bytes_done, bytes_total)")
+
+
+class _ProgressPoller:
+    """Calls `callback(bytes_done, bytes_total)` from a thread about twice a second while a
+    push runs, summed over the receivers (Sender.status()), and once when it ends."""
+
+    def __init__(self, sender, callback, total):
+        self._sender, self._callback, self._total = sender, callback, total
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ferry-progress", daemon=True)
+        self._thread.start()
+
+    def _done(self):
+        done = sum(r.bytes for r in self._sender.status())
+        return min(done, self._total) if self._total is not None else done
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            self._callback(self._done(), self._total)
+
+    def finish(self):
+        self._stop.set()
+        self._thread.join()
+        self._callback(self._done(), self._total)
+
+
 def _milliseconds(seconds, what):
     if seconds is None:
         return 0
@@ -92,6 +133,13 @@ class Sender(OwnedHandle):
     text; every other keyword is a config override with `__` for the dots
     (`update__bucket_bytes=1 << 26`). Timeouts are seconds.
 
+    `progress`: how a push shows its progress on stderr. "terminal" (the default): one line
+    redrawn in place when stderr is a terminal, nothing otherwise (a trainer's log stays
+    quiet); "auto" (or True): in place on a terminal, else a line every `progress_interval_ms`
+    (5000); "lines": those lines always; "never" (or False): nothing. A callable is called as
+    `progress(bytes_done, bytes_total)` (summed over the receivers) from a helper thread about
+    twice a second during each push and once at its end, and nothing is printed.
+
     Threading: one push at a time; abort() and status() may be called from other threads.
     """
 
@@ -104,6 +152,8 @@ class Sender(OwnedHandle):
             receivers = [r for r in receivers.split(",") if r]
         self.receivers = [str(r) for r in receivers]
         self._handle = None
+        mode, self._progress = _progress_mode(overrides.pop("progress", "terminal"))
+        overrides["progress"] = mode
         source, keep = config_source(config, config_text,
                                      {override_key(k): v for k, v in overrides.items()})
         addresses = [r.encode() for r in self.receivers]
@@ -148,8 +198,17 @@ class Sender(OwnedHandle):
             args.label = label.encode() if label is not None else None
             keep_handles = producers.fill(args)  # noqa: F841 (alive during the call)
             report = ctypes.c_void_p()
-            _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
-                                          ctypes.byref(report)))
+            poller = None
+            if self._progress is not None:
+                sizes = [getattr(v.owner, "nbytes", None) for v in views.views]
+                total = None if None in sizes else sum(sizes) * len(self.receivers)
+                poller = _ProgressPoller(self, self._progress, total)
+            try:
+                _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
+                                                  ctypes.byref(report)))
+            finally:
+                if poller is not None:
+                    poller.finish()
         result = _read_report(report)
         if check and not result.all_committed:
             raise errors.PushError(result)
