@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -13,6 +14,8 @@
 
 #include "config/config.hpp"
 #include "config/plugin_sections.hpp"
+#include "common/host_api.hpp"
+#include "registry/loader.hpp"
 #include "registry/registry.hpp"
 
 namespace fc = ferry::config;
@@ -110,6 +113,41 @@ TEST(PluginSections, APluginNotFoundIsRefusedWithWhereFerryLooked) {
 
 TEST(PluginSections, APluginThatDeclaresNothingIsLeftToItsCreate) {
   EXPECT_EQ(check("[transport.mock]\nanything = 1\n"), "");
+}
+
+// The host reads a plugin's option_keys without trusting it: a bad list is a refusal.
+TEST(PluginSections, AHostileOptionKeysListIsRefusedNotFollowed) {
+  using ferry::registry::read_option_keys;
+  ferry_plugin_negotiation_t answer = ferry::registry::host_negotiation(ferry::host_api_table());
+  std::optional<std::vector<std::string>> keys;
+  EXPECT_EQ(read_option_keys(answer, &keys), std::nullopt);  // NULL: not declared
+  EXPECT_FALSE(keys.has_value());
+
+  static const char* const good[] = {"a", "bb", nullptr};
+  answer.option_keys = good;
+  EXPECT_EQ(read_option_keys(answer, &keys), std::nullopt);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a", "bb"}));
+
+  answer.option_keys = reinterpret_cast<const char* const*>(std::uintptr_t{0x10});
+  EXPECT_THAT(read_option_keys(answer, &keys).value_or(""),
+              HasSubstr("its option_keys entry 0 at 0x10 is not readable memory"));
+  EXPECT_FALSE(keys.has_value());
+
+  static const char* const empty_key[] = {"a", "", nullptr};
+  answer.option_keys = empty_key;
+  EXPECT_THAT(read_option_keys(answer, &keys).value_or(""),
+              HasSubstr("its option_keys entry 1 is not a readable, non-empty string"));
+
+  static const char* const unreadable_key[] = {reinterpret_cast<const char*>(std::uintptr_t{8}),
+                                               nullptr};
+  answer.option_keys = unreadable_key;
+  EXPECT_THAT(read_option_keys(answer, &keys).value_or(""),
+              HasSubstr("its option_keys entry 0 is not a readable"));
+
+  std::vector<const char*> endless(300, "k");
+  answer.option_keys = endless.data();
+  EXPECT_THAT(read_option_keys(answer, &keys).value_or(""),
+              HasSubstr("its option_keys list has no NULL among its first 256 entries"));
 }
 
 }  // namespace

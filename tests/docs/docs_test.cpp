@@ -193,7 +193,7 @@ std::vector<std::string> words_of(const std::string& command) {
   std::string word;
   char quote = 0;
   for (const char c : command) {
-    if (quote == 0 && (c == ' ' || c == '\t')) {
+    if (quote == 0 && (c == ' ' || c == '\t' || c == '\n')) {
       if (!word.empty()) words.push_back(word);
       word.clear();
       continue;
@@ -305,6 +305,34 @@ TEST(DocsCommands, TheOnesThatNeedNothingRun) {
   }
   EXPECT_GE(ran, 1);
   std::printf("ran %d ferry command lines\n", ran);
+}
+
+// `ferry ...` in running text names a command or an option, often without its values: the
+// command and every option named must exist (a missing value or required option is not checked).
+TEST(DocsCommands, EveryCommandNamedInTheTextExists) {
+  const std::regex span(R"(`((?:build/host/cli/)?ferry(?: [^`]*)?)`)");
+  int checked = 0;
+  for (const auto& file : markdown_files()) {
+    const std::string text = read_text(file);
+    for (std::sregex_iterator it(text.begin(), text.end(), span), end; it != end; ++it) {
+      const std::string written = (*it)[1].str();
+      const auto words = words_of(written);
+      if (words.size() < 2) continue;
+      // "--config/--set" lists options in prose; "<name>" stands for a value.
+      if (written.find("/--") != std::string::npos) continue;
+      ++checked;
+      std::string args;  // each word quoted: running text is not shell ("<name>")
+      for (const auto& word : words_of(drop_optional_brackets(words, 1))) {
+        args += (word.find('\'') == std::string::npos ? "'" + word + "'" : word) + " ";
+      }
+      const auto result = ferry::test::run_command(in_scratch("", "--parse-only " + args));
+      const bool unknown = result.out.find("was not expected") != std::string::npos ||
+                           result.out.find("is not a ferry command") != std::string::npos;
+      EXPECT_FALSE(unknown) << source_relative(file) << ": `" << written
+                            << "` names a command or option ferry does not have:\n" << result.out;
+    }
+  }
+  std::printf("checked %d ferry commands named in the text\n", checked);
 }
 
 // The checker itself: a made-up option or command must fail it.
