@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "conformance/elf_symbols.hpp"
+#include "conformance/p2p.hpp"
 #include "conformance/tracking_host.hpp"
 #include "registry/loader.hpp"
 #include "registry/plugin_file.hpp"
@@ -97,12 +98,16 @@ class Suite {
       check_transport_caps();
       check_transport_sets();
       check_transport_lifecycle();
+      check_point_to_point();
     } else {
       check_model_errors();
       set("FERRY-ABI-7", Outcome::kNotApplicable, "model plugins have no capabilities");
       pass("FERRY-ABI-8", tables_.model.locate ? "optional locate is implemented"
                                                : "optional locate is NULL (not implemented)");
       check_model_lifecycle();
+      for (const char* id : kPointToPointIds) {
+        set(id, Outcome::kNotApplicable, "model plugins move no bytes");
+      }
     }
     return report_;
   }
@@ -480,6 +485,37 @@ class Suite {
       return;
     }
     pass("FERRY-ABI-8", "optional functions come in complete sets");
+  }
+
+  // FERRY-ABI-12 to 14: a point-to-point transport's data path, each in a forked child.
+  void check_point_to_point() {
+    ferry_transport_caps_t caps{};
+    caps.struct_size = FERRY_STRUCT_SIZE(ferry_transport_caps_t, max_inflight_buckets);
+    ferry_error_t* error = tables_.transport.get_caps(&caps);
+    if (error != nullptr) take_error(error);
+    const auto& api = tables_.transport;
+    const bool p2p = error == nullptr && (caps.flags & FERRY_TRANSPORT_CAP_POINT_TO_POINT) != 0;
+    const bool host_memory = (caps.memory_kinds & (FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED)) != 0;
+    const bool wired = api.get_address != nullptr && api.connect != nullptr &&
+                       api.disconnect != nullptr && api.register_memory != nullptr &&
+                       api.deregister_memory != nullptr;
+    std::string why_not;
+    if (!p2p) {
+      why_not = "not a point-to-point transport";
+    } else if (!host_memory) {
+      why_not = "moves device memory only (checked on a GPU by the plugin's own tests)";
+    } else if (!wired) {
+      why_not = "needs get_address, connect, disconnect, register_memory and deregister_memory "
+                "(FERRY-ABI-7 and 8)";
+    }
+    if (!why_not.empty()) {
+      for (const char* id : kPointToPointIds) {
+        set(id, p2p ? Outcome::kSkipped : Outcome::kNotApplicable,
+            p2p ? "not checked: " + why_not : why_not);
+      }
+      return;
+    }
+    for (auto& r : run_point_to_point(api, caps)) set(r.id, r.outcome, std::move(r.detail));
   }
 
   // FERRY-ABI-11 for transports.

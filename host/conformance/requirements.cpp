@@ -51,6 +51,21 @@ const std::vector<Requirement>& requirements() {
        "create with default arguments (transport: receiver, no options, device -1; model: "
        "layout \"hf\", tp and ep size 1, no config) either succeeds and destroy then releases the "
        "instance, or fails with a well-formed error object."},
+      {"FERRY-ABI-12",
+       "A point-to-point transport moves bytes between a loopback pair of instances connected "
+       "in the host's order (the receiver connects to the sender's address first): with "
+       "DIRECT_WRITE, put + flush land exactly the bytes given at the offset given; with "
+       "send_bucket/recv_bucket, a bucket sent into a posted receive arrives intact; nothing "
+       "outside a registered range or past a bucket is read or written (guard pages follow "
+       "every range)."},
+      {"FERRY-ABI-13",
+       "Deadlines and abort hold: an idle flush completes, a receive with nothing sent ends "
+       "with TIMEOUT by its deadline, and abort from another thread ends a waiting receive "
+       "with ABORTED; no call outlives its deadline by more than 3 s."},
+      {"FERRY-ABI-14",
+       "Instances are independent and thread-safe as plugin.h says: create and destroy run on 8 "
+       "threads at once, and 4 loopback pairs move buckets at once, one thread each, every "
+       "bucket arriving intact at its own receiver."},
   };
   return kRequirements;
 }

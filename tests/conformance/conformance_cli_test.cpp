@@ -38,7 +38,8 @@ TEST(ConformanceCommand, ConformingPluginExitsZeroWithPassLines) {
   EXPECT_EQ(run.status, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("PASS  FERRY-ABI-1 "));
   EXPECT_THAT(run.out, HasSubstr("PASS  FERRY-ABI-11 "));
-  EXPECT_THAT(run.out, HasSubstr("11 passed, 0 failed"));
+  EXPECT_THAT(run.out, HasSubstr("PASS  FERRY-ABI-14 "));
+  EXPECT_THAT(run.out, HasSubstr("14 passed, 0 failed"));
   EXPECT_THAT(run.out, HasSubstr("-> CONFORMS"));
 }
 
@@ -54,7 +55,7 @@ TEST(ConformanceCommand, ListPrintsEveryRequirement) {
   const CommandRun run = run_ferry("conformance --list");
   EXPECT_EQ(run.status, 0);
   EXPECT_THAT(run.out, HasSubstr("FERRY-ABI-1 "));
-  EXPECT_THAT(run.out, HasSubstr("FERRY-ABI-11 "));
+  EXPECT_THAT(run.out, HasSubstr("FERRY-ABI-14 "));
 }
 
 }  // namespace

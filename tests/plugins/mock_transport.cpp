@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -87,7 +88,9 @@ ferry_error_t* create(const ferry_transport_create_args_t* args, ferry_transport
   return sdk::guard([&] {
     if (args == nullptr || out == nullptr)
       fail(FERRY_STATUS_INVALID_ARGUMENT, "mock: create args or out is NULL");
-    std::string channel = "mock";
+    // Without the option each instance gets a channel of its own, so pairs never cross.
+    static std::atomic<unsigned> instances{0};
+    std::string channel = "mock-" + std::to_string(instances++);
     for (std::size_t i = 0; i < args->num_options; ++i) {
       const ferry_option_t& option = args->options[i];
       const std::string key = option.key ? option.key : "";

@@ -8,8 +8,9 @@
 namespace ferry::test_plugins {
 
 // A conforming transport table: POINT_TO_POINT over process-local queues, host/pinned memory,
-// synchronous send/recv. Option "channel" (default "mock") names the queue this instance receives
-// from; get_address returns it, so a sender that connects to that address delivers there.
+// synchronous send/recv. Option "channel" (default: "mock-<n>", one per instance) names the queue
+// this instance receives from; get_address returns it, so a sender that connects to that address
+// delivers there.
 extern const ferry_transport_api_t kMockTransportApi;
 
 }  // namespace ferry::test_plugins
