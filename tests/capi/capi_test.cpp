@@ -383,6 +383,33 @@ TEST(CApi, LogLevelComesFromTheEnvironmentAndABadOneIsNamed) {
   ferry_receiver_destroy(rx);
 }
 
+// FERRY_LOG_LEVEL wins over the config's file or text, and the overrides over it
+// (docs/config.md, "The log level"); the registry logs each plugin it loads at debug.
+TEST(CApi, LogLevelFromTheEnvironmentWinsOverTheConfigTextAndLosesToOverrides) {
+  ::setenv("FERRY_LOG_LEVEL", "debug", 1);
+  ferry_config_source_t config{};
+  config.struct_size = FERRY_STRUCT_SIZE(ferry_config_source_t, num_overrides);
+  config.toml_text = "log_level = 'error'\n";
+  ferry_receiver_t* rx = nullptr;
+  ::testing::internal::CaptureStderr();
+  const Outcome from_env = take(ferry_receiver_create(&config, &rx));
+  const std::string env_log = ::testing::internal::GetCapturedStderr();
+  ferry_receiver_destroy(rx);
+  const char* quiet[] = {"log_level=warn"};
+  config.overrides = quiet;
+  config.num_overrides = 1;
+  rx = nullptr;
+  ::testing::internal::CaptureStderr();
+  const Outcome overridden = take(ferry_receiver_create(&config, &rx));
+  const std::string override_log = ::testing::internal::GetCapturedStderr();
+  ferry_receiver_destroy(rx);
+  ::unsetenv("FERRY_LOG_LEVEL");
+  EXPECT_EQ(from_env.code, FERRY_STATUS_OK) << from_env.message;
+  EXPECT_NE(env_log.find("[debug]"), std::string::npos) << env_log;
+  EXPECT_EQ(overridden.code, FERRY_STATUS_OK) << overridden.message;
+  EXPECT_EQ(override_log.find("[debug]"), std::string::npos) << override_log;
+}
+
 TEST(CApi, EngineOrderRefusesEventsAndBadValues) {
   ferry_receiver_t* rx = nullptr;
   ASSERT_EQ(take(ferry_receiver_create(nullptr, &rx)).code, FERRY_STATUS_OK);
