@@ -1,7 +1,7 @@
 // control/http_listener: its deadlines and bounds with short settings, over real sockets: a
 // request head that does not arrive in time and an idle keep-alive are closed, connections over
 // the limit and requests over a pool's queue are answered 503 with the error answer, and stop()
-// lets a running handler's answer go out.
+// lets a running handler's answer go out; "Expect: 100-continue" is answered.
 #include "control/http_listener.hpp"
 
 #include <gtest/gtest.h>
@@ -87,6 +87,24 @@ TEST(HttpListener, SlowHeadAndIdleKeepAliveAreClosedAtTheDeadline) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(parse_answer(*first).status, 200);
   EXPECT_TRUE(keep.read_until_closed(3s).has_value()) << "an idle keep-alive stayed open";
+  listener.stop();
+}
+
+// curl sends large bodies only after "100 Continue".
+TEST(HttpListener, ExpectContinueIsAnsweredBeforeTheBodyIsRead) {
+  Gate gate;
+  HttpListener listener(HttpLimits{}, router(gate), error_answer);
+  const int port = listener.start("127.0.0.1", 0);
+  RawConnection c(port);
+  ASSERT_TRUE(c.send("POST /ok HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+                     "Content-Length: 2\r\n\r\n"));
+  const auto interim = c.read_answer(2s);
+  ASSERT_TRUE(interim.has_value()) << "no 100 Continue";
+  EXPECT_EQ(parse_answer(*interim).status, 100) << *interim;
+  ASSERT_TRUE(c.send("{}"));
+  const auto answer = c.read_answer(2s);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(parse_answer(*answer).status, 200) << *answer;
   listener.stop();
 }
 
