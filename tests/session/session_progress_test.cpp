@@ -1,7 +1,8 @@
 // `ferry push` shows its progress on stderr: with stderr a pipe, a plain line every
 // progress_interval_ms (none for a push done sooner); with stderr a pseudo-terminal, one line
 // redrawn in place; none with --no-progress or progress = "never". A slow link is stood in for
-// by FERRY_PUSH_TEST_BUCKET_DELAY_MS (every bucket takes that much longer).
+// by FERRY_PUSH_TEST_BUCKET_DELAY_MS (every bucket takes that much longer). /metrics' update
+// histograms count the pushes.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
@@ -186,6 +187,11 @@ TEST_F(SessionProgress, NoProgressWhenAskedOrForAQuickPush) {
   ASSERT_EQ(quick.status, 0) << quick.output;
   EXPECT_EQ(quick.output.find("push of version"), std::string::npos) << quick.output;
   EXPECT_EQ(version_of(serve), 6);
+  // /metrics' histograms count the session pushes as they count the initial load: 6 updates.
+  const auto metrics = serve.get("/metrics");
+  EXPECT_NE(metrics.text.find("\nferry_update_seconds_count 6\n"), std::string::npos) << metrics.text;
+  EXPECT_NE(metrics.text.find("\nferry_update_bytes_bucket{le=\"+Inf\"} 6\n"), std::string::npos)
+      << metrics.text;
 }
 
 TEST_F(SessionProgress, AnUnknownModeIsRefusedByName) {
