@@ -446,7 +446,7 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
   if (header.has_committed != 0 && mirror->commit_record_hash() != header.commit_hash) {
     fail(FERRY_STATUS_CORRUPT_DATA,
          "host mirror {}: the record of committed version {} is damaged (checksum mismatch over "
-         "its version, time, label and per-parameter state)",
+         "its version, time, label and fingerprints)",
          name, header.committed_version);
   }
   if (expected != nullptr) mirror->check_layout(*expected);
@@ -582,7 +582,12 @@ std::uint64_t HostMirror::commit_record_hash() const {
   XXH64_update(state, &header->table_hash, sizeof(header->table_hash));
   XXH64_update(state, &header->label_bytes, sizeof(header->label_bytes));
   XXH64_update(state, base_ + kLabelOffset, std::min<std::uint64_t>(header->label_bytes, kMirrorLabelMax));
-  XXH64_update(state, base_ + kStateOffset, entries_.size() * sizeof(EntryState));
+  // The fingerprints, not the filled flags: a release's backup copy clears and sets those while
+  // the version stays committed (a slot not filled is refused by restore, naming it).
+  const auto* states = reinterpret_cast<const EntryState*>(base_ + kStateOffset);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    XXH64_update(state, &states[i].fingerprint, sizeof(states[i].fingerprint));
+  }
   const auto hash = XXH64_digest(state);
   XXH64_freeState(state);
   return hash;

@@ -12,7 +12,7 @@
 // (name, tag, dtype, shape, offset, bytes of every entry) and of the owner's metadata (opaque
 // bytes: the receiver keeps the checkpoint catalog there), and the committed weight version with
 // the time it was recorded and an xxh64 of that record (version, time, label, every entry's
-// fingerprint and filled flag). open_file() validates all of it before trusting a byte, refuses a
+// fingerprint). open_file() validates all of it before trusting a byte, refuses a
 // file whose layout differs from the expected one with a message naming the first difference, and
 // holds an exclusive lock (flock) on the file while the mirror lives: a second process opening or
 // replacing a mirror in use is refused.

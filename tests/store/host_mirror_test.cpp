@@ -387,6 +387,33 @@ TEST_F(MirrorFile, ADamagedCommittedRecordIsRefused) {
   EXPECT_EQ(HostMirror::open_file(path_)->committed(), (CommittedVersion{9, "v9"}));
 }
 
+// A process killed during a release's backup copy leaves slots not marked filled under a version
+// that stays committed: the file opens, and a restore refuses, naming the parameter.
+TEST_F(MirrorFile, ASlotNotFilledUnderACommittedVersionIsRefusedByRestore) {
+  CpuWeightStore store;
+  store.place_all("weights", Policy::Backup, model_specs());
+  fill_random(store, 9);
+  {
+    auto mirror = HostMirror::create_file(path_, store.mirror_layout());
+    const std::size_t entries[] = {0, 1, 2};
+    std::vector<const std::byte*> sources;
+    for (std::size_t i = 0; i < 3; ++i) sources.push_back(store.param(i).data);
+    mirror->save(entries, sources);
+    mirror->set_committed({5, "v5"}, std::vector<std::uint64_t>{1, 2, 3});
+    mirror->clear_filled(1);
+  }
+  std::shared_ptr<HostMirror> mirror = HostMirror::open_file(path_);
+  EXPECT_EQ(mirror->committed(), (CommittedVersion{5, "v5"}));
+  store.attach_mirror(mirror);
+  try {
+    store.restore_from_mirror(kWeights);
+    FAIL() << "a slot without a copy was restored";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+    EXPECT_NE(std::string(e.what()).find("layers.0.w"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(MirrorFile, AMirrorInUseCannotBeOpenedOrReplaced) {
   CpuWeightStore store;
   store.place_all("weights", Policy::Backup, model_specs());
