@@ -2,8 +2,8 @@
 // connection object per socket, driven by completion handlers on the single I/O thread.
 #include "control/http_listener.hpp"
 
-#include <ferry/sdk/error.hpp>
 #include <sys/resource.h>
+#include <ferry/sdk/error.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -148,10 +148,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // (Not boost::none: Beast 1.74 compares a length with an empty limit as larger.)
     head_->body_limit(std::numeric_limits<std::uint64_t>::max());
     stream_.expires_after(server_.limits.header_timeout);
-    http::async_read_header(stream_, buffer_, *head_,
-                            [self = shared_from_this()](error_code ec, std::size_t) {
-                              self->on_head(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *head_,
+        [self = shared_from_this()](error_code ec, std::size_t) { self->on_head(ec); });
   }
 
   void on_head(const error_code& ec) {
@@ -185,8 +184,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!has_body) return run();
     if (beast::iequals(h[http::field::expect], "100-continue")) {
       // The client waits for this before it sends the body (curl does for large ones).
-      auto interim = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
-                                                                       version_);
+      auto interim =
+          std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
       stream_.expires_after(server_.limits.write_timeout);
       http::async_write(stream_, *interim,
                         [self = shared_from_this(), interim](error_code wec, std::size_t) {
@@ -205,10 +204,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Counted as bytes arrive, chunk sizes included: a larger body fails before it is kept.
     body_->body_limit(static_cast<std::uint64_t>(server_.limits.max_body_bytes));
     stream_.expires_after(server_.limits.body_timeout);
-    http::async_read(stream_, buffer_, *body_,
-                     [self = shared_from_this()](error_code ec, std::size_t) {
-                       self->on_body(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *body_,
+        [self = shared_from_this()](error_code ec, std::size_t) { self->on_body(ec); });
   }
 
   void on_body(const error_code& ec) {
@@ -227,16 +225,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (is_disconnect(ec)) return close();
     if (ec == beast::error::timeout) {
       // The stream is closed already; an idle keep-alive is a normal end.
-      logger("control")->debug("HTTP client {}: no complete {} within the deadline; closed",
-                               peer(), phase);
+      logger("control")->debug("HTTP client {}: no complete {} within the deadline; closed", peer(),
+                               phase);
       return close();
     }
     drain_after_ = true;
     if (ec == http::error::header_limit) {
-      return write(server_.error_answer(
-          431, FERRY_STATUS_INVALID_ARGUMENT,
-          fmt::format("the request head is larger than {} bytes",
-                      server_.limits.max_header_bytes)));
+      return write(server_.error_answer(431, FERRY_STATUS_INVALID_ARGUMENT,
+                                        fmt::format("the request head is larger than {} bytes",
+                                                    server_.limits.max_header_bytes)));
     }
     if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
       return write(server_.error_answer(400, FERRY_STATUS_INVALID_ARGUMENT,
@@ -247,10 +244,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   HttpResponse too_large() const {
-    return server_.error_answer(
-        413, FERRY_STATUS_INVALID_ARGUMENT,
-        fmt::format("the request body is larger than the limit of {} bytes",
-                    server_.limits.max_body_bytes));
+    return server_.error_answer(413, FERRY_STATUS_INVALID_ARGUMENT,
+                                fmt::format("the request body is larger than the limit of {} bytes",
+                                            server_.limits.max_body_bytes));
   }
 
   HttpResponse call_handler() noexcept {
@@ -415,7 +411,9 @@ struct HttpListener::Impl : Server {
 HttpListener::HttpListener(HttpLimits limits, Router router, ErrorAnswer error_answer)
     : impl_(std::make_unique<Impl>(limits, std::move(router), std::move(error_answer))) {}
 
-HttpListener::~HttpListener() { stop(); }
+HttpListener::~HttpListener() {
+  stop();
+}
 
 int HttpListener::start(const std::string& host, int port) {
   auto& i = *impl_;
@@ -470,8 +468,7 @@ void HttpListener::stop() {
   for (auto& pool : i.workers) pool->join();  // handlers finish; answers go to the I/O thread
   {
     std::unique_lock lock(i.live_mutex);
-    i.live_changed.wait_for(lock, i.limits.write_timeout + kDrainTime,
-                            [&] { return i.live == 0; });
+    i.live_changed.wait_for(lock, i.limits.write_timeout + kDrainTime, [&] { return i.live == 0; });
   }
   i.work.reset();
   i.ioc.stop();

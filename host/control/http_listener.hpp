@@ -3,8 +3,8 @@
 // and a few kilobytes, never a thread; handlers that may block (updates, anything behind the
 // receiver's update lock) run on two small worker pools (reads, changes), so that routes answered
 // on the I/O thread (/health, /metrics) never wait behind them, and reads that wait for a
-// stalled update never hold the threads a change needs. Protocol limits are enforced while reading: a
-// deadline for a request's head (slow or idle clients), a routing decision (authentication)
+// stalled update never hold the threads a change needs. Protocol limits are enforced while reading:
+// a deadline for a request's head (slow or idle clients), a routing decision (authentication)
 // before any body byte is read, a body limit counted as bytes arrive (chunked bodies included), a
 // bound on open connections.
 //
@@ -63,9 +63,9 @@ struct HttpLimits {
   std::chrono::milliseconds header_timeout{10000};
   std::chrono::milliseconds body_timeout{30000};   // a request's whole body
   std::chrono::milliseconds write_timeout{10000};  // one answer
-  std::size_t max_connections = 4096;  // open at once; more are answered 503 and closed
-  unsigned workers = 4;                // threads of each pool for blocking handlers
-  std::size_t max_queued = 64;         // per pool, requests running or waiting; more: 503
+  std::size_t max_connections = 4096;              // open at once; more are answered 503 and closed
+  unsigned workers = 4;                            // threads of each pool for blocking handlers
+  std::size_t max_queued = 64;  // per pool, requests running or waiting; more: 503
 };
 
 class HttpListener {

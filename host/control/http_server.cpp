@@ -4,7 +4,6 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
-#include <cmath>
 #include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -106,7 +105,9 @@ T field(const json& body, const char* key, T fallback) {
                           ? it->get<std::uint64_t>() <=
                                 static_cast<std::uint64_t>(std::numeric_limits<T>::max())
                           : std::is_signed_v<T> || it->get<std::int64_t>() >= 0;
-    if (!fits) fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is out of range ({})", key, it->dump());
+    if (!fits) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is out of range ({})", key, it->dump());
+    }
   }
   try {
     return it->get<T>();
@@ -382,7 +383,9 @@ struct ControlServer::Impl {
   }
 
   void install() {
-    for (const Route& route : kRoutes) handlers[route.path] = {&route, wrap(route, handler_for(route.path))};
+    for (const Route& route : kRoutes) {
+      handlers[route.path] = {&route, wrap(route, handler_for(route.path))};
+    }
   }
 };
 

@@ -33,8 +33,8 @@ class ControlLoad : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = std::make_unique<TempDir>();
-    checkpoint_ = std::make_unique<Checkpoint>(
-        make_dense_checkpoint(DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 7));
+    checkpoint_ = std::make_unique<Checkpoint>(make_dense_checkpoint(
+        DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 7));
     write_checkpoint(dir_->path() / "model", *checkpoint_, 1);
     ServeOptions o;
     o.model_path = model_path();
@@ -78,9 +78,8 @@ class ControlLoad : public ::testing::Test {
     std::cout << "answered after " << seconds << " s, " << sent.load() / kMiB
               << " MiB sent; server peak RSS " << hwm_before / kMiB << " -> " << hwm_after / kMiB
               << " MiB\n";
-    EXPECT_LE(hwm_after, hwm_before + max_growth)
-        << "the server kept the body: peak RSS grew by " << (hwm_after - hwm_before) / kMiB
-        << " MiB";
+    EXPECT_LE(hwm_after, hwm_before + max_growth) << "the server kept the body: peak RSS grew by "
+                                                  << (hwm_after - hwm_before) / kMiB << " MiB";
     EXPECT_TRUE(text.has_value()) << "no answer within 20 s";
     return text ? parse_answer(*text) : RawAnswer{};
   }
@@ -124,8 +123,9 @@ TEST_F(ControlLoad, ChunkedBodyOverTheLimitIs413WithTheToken) {
 
 TEST_F(ControlLoad, AnnouncedBodyOverTheLimitIs413BeforeItIsSent) {
   RawConnection c(serve_->port());
-  ASSERT_TRUE(c.send("POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\n"
-                     "Content-Length: 1073741824\r\n\r\n{"));
+  ASSERT_TRUE(
+      c.send("POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\n"
+             "Content-Length: 1073741824\r\n\r\n{"));
   const auto text = c.read_answer(5s);
   ASSERT_TRUE(text.has_value()) << "no answer before the body was sent";
   expect_json_error(parse_answer(*text), 413);
@@ -174,16 +174,17 @@ TEST_F(ControlLoad, EveryErrorIsAJsonObject) {
     int status;
   };
   const std::vector<Case> cases = {
-      {"post_without_body", "POST /update_weight_version HTTP/1.1\r\nHost: t\r\n" + auth_line() + "\r\n",
-       400},
+      {"post_without_body",
+       "POST /update_weight_version HTTP/1.1\r\nHost: t\r\n" + auth_line() + "\r\n", 400},
       {"not_http", "HELLO THERE\r\n\r\n", 400},
       {"wrong_method", "GET /update_weights_from_disk HTTP/1.1\r\nHost: t\r\n\r\n", 405},
       {"unknown_route", "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n", 404},
-      {"no_token", "POST /release_memory_occupation HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}",
-       401},
+      {"no_token",
+       "POST /release_memory_occupation HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}", 401},
       {"head_too_large",
        "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(20000, 'x') + "\r\n\r\n", 431},
-      {"bad_chunk", "POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+      {"bad_chunk",
+       "POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
        400},
   };
   for (const auto& c : cases) {
@@ -227,14 +228,16 @@ TEST_F(ControlLoad, SessionPortRefusesConnectionsOverItsLimitWithAMessage) {
   EXPECT_TRUE(ended.has_value()) << "a connection without a Hello outlived the deadline";
   held.clear();
   const auto settle = Clock::now() + 8s;
-  while (proc_status_value(serve_->pid(), "Threads") > threads_before + 2 && Clock::now() < settle) {
+  while (proc_status_value(serve_->pid(), "Threads") > threads_before + 2 &&
+         Clock::now() < settle) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_LE(proc_status_value(serve_->pid(), "Threads"), threads_before + 2);
   EXPECT_EQ(serve_->get("/health").status, 200);
 }
 
-// Every connection is a file: `ferry serve` started with a low soft limit raises it to the hard one.
+// Every connection is a file: `ferry serve` started with a low soft limit raises it to the hard
+// one.
 TEST(ControlFiles, ServeRaisesItsOpenFileLimitToTheHardLimit) {
   rlimit own{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &own), 0);

@@ -27,8 +27,8 @@ using Clock = std::chrono::steady_clock;
 
 TEST(ControlStall, ReadsAndChangesAnswerWhileAnUpdateHoldsTheLock) {
   TempDir dir;
-  const Checkpoint v1 =
-      make_dense_checkpoint(DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 3);
+  const Checkpoint v1 = make_dense_checkpoint(
+      DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 3);
   write_checkpoint(dir.path() / "v1", v1, 1);
   config::Config config;
   config.receiver.model_family = "dense";
@@ -53,9 +53,10 @@ TEST(ControlStall, ReadsAndChangesAnswerWhileAnUpdateHoldsTheLock) {
   waiting.reserve(kWaiting);
   for (int i = 0; i < kWaiting; ++i) {
     waiting.emplace_back(server.port());
-    ASSERT_TRUE(waiting.back().send("POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\n"
-                                    "Content-Length: " +
-                                    std::to_string(read.size()) + "\r\n\r\n" + read));
+    ASSERT_TRUE(
+        waiting.back().send("POST /get_weights_by_name HTTP/1.1\r\nHost: t\r\n"
+                            "Content-Length: " +
+                            std::to_string(read.size()) + "\r\n\r\n" + read));
   }
   std::this_thread::sleep_for(200ms);  // every read is waiting for the lock
 
@@ -66,8 +67,8 @@ TEST(ControlStall, ReadsAndChangesAnswerWhileAnUpdateHoldsTheLock) {
     ASSERT_TRUE(c.send(std::string("GET ") + path + " HTTP/1.1\r\nHost: t\r\n\r\n"));
     const auto text = c.read_answer(5s);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    std::cout << path << " during a stalled update with " << kWaiting
-              << " reads waiting: " << ms << " ms\n";
+    std::cout << path << " during a stalled update with " << kWaiting << " reads waiting: " << ms
+              << " ms\n";
     ASSERT_TRUE(text.has_value()) << "no answer while the update stalls";
     const RawAnswer a = parse_answer(*text);
     EXPECT_NE(a.status, 0);

@@ -96,8 +96,9 @@ TEST(HttpListener, ExpectContinueIsAnsweredBeforeTheBodyIsRead) {
   HttpListener listener(HttpLimits{}, router(gate), error_answer);
   const int port = listener.start("127.0.0.1", 0);
   RawConnection c(port);
-  ASSERT_TRUE(c.send("POST /ok HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
-                     "Content-Length: 2\r\n\r\n"));
+  ASSERT_TRUE(
+      c.send("POST /ok HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+             "Content-Length: 2\r\n\r\n"));
   const auto interim = c.read_answer(2s);
   ASSERT_TRUE(interim.has_value()) << "no 100 Continue";
   EXPECT_EQ(parse_answer(*interim).status, 100) << *interim;
