@@ -120,6 +120,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start() {
     error_code ignored;
     stream_.socket().set_option(tcp::no_delay(true), ignored);
+    const auto ep = stream_.socket().remote_endpoint(ignored);
+    peer_ = fmt::format("{}:{}", ep.address().to_string(), ep.port());
     if (refuse_) {
       drain_after_ = true;
       write(server_.error_answer(
@@ -339,11 +341,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.close();
   }
 
-  std::string peer() const {
-    error_code ec;
-    const auto ep = stream_.socket().remote_endpoint(ec);
-    return ec ? std::string("(gone)") : fmt::format("{}:{}", ep.address().to_string(), ep.port());
-  }
+  // Taken at accept: after a deadline the socket is closed and knows no peer.
+  const std::string& peer() const { return peer_; }
 
   Server& server_;
   beast::tcp_stream stream_;
@@ -354,6 +353,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Dispatch dispatch_;
   http::response<http::string_body> response_;
   std::unique_ptr<char[]> discard_;
+  std::string peer_;
   unsigned version_ = 11;
   bool keep_alive_ = false;
   bool drain_after_ = false;  // the request's body was not read (or not all of it)

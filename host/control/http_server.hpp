@@ -1,6 +1,7 @@
 // control/http_server.hpp: the receiver's HTTP/JSON control API (SGLang's endpoint names and
 // fields where the semantics match), plus /metrics. Binds to 127.0.0.1 unless configured
-// otherwise; with a token, every mutating route requires `Authorization: Bearer <token>`.
+// otherwise; with a token, every mutating route requires `Authorization: Bearer <token>`. The
+// server under it (limits, deadlines, which routes may wait): control/http_listener.hpp.
 #pragma once
 
 #include <functional>
@@ -30,7 +31,7 @@ struct ServerOptions {
   std::string token;  // empty: no authentication
   // GET /ferry/session answers this JSON object text ({"protocol", "port", "unix_path"}: where the
   // session listener of session/receiver_endpoint.hpp accepts senders). Unset: the route answers
-  // 404 (this process runs no session listener). Called from server threads.
+  // 404 (this process runs no session listener). Called on the I/O thread: must not block.
   std::function<std::string()> session_info;
 };
 
