@@ -194,7 +194,7 @@ TEST_F(SessionProgress, NoProgressWhenAskedOrForAQuickPush) {
       << metrics.text;
 }
 
-TEST_F(SessionProgress, AnUnknownModeIsRefusedByName) {
+TEST_F(SessionProgress, AnUnknownModeOrATooShortIntervalIsRefusedByName) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
   const auto run = push(serve, 2, false, 0, {"--progress", "sometimes"});
   EXPECT_EQ(run.status, 1) << run.output;
@@ -208,6 +208,13 @@ TEST_F(SessionProgress, AnUnknownModeIsRefusedByName) {
   EXPECT_NE(set.output.find("'progress' must be one of auto, terminal, lines, never"),
             std::string::npos)
       << set.output;
+  const auto interval = run_ferry_on(false, {"--set", "progress_interval_ms=5", "push", "--to",
+                                             address_of(serve), "--synthetic", "--version", "2"},
+                                     {});
+  EXPECT_EQ(interval.status, 1) << interval.output;
+  EXPECT_NE(interval.output.find("'progress_interval_ms' must be in [100, 604800000], got 5"),
+            std::string::npos)
+      << interval.output;
   EXPECT_EQ(version_of(serve), 1);
 }
 
