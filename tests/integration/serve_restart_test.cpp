@@ -9,6 +9,7 @@
 // the page-locked host copy the CUDA store restores from).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -145,8 +146,16 @@ class ServeRestart : public ::testing::Test {
     EXPECT_EQ(log.find("restored version"), std::string::npos) << log;
   }
 
-  TempDir run_;
-  fs::path mirror_ = run_.path() / "mirror";
+  // Under /dev/shm where there is one (where a mirror belongs: a CUDA store page-locks it).
+  static fs::path mirror_file() {
+    const fs::path shm = "/dev/shm";
+    const auto dir = fs::is_directory(shm) ? shm : fs::temp_directory_path();
+    return dir / ("ferry-restart-test-" + std::to_string(::getpid()) + "-" +
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { fs::remove(mirror_); }
+
+  fs::path mirror_ = mirror_file();
 
   static std::unique_ptr<TempDir> models_;
   static std::unique_ptr<Checkpoint> initial_, trained_, other_;
