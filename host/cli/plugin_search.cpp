@@ -26,10 +26,13 @@ std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globa
   std::vector<std::filesystem::path> first(globals.plugin_dirs.begin(), globals.plugin_dirs.end());
   first.insert(first.end(), config_dirs.begin(), config_dirs.end());
   std::vector<std::filesystem::path> last;
-  // A relocated install (scripts/bundle): plugins in ../lib/ferry/plugins beside the executable.
+  // A relocated or staged install (scripts/bundle, meson install --destdir): plugins in
+  // ../<libdir>/ferry/plugins or ../lib/ferry/plugins beside the executable.
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) last.push_back(exe.parent_path().parent_path() / "lib" / "ferry" / "plugins");
+  if (!ec) {
+    for (auto& dir : registry::plugin_dirs_beside(exe)) last.push_back(std::move(dir));
+  }
   for (const auto& d : in_tree_plugin_dirs()) last.emplace_back(d);
   return registry::Registry::default_search_path(first, last);
 }

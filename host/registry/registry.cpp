@@ -13,6 +13,7 @@
 
 #include "common/log.hpp"
 #include "ferry_build_config.h"
+#include "ferry_registry_paths.h"
 #include "registry/loader.hpp"
 #include "registry/plugin_file.hpp"
 #include "registry/vetting.hpp"
@@ -97,6 +98,13 @@ std::vector<fs::path> search_path(const std::vector<fs::path>& config_dirs,
   }
   dirs.push_back(install_dir);
   dirs.insert(dirs.end(), extra_last.begin(), extra_last.end());
+  return dirs;
+}
+
+std::vector<fs::path> plugin_dirs_beside(const fs::path& exe) {
+  const fs::path prefix = exe.parent_path().parent_path();
+  std::vector<fs::path> dirs{prefix / FERRY_LIBDIR / "ferry" / "plugins"};
+  if (fs::path(FERRY_LIBDIR) != "lib") dirs.push_back(prefix / "lib" / "ferry" / "plugins");
   return dirs;
 }
 

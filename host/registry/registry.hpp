@@ -94,6 +94,11 @@ class Registry {
   std::vector<Refusal> refused_;
 };
 
+// The plugin folders of an install that was moved or staged (meson install --destdir, a bundle):
+// for the executable `exe` at <prefix>/bin/, <prefix>/<libdir>/ferry/plugins (libdir as
+// configured, e.g. lib/x86_64-linux-gnu) and <prefix>/lib/ferry/plugins.
+std::vector<std::filesystem::path> plugin_dirs_beside(const std::filesystem::path& exe);
+
 // The pure part of default_search_path, for tests: `plugin_path_env` is FERRY_PLUGIN_PATH's value
 // (nullopt: unset), `elevated` whether the process runs with elevated privileges (AT_SECURE), in
 // which case the environment is ignored with a warning.
