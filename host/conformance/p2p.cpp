@@ -331,6 +331,19 @@ struct Pair {
     }
   }
 
+  // One recv_bucket into the whole slot with nothing sent for it, waited for up to `wait`; how it
+  // ended.
+  ErrorSeen receive_unsent(Clock::duration deadline, Clock::duration wait) {
+    ferry_bucket_io_t io{};
+    io.struct_size = FERRY_STRUCT_SIZE(ferry_bucket_io_t, deadline_ns);
+    io.data = range_of(slot_memory, 0, kSlotBytes);
+    io.bucket_index = 1;
+    io.deadline_ns = deadline_ns(deadline);
+    ferry_request_t* request = nullptr;
+    ferry_error_t* error = api.recv_bucket(receiver.t(), receiver.peer(), &io, &request);
+    return error != nullptr ? take_error(error) : receiver.finish(request, wait);
+  }
+
   // recv_bucket into slot[0, n) on its own thread (a synchronous transport blocks in it), then
   // send_bucket of local[0, n); the receive's outcome.
   ErrorSeen send_into_posted_receive(std::uint64_t n, std::uint32_t index) {
@@ -479,15 +492,7 @@ std::string check_deadlines(const ferry_transport_api_t& api, const ferry_transp
     dog.step("recv_bucket with nothing sent (deadline 300 ms away): TIMEOUT by then",
              kShortDeadline + kGrace);
     const auto start = Clock::now();
-    ferry_bucket_io_t io{};
-    io.struct_size = FERRY_STRUCT_SIZE(ferry_bucket_io_t, deadline_ns);
-    io.data = range_of(pair.slot_memory, 0, kSlotBytes);
-    io.bucket_index = 1;
-    io.deadline_ns = deadline_ns(kShortDeadline);
-    ferry_request_t* request = nullptr;
-    ferry_error_t* error = api.recv_bucket(pair.receiver.t(), pair.receiver.peer(), &io, &request);
-    const ErrorSeen seen =
-        error != nullptr ? take_error(error) : pair.receiver.finish(request, kShortDeadline);
+    const ErrorSeen seen = pair.receive_unsent(kShortDeadline, kShortDeadline);
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     if (seen.code != FERRY_STATUS_TIMEOUT) {
       fail(FERRY_STATUS_INTERNAL, "a receive with nothing sent ended with {} ({}), not TIMEOUT",
@@ -505,15 +510,7 @@ std::string check_deadlines(const ferry_transport_api_t& api, const ferry_transp
       api.abort(fresh.receiver.t(), "conformance: abort");
     });
     const auto start = Clock::now();
-    ferry_bucket_io_t io{};
-    io.struct_size = FERRY_STRUCT_SIZE(ferry_bucket_io_t, deadline_ns);
-    io.data = range_of(fresh.slot_memory, 0, kSlotBytes);
-    io.bucket_index = 1;
-    io.deadline_ns = deadline_ns(kLongDeadline);
-    ferry_request_t* request = nullptr;
-    ferry_error_t* error =
-        api.recv_bucket(fresh.receiver.t(), fresh.receiver.peer(), &io, &request);
-    const ErrorSeen seen = error != nullptr ? take_error(error) : fresh.receiver.finish(request, 3s);
+    const ErrorSeen seen = fresh.receive_unsent(kLongDeadline, 3s);
     aborter.join();
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     if (seen.code != FERRY_STATUS_ABORTED) {
