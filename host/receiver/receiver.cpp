@@ -389,6 +389,12 @@ struct Receiver::State {
     has_layout.store(true, std::memory_order_release);
     logger("receiver")->info("model family '{}' over {} engine-owned parameters", family,
                              layout.size());
+    if (!config.memory.mirror_path.empty()) {
+      logger("receiver")->warn(
+          "memory.mirror_path {} is not used: the weights are the engine's own parameters (the "
+          "engine loads them itself when it restarts); the host mirror is anonymous memory",
+          config.memory.mirror_path);
+    }
   }
 
   // A later checkpoint must describe the same tensors as the first one.
