@@ -1,7 +1,7 @@
 // control/http_listener: its deadlines and bounds with short settings, over real sockets: a
-// request head that does not arrive in time and an idle keep-alive are closed, connections over
-// the limit and requests over a pool's queue are answered 503 with the error answer, and stop()
-// lets a running handler's answer go out; "Expect: 100-continue" is answered.
+// request head or body that does not arrive in time and an idle keep-alive are closed,
+// connections over the limit and requests over a pool's queue are answered 503 with the error
+// answer, stop() lets a running handler's answer go out, "Expect: 100-continue" is answered.
 #include "control/http_listener.hpp"
 
 #include <gtest/gtest.h>
@@ -70,12 +70,17 @@ HttpListener::Router router(Gate& gate) {
 
 const std::string kGetOk = "GET /ok HTTP/1.1\r\nHost: t\r\n\r\n";
 
-TEST(HttpListener, SlowHeadAndIdleKeepAliveAreClosedAtTheDeadline) {
+TEST(HttpListener, SlowHeadSlowBodyAndIdleKeepAliveAreClosedAtTheDeadline) {
   Gate gate;
   HttpLimits limits;
   limits.header_timeout = 300ms;
+  limits.body_timeout = 300ms;
   HttpListener listener(limits, router(gate), error_answer);
   const int port = listener.start("127.0.0.1", 0);
+
+  RawConnection slow_body(port);
+  ASSERT_TRUE(slow_body.send("POST /ok HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n{}"));
+  EXPECT_TRUE(slow_body.read_until_closed(3s).has_value()) << "a slow body outlived the deadline";
 
   RawConnection slow(port);
   ASSERT_TRUE(slow.send("GET /ok HTTP/1.1\r\nHo"));
