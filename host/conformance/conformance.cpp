@@ -495,7 +495,12 @@ class Suite {
     if (error != nullptr) take_error(error);
     const auto& api = tables_.transport;
     const bool p2p = error == nullptr && (caps.flags & FERRY_TRANSPORT_CAP_POINT_TO_POINT) != 0;
-    const bool host_memory = (caps.memory_kinds & (FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED)) != 0;
+    // A device transport (one node, CUDA memory: cuda_ipc) shares device memory only; the host
+    // gives its receivers device slots, so a host-memory pair says nothing about it.
+    const bool device_transport = (caps.flags & FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) != 0 &&
+                                  (caps.memory_kinds & FERRY_MEMORY_CUDA) != 0;
+    const bool host_memory =
+        !device_transport && (caps.memory_kinds & (FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED)) != 0;
     const bool wired = api.get_address != nullptr && api.connect != nullptr &&
                        api.disconnect != nullptr && api.register_memory != nullptr &&
                        api.deregister_memory != nullptr;
@@ -503,15 +508,17 @@ class Suite {
     if (!p2p) {
       why_not = "not a point-to-point transport";
     } else if (!host_memory) {
-      why_not = "moves device memory only (checked on a GPU by the plugin's own tests)";
+      why_not = "shares device memory only (its receivers' ranges are CUDA memory; checked on a "
+                "GPU by the plugin's own tests)";
     } else if (!wired) {
       why_not = "needs get_address, connect, disconnect, register_memory and deregister_memory "
                 "(FERRY-ABI-7 and 8)";
     }
     if (!why_not.empty()) {
       for (const char* id : kPointToPointIds) {
-        set(id, p2p ? Outcome::kSkipped : Outcome::kNotApplicable,
-            p2p ? "not checked: " + why_not : why_not);
+        const bool applies = p2p && host_memory;  // but cannot be checked
+        set(id, applies ? Outcome::kSkipped : Outcome::kNotApplicable,
+            applies ? "not checked: " + why_not : why_not);
       }
       return;
     }

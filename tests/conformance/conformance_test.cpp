@@ -5,6 +5,8 @@
 #include <ferry/sdk/error.hpp>
 
 #include <cstdlib>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -54,6 +56,29 @@ TEST(Conformance, UcxTransportConforms) {
     EXPECT_EQ(report.result(id).outcome, Outcome::kPass) << id << ": " << report.result(id).detail;
   }
   EXPECT_THAT(report.result("FERRY-ABI-13").detail, HasSubstr("abort ends a waiting receive"));
+}
+
+// Every transport and model plugin built in this tree conforms (a device transport's data path
+// shows N/A here; its GPU tests cover it).
+TEST(Conformance, EveryInTreePluginConforms) {
+  const char* dirs = std::getenv("FERRY_TEST_IN_TREE_PLUGIN_DIRS");
+  ASSERT_NE(dirs, nullptr) << "FERRY_TEST_IN_TREE_PLUGIN_DIRS is not set";
+  int checked = 0;
+  std::string list = dirs;
+  for (std::size_t start = 0; start < list.size();) {
+    const auto end = std::min(list.find(':', start), list.size());
+    const std::filesystem::path dir = list.substr(start, end - start);
+    start = end + 1;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const auto name = entry.path().filename().string();
+      if (name.rfind("libferry_", 0) != 0 || entry.path().extension() != ".so") continue;
+      const Report report = run(entry.path());
+      EXPECT_TRUE(report.passed()) << describe(report);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 2);
 }
 
 TEST(Conformance, MockModelConforms) {
