@@ -367,7 +367,9 @@ std::uint64_t push_step(session::Sender& sender, demo::SyntheticModel& model, st
     }
     views.push_back(std::move(v));
   }
-  const session::PushReport report = sender.push(views, step, version);
+  // The initial load is version 1 and versions only increase: step s is version s + 1, as a
+  // disk update of it would be.
+  const session::PushReport report = sender.push(views, step + 1, version);
   for (const auto& r : report.receivers) {
     if (!r.committed) {
       fail(FERRY_STATUS_PEER_FAILED, "push of {} over {} to {} failed: {}", version,

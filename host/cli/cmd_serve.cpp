@@ -12,6 +12,7 @@
 
 #include "cli/command.hpp"
 #include "cli/context.hpp"
+#include "cli/token_option.hpp"
 #include "common/log.hpp"
 #include "session/receiver_endpoint.hpp"
 #include "receiver/receiver.hpp"
@@ -20,7 +21,7 @@ namespace ferry::cli {
 namespace {
 
 struct ServeOptions {
-  std::optional<std::string> model_path, host, device, token, model_family, layout, ready_file;
+  std::optional<std::string> model_path, host, device, model_family, layout, ready_file;
   std::optional<int> port;
   std::optional<unsigned> tp_rank, tp_size;
 };
@@ -44,14 +45,14 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--host", opts->host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--port", opts->port, "port (default 30000; 0 picks a free one)");
   cmd->add_option("--device", opts->device, "cpu, cuda or cuda:N (default cpu)");
-  cmd->add_option("--token", opts->token, "bearer token required by mutating routes");
+  auto token = add_token_options(*cmd, "bearer token required by mutating routes");
   cmd->add_option("--model-family", opts->model_family, "model plugin (default: from config.json)");
   cmd->add_option("--layout", opts->layout, "engine (fused) or hf (checkpoint names)");
   cmd->add_option("--tp-rank", opts->tp_rank, "tensor-parallel rank of this receiver");
   cmd->add_option("--tp-size", opts->tp_size, "tensor-parallel size");
   cmd->add_option("--ready-file", opts->ready_file,
                   "write the bound port to this file once serving (for scripts and tests)");
-  return [opts, &globals] {
+  return [opts, token, &globals] {
     GlobalOptions g = globals;
     auto set = [&](const char* key, const std::string& value) {
       g.overrides.push_back(std::string(key) + "=" + value);
@@ -60,12 +61,13 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
     if (opts->host) set("receiver.host", *opts->host);
     if (opts->port) set("receiver.port", std::to_string(*opts->port));
     if (opts->device) set("receiver.device", *opts->device);
-    if (opts->token) set("receiver.token", *opts->token);
     if (opts->model_family) set("receiver.model_family", *opts->model_family);
     if (opts->layout) set("receiver.layout", *opts->layout);
     if (opts->tp_rank) set("receiver.tp_rank", std::to_string(*opts->tp_rank));
     if (opts->tp_size) set("receiver.tp_size", std::to_string(*opts->tp_size));
-    const config::Config config = load_config(g);
+    config::Config config = load_config(g);
+    // Not through the overrides: their messages quote the value.
+    if (auto t = resolve_token(*token)) config.receiver.token = std::move(*t);
     const sigset_t stop_signals = block_stop_signals();
     auto registry = make_registry(g, config);
     receiver::Receiver receiver(config, *registry);

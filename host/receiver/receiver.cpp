@@ -15,15 +15,14 @@
 #include <set>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/log.hpp"
 #include "common/progress.hpp"
 #include "config/config.hpp"
+#include "receiver/client_input.hpp"
 #include "receiver/source_reader.hpp"
 #include "registry/registry.hpp"
 #include "store/cpu_weight_store.hpp"
@@ -48,6 +47,7 @@ update::MirrorRefreshMode mirror_refresh_mode(config::MirrorRefresh refresh) {
 namespace fs = std::filesystem;
 constexpr const char* kWeightsTag = "weights";
 constexpr std::uint64_t kStagingAlign = 256;
+constexpr std::uint64_t kMaxConfigJsonBytes = 16ull << 20;
 
 // A long load from disk shows its progress as info lines of the log (config `progress`; never
 // drawn in place, this is a log): none for "never", nor for "terminal" off a terminal.
@@ -64,15 +64,11 @@ store::Policy to_store_policy(config::ReleasePolicy p) {
   return p == config::ReleasePolicy::backup ? store::Policy::Backup : store::Policy::Discard;
 }
 
-// Reads config.json next to a checkpoint (the folder itself, or the folder of a file).
+// Reads config.json next to a checkpoint (the folder itself, or the folder of a file); "" when
+// there is none. Never blocks: a FIFO or device there is refused.
 std::string read_config_json(const fs::path& checkpoint) {
   fs::path dir = fs::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
-  fs::path file = dir / "config.json";
-  std::ifstream in(file);
-  if (!in) return {};
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_optional_text_file(dir / "config.json", kMaxConfigJsonBytes);
 }
 
 // The model family named by config.json's architectures / model_type.
@@ -243,11 +239,6 @@ struct Receiver::State {
     if (engine_devices.empty()) return;
     order::wait(engine_order, engine_devices,
                 fmt::format("update {}: waiting for the engine's work on its parameters", version));
-  }
-
-  // Creates the model binding, store and engine from the first checkpoint's catalog.
-  void create_layout(const manifest::Manifest& cat, const fs::path& checkpoint) {
-    create_layout(cat, read_config_json(checkpoint), checkpoint);
   }
 
   // The layout from a catalog and the checkpoint's config.json text (may be empty); `checkpoint`
@@ -547,14 +538,11 @@ VersionInfo Receiver::start(const fs::path& model_path) {
 UpdateReport Receiver::update_from_disk(const fs::path& path,
                                         const std::optional<std::string>& label) {
   auto& s = *state_;
-  std::unique_lock lock(s.update_mutex, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
-  }
   const auto start = std::chrono::steady_clock::now();
-  s.require_weights_resident();
-
-  // Open and validate the whole checkpoint before touching anything.
+  // Open and validate the whole checkpoint before touching anything, and before taking the
+  // update lock: what a client names may be slow or malformed, and a refusal must not make other
+  // updates wait (a FIFO or device is refused without opening it).
+  check_checkpoint_path(path, "model_path");
   auto plugin = s.registry.transport("disk");
   std::map<std::string, std::string> topts = s.config.transports["disk"];
   if (s.config.update.read_threads != 0 && !topts.count("read_threads")) {
@@ -562,10 +550,18 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
   }
   SourceReader reader(plugin, topts, path.string());
   const auto& cat = reader.catalog();
+  // config.json matters to the first load only (the layout never changes afterwards).
+  const std::string config_json =
+      s.has_layout.load(std::memory_order_acquire) ? std::string() : read_config_json(path);
 
+  std::unique_lock lock(s.update_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  }
+  s.require_weights_resident();
   BusyGuard busy(s.busy, s.activity, s.engine ? "updating" : "loading");
   if (!s.engine) {
-    s.create_layout(cat, path);
+    s.create_layout(cat, config_json, path);
   } else {
     s.check_catalog(cat);
   }
@@ -674,6 +670,12 @@ UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uin
 }
 
 WeightValues Receiver::weights_by_name(const std::string& name, std::size_t truncate_size) const {
+  if (truncate_size > kMaxWeightValues) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "truncate_size {} is more than the maximum of {} values (get_weights_by_name shows a "
+         "sample; /get_fingerprints checks whole tensors)",
+         truncate_size, kMaxWeightValues);
+  }
   auto& s = *state_;
   std::lock_guard lock(s.update_mutex);
   if (!s.engine) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
@@ -710,6 +712,7 @@ WeightValues Receiver::weights_by_name(const std::string& name, std::size_t trun
   out.shape = shape;
   const auto& layout = s.binding->layout();
   std::size_t remaining = std::min<std::uint64_t>(truncate_size, elements);
+  out.values.reserve(remaining);
   for (const auto& op : ops) {
     if (remaining == 0) break;
     const auto& lp = layout.at(op.dst_param);
@@ -885,7 +888,7 @@ std::string Receiver::metrics_text() const {
   const auto h = health();
   const auto v = version();
   metric("ferry_ready", "gauge", "1 when the receiver serves committed weights", h.ready ? 1 : 0);
-  metric("ferry_weight_version", "gauge", "commit counter of the published weights",
+  metric("ferry_weight_version", "gauge", "number of the published version (only increases)",
          static_cast<double>(v.number), "label=\"" + escape_label(v.label) + "\"");
   if (s.has_layout.load(std::memory_order_acquire)) {
     const auto m = s.engine->metrics();

@@ -32,7 +32,9 @@ class Registry;
 namespace ferry::receiver {
 
 struct VersionInfo {
-  std::uint64_t number = 0;  // increments on every committed update
+  // The published update's number: a session's own (the sender's), else the previous one + 1.
+  // Only increases (UpdateEngine::begin refuses one not above it); 0 before the first commit.
+  std::uint64_t number = 0;
   std::string label;         // the weight_version string as the control API names it
 };
 
@@ -187,7 +189,10 @@ class Receiver {
                                                 const std::string& config_json,
                                                 const std::string* catalog_key = nullptr);
 
-  // get_weights_by_name: `name` is a checkpoint name, mapped through the layout.
+  // get_weights_by_name: `name` is a checkpoint name, mapped through the layout; the first
+  // `truncate_size` values (at most kMaxWeightValues: INVALID_ARGUMENT above, before any work).
+  // Costs what it returns: only those values are read.
+  static constexpr std::size_t kMaxWeightValues = std::size_t{1} << 20;
   WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;
 
   void set_version_label(const std::string& label);

@@ -17,6 +17,7 @@
 #include "common/log.hpp"
 #include "config/config.hpp"
 #include "ferry_build_config.h"
+#include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
 
@@ -130,6 +131,8 @@ IpcUpdateRequest parse_ipc_update(const json& body) {
       ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
                   "zmq_handles['{}'] must be a non-empty address string", uuid);
     }
+    // The address reaches ZeroMQ as a C string: a NUL would cut it short (another socket).
+    refuse_nul(address.get_ref<const std::string&>(), fmt::format("zmq_handles['{}']", uuid));
     request.zmq_handles[uuid] = address.get<std::string>();
   }
   for (const char* flag : {"flush_cache", "torch_empty_cache", "abort_all_requests"}) {
@@ -219,7 +222,8 @@ UpdateReport apply_ckpt_engine_update(Receiver& receiver, CkptBucketSource& sour
   }
 }
 
-UpdateReport update_weights_from_ipc(Receiver& receiver, const IpcUpdateRequest& request) {
+UpdateReport update_weights_from_ipc(Receiver& receiver,
+                                     [[maybe_unused]] const IpcUpdateRequest& request) {
   const auto& config = receiver.receiver_config();
   const auto device = store::parse_store_device(config.receiver.device);
   if (!device.cuda) {

@@ -3,6 +3,8 @@
 // (see receiver_nccl.hpp).
 #include "receiver/receiver_nccl.hpp"
 
+#include <fmt/format.h>
+
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
 
@@ -13,6 +15,7 @@
 #include "config/config.hpp"
 #include "ferry_build_config.h"
 #include "nccl/group_table.hpp"
+#include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
 
@@ -38,6 +41,8 @@ std::string string_field(const json& body, const char* key) {
   if (!v.is_string() || v.get<std::string>().empty()) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a non-empty string", key);
   }
+  // Addresses and names reach C strings (the plugin, NCCL): a NUL would cut them short.
+  refuse_nul(v.get_ref<const std::string&>(), fmt::format("field '{}'", key));
   return v.get<std::string>();
 }
 

@@ -185,6 +185,14 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
            "cannot begin update {}: update {} is still active (commit or abort it first)", version,
            active_version_);
     }
+    // Versions only increase (every update path begins here): a repeated or older number would
+    // make two different sets of weights answer to one version.
+    if (published_.committed && version <= published_.number) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "update version {} is not newer than the published version {} ('{}'): versions only "
+           "increase; send a version above {}",
+           version, published_.number, published_.label, published_.number);
+    }
   }
   // The mirror refresh of the last commit reads the weights, and a failure of this update rolls
   // back from it. By default an update that comes before it ended pre-empts it (the store then

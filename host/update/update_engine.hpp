@@ -132,10 +132,12 @@ class UpdateEngine {
   UpdateEngine(const UpdateEngine&) = delete;
   UpdateEngine& operator=(const UpdateEngine&) = delete;
 
-  // Starts update `version`. FAILED_PRECONDITION when an update is active or a layout tag is
-  // released; NOT_FOUND / INCOMPATIBLE when a layout parameter is missing from the store or has
-  // another dtype or shape. Clears the expected fingerprints. Waits for a running mirror
-  // refresh before it returns (see Transactions): nothing may write the weights before.
+  // Starts update `version`. FAILED_PRECONDITION when an update is active, when a version is
+  // published and `version` is not above it (versions only increase; the number of an update
+  // that never committed may be used again), or when a layout tag is released; NOT_FOUND /
+  // INCOMPATIBLE when a layout parameter is missing from the store or has another dtype or shape.
+  // Clears the expected fingerprints. Waits for a running mirror refresh before it returns (see
+  // Transactions): nothing may write the weights before.
   void begin(std::uint64_t version, std::string label);
 
   // Applies one bucket: decodes and validates `manifest_bytes` (its bucket_bytes must equal

@@ -296,18 +296,36 @@ std::span<const std::uint8_t> as_bytes(std::string_view text) {
   return {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()};
 }
 
-// Reads a whole small file (an index) with an upper bound.
-std::string read_small_file(const std::string& path, std::uint64_t limit) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+// Opens `path` for reading when it is a regular file (symbolic links followed). O_NONBLOCK: the
+// open of a FIFO returns at once instead of waiting for a writer, and is then refused like a
+// device or socket (INVALID_ARGUMENT naming what it is); regular files ignore the flag. Sets
+// `size` to the file's size.
+Fd open_regular_file(const std::string& path, std::uint64_t& size) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     const int err = errno;
-    fail(err == ENOENT ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO, "{}: cannot open: {}", path,
-         errno_text(err));
+    if (err == ENOENT) fail(FERRY_STATUS_NOT_FOUND, "{}: no such file", path);
+    fail(FERRY_STATUS_IO, "{}: cannot open: {}", path, errno_text(err));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(FERRY_STATUS_IO, "{}: stat failed: {}", path, errno_text(errno));
-  if (!S_ISREG(st.st_mode)) fail(FERRY_STATUS_IO, "{}: not a regular file", path);
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISDIR(st.st_mode)  ? "a folder"
+                                              : "not a regular file";
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: is {}, not a regular file", path, kind);
+  }
+  size = static_cast<std::uint64_t>(st.st_size);
+  return fd;
+}
+
+// Reads a whole small file (an index) with an upper bound.
+std::string read_small_file(const std::string& path, std::uint64_t limit) {
+  std::uint64_t size = 0;
+  Fd fd = open_regular_file(path, size);
   if (size > limit) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: file is {} bytes, more than the limit of {}", path, size,
          limit);
@@ -400,7 +418,9 @@ void read_unindexed_directory(Checkpoint& checkpoint, const fs::path& dir, bool 
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& p = it->path();
     std::error_code type_ec;
-    if (p.extension() == ".safetensors" && fs::is_regular_file(p, type_ec)) {
+    // Not only regular files: a FIFO or device named *.safetensors is refused by read_file
+    // (never skipped, which would load the folder without it).
+    if (p.extension() == ".safetensors" && !fs::is_directory(p, type_ec)) {
       paths.push_back(p.string());
     }
   }
@@ -457,7 +477,8 @@ void read_at(int fd, std::span<std::uint8_t> dst, std::uint64_t offset, std::str
            dst.size() - done, offset + done, errno_text(errno));
     }
     if (n == 0) {
-      fail(FERRY_STATUS_IO,
+      // The file no longer holds what its header describes: corrupt data, not a failing disk.
+      fail(FERRY_STATUS_CORRUPT_DATA,
            "{}: short read: the file ends at offset {} but {} bytes were expected from offset {} "
            "(was it truncated?)",
            path, offset + done, dst.size(), offset);
@@ -486,16 +507,8 @@ File parse_header(std::string_view label, std::string_view header, std::uint64_t
 }
 
 File read_file(const std::string& path, bool keep_open) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    if (err == ENOENT) fail(FERRY_STATUS_NOT_FOUND, "{}: no such file", path);
-    fail(FERRY_STATUS_IO, "{}: cannot open: {}", path, errno_text(err));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(FERRY_STATUS_IO, "{}: stat failed: {}", path, errno_text(errno));
-  if (!S_ISREG(st.st_mode)) fail(FERRY_STATUS_IO, "{}: not a regular file", path);
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  std::uint64_t size = 0;
+  Fd fd = open_regular_file(path, size);
   if (size < 8) {
     fail(FERRY_STATUS_CORRUPT_DATA,
          "{}: file is {} bytes, shorter than the 8-byte header length prefix", path, size);

@@ -1,6 +1,8 @@
 """ferry.sender: the trainer side: push versioned updates to one or many receivers."""
 
 import ctypes
+import os
+import stat
 import threading
 from dataclasses import dataclass, field
 
@@ -120,6 +122,37 @@ def _milliseconds(seconds, what):
     return max(1, int(round(seconds * 1000)))
 
 
+def _token(token, token_file):
+    """The bearer token: `token`, else the first line of `token_file` (refused when every user
+    may read or write it), else FERRY_TOKEN; None: the config's receiver.token."""
+    if token is not None:
+        return token
+    if token_file is not None:
+        path = os.fspath(token_file)
+        try:
+            with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NONBLOCK)) as f:
+                mode = os.fstat(f.fileno()).st_mode
+                if not stat.S_ISREG(mode):
+                    raise errors.InvalidArgumentError(
+                        errors.INVALID_ARGUMENT, f"token file '{path}' is not a regular file")
+                text = f.read(4097).decode()
+        except OSError as e:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT, f"token file '{path}': cannot open: {e.strerror}") from e
+        if mode & (stat.S_IROTH | stat.S_IWOTH):
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"token file '{path}' can be read or written by every user "
+                f"(mode {mode & 0o777:o}); chmod 600 it")
+        value = text.strip()
+        if not value or len(text) > 4096 or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                f"token file '{path}' must hold one line: the token (at most 4096 bytes)")
+        return value
+    return os.environ.get("FERRY_TOKEN") or None
+
+
 class Sender(OwnedHandle):
     """Pushes named tensors to receivers, each given as the HOST:PORT its user knows (`ferry
     serve --port`, or an embedded Receiver's serve() port).
@@ -131,7 +164,9 @@ class Sender(OwnedHandle):
     straight into the receiver's parameters where the receiver offers it (`update__delivery`:
     "auto", "direct" or "staged"). `config` is a TOML file, `config_text` TOML
     text; every other keyword is a config override with `__` for the dots
-    (`update__bucket_bytes=1 << 26`). Timeouts are seconds.
+    (`update__bucket_bytes=1 << 26`). Timeouts are seconds. The receivers' bearer token:
+    `token`, else `token_file` (its first line; refused when every user may read it), else the
+    environment variable FERRY_TOKEN, else the config's `receiver.token`.
 
     `progress`: how a push shows its progress on stderr. "terminal" (the default): one line
     redrawn in place when stderr is a terminal, nothing otherwise (a trainer's log stays
@@ -146,8 +181,8 @@ class Sender(OwnedHandle):
     _closed_what = "the sender"
 
     def __init__(self, receivers, transport="auto", config=None, *, config_text=None,
-                 bucket_bytes=0, token=None, connect_timeout=None, bucket_timeout=None,
-                 commit_timeout=None, **overrides):
+                 bucket_bytes=0, token=None, token_file=None, connect_timeout=None,
+                 bucket_timeout=None, commit_timeout=None, **overrides):
         if isinstance(receivers, str):
             receivers = [r for r in receivers.split(",") if r]
         self.receivers = [str(r) for r in receivers]
@@ -165,6 +200,7 @@ class Sender(OwnedHandle):
         args.num_receivers = len(addresses)
         args.transport = transport.encode() if transport else None
         args.bucket_bytes = int(bucket_bytes)
+        token = _token(token, token_file)
         args.token = token.encode() if token is not None else None
         args.connect_timeout_ms = _milliseconds(connect_timeout, "connect_timeout")
         args.bucket_timeout_ms = _milliseconds(bucket_timeout, "bucket_timeout")

@@ -6,6 +6,8 @@
 #include <ferry/sdk/manifest.hpp>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -351,7 +353,34 @@ TEST_F(DiskPluginTest, OpenOfAMissingPathIsNotFound) {
   EXPECT_EQ(error_code(error.get()), FERRY_STATUS_NOT_FOUND);
 }
 
-TEST_F(DiskPluginTest, FileTruncatedAfterOpenIsAnIoErrorNamingIt) {
+// A FIFO in place of a shard (or as the path itself) is refused at once, naming it, instead of
+// an open that waits for a writer forever; so are devices.
+TEST_F(DiskPluginTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  write_checkpoint();
+  const std::string shard = dir_.file("model-00002-of-00003.safetensors");
+  std::filesystem::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  for (const std::string& uri : {dir_.path().string(), shard, std::string("/dev/zero")}) {
+    ErrorPtr error;
+    EXPECT_EQ(open(uri, &error), nullptr) << uri;
+    EXPECT_EQ(error_code(error.get()), FERRY_STATUS_INVALID_ARGUMENT) << uri;
+    const std::string message = error_message(error.get());
+    EXPECT_NE(message.find(uri == "/dev/zero" ? "/dev/zero: is a character device"
+                                              : shard + ": is a FIFO (named pipe)"),
+              std::string::npos)
+        << message;
+  }
+  // Without an index, a folder's *.safetensors FIFO is refused too, not skipped.
+  std::filesystem::remove(dir_.file(safetensors::kIndexFileName));
+  ErrorPtr error;
+  EXPECT_EQ(open(dir_.path().string(), &error), nullptr);
+  EXPECT_NE(error_message(error.get()).find(shard + ": is a FIFO"), std::string::npos)
+      << error_message(error.get());
+}
+
+// The file no longer holds what its header said: CORRUPT_DATA (a client's mistake, HTTP 400), not
+// an I/O failure.
+TEST_F(DiskPluginTest, FileTruncatedAfterOpenIsCorruptDataNamingIt) {
   write_checkpoint();
   ferry_source_t* source = open(dir_.path().string());
   ASSERT_NE(source, nullptr);
@@ -360,7 +389,7 @@ TEST_F(DiskPluginTest, FileTruncatedAfterOpenIsAnIoErrorNamingIt) {
   std::vector<std::uint8_t> dst(1 << 20);
   manifest::Manifest m;
   ErrorPtr error = read(source, dst, &m);
-  EXPECT_EQ(error_code(error.get()), FERRY_STATUS_IO);
+  EXPECT_EQ(error_code(error.get()), FERRY_STATUS_CORRUPT_DATA);
   EXPECT_NE(error_message(error.get()).find(shard + ": short read"), std::string::npos)
       << error_message(error.get());
   api_->source_close(source);

@@ -369,9 +369,20 @@ ServeProcess::ServeProcess(ServeOptions options)
   }
   if (!options_.model_path.empty()) args.insert(args.end(), {"--model-path", options_.model_path});
   if (!options_.token.empty()) args.insert(args.end(), {"--token", options_.token});
+  args.insert(args.end(), options_.serve_args.begin(), options_.serve_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The environment, made before the fork (the child may only make async-signal-safe calls).
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    if (!options_.env.count(entry.substr(0, entry.find('=')))) env_text.push_back(entry);
+  }
+  for (const auto& [key, value] : options_.env) env_text.push_back(key + "=" + value);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
 
   const pid_t parent = ::getpid();
   pid_ = ::fork();
@@ -386,7 +397,7 @@ ServeProcess::ServeProcess(ServeOptions options)
       ::dup2(fd, STDERR_FILENO);
       ::close(fd);
     }
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
 

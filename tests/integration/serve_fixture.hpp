@@ -123,6 +123,8 @@ struct ServeOptions {
   std::string model_family = "dense";
   double ready_deadline_s = 60;
   std::string log_level = "warn";  // --log-level of the process (its log())
+  std::vector<std::string> serve_args;  // more arguments of `serve`, after the others
+  std::map<std::string, std::string> env;  // set in the process's environment
 };
 
 struct Reply {

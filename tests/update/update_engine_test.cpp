@@ -441,6 +441,34 @@ TEST(UpdateEngine, RestartRestoresTheCommittedVersionFromAFileMirror) {
   EXPECT_TRUE(restarted.engine->health().ready) << restarted.engine->health().reason;
 }
 
+// Versions only increase: a repeated or older number is refused before anything is written (the
+// weights and the published version stay); the number of an update that never committed may be
+// used again.
+TEST(UpdateEngine, AVersionNotAboveThePublishedOneIsRefused) {
+  Receiver r(Policy::Backup);
+  const auto w50 = random_weights(r.plans.layout(), 110);
+  r.push(w50, 50);
+  for (std::uint64_t stale : {50u, 10u, 0u}) {
+    const Error e = error_of([&] { r.engine->begin(stale, "stale"); });
+    EXPECT_EQ(e.code(), FERRY_STATUS_FAILED_PRECONDITION);
+    EXPECT_NE(std::string(e.what()).find(fmt::format(
+                  "update version {} is not newer than the published version 50 ('v50')", stale)),
+              std::string::npos)
+        << e.what();
+    EXPECT_FALSE(r.engine->active());
+    EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
+  }
+  EXPECT_EQ(r.contents(), w50);
+  EXPECT_EQ(r.engine->version().number, 50u);
+  r.engine->begin(51, "v51");
+  r.apply(r.bucket(random_weights(r.plans.layout(), 111), 51, 0));
+  r.engine->abort("trainer gone");
+  const auto w51 = random_weights(r.plans.layout(), 112);
+  r.push(w51, 51);  // 51 never committed: usable again
+  EXPECT_EQ(r.engine->version().number, 51u);
+  EXPECT_EQ(r.contents(), w51);
+}
+
 TEST(UpdateEngine, RestoreWithoutACommittedMirrorIsRefused) {
   Receiver r(Policy::Backup);
   EXPECT_EQ(error_of([&] { r.engine->restore_from_mirror(); }).code(),
