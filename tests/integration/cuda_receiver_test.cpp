@@ -113,8 +113,8 @@ TEST_F(CudaReceiver, DiskUpdatesLandBitIdenticalToTheCpuReceiver) {
   }
   // get_weights_by_name reads device weights through the store (the same values as the CPU's).
   for (const auto& t : v1_.tensors) {
-    const auto g = gpu->weights_by_name(t.name, 100000);
-    const auto c = cpu->weights_by_name(t.name, 100000);
+    const auto g = gpu->weights_by_name(t.name, receiver::Receiver::kMaxWeightValues);
+    const auto c = cpu->weights_by_name(t.name, receiver::Receiver::kMaxWeightValues);
     EXPECT_EQ(g.shape, c.shape) << t.name;
     ASSERT_EQ(g.values.size(), c.values.size()) << t.name;
     for (std::size_t i = 0; i < g.values.size(); ++i) {
