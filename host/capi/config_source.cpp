@@ -44,6 +44,11 @@ std::vector<std::filesystem::path> split_dirs(const std::string& joined) {
 config::Config load_config(const ferry_config_source_t* source, const char* function) {
   // An embedding program has no --log-level: FERRY_LOG_LEVEL ("debug", "warn", ...) sets it,
   // over the config's file or text and under its overrides (docs/config.md, "The log level").
+  // Where none of them names a level, a library in someone else's process logs warnings and
+  // errors only: what each session did is for those who ask (info, debug).
+  auto quiet_unless_given = [](config::Config& config) {
+    if (!config.log_level_given) config.log_level = "warn";
+  };
   auto environment = [function](config::Config& config) {
     try {
       config::apply_environment(config);
@@ -54,6 +59,7 @@ config::Config load_config(const ferry_config_source_t* source, const char* func
   if (source == nullptr) {
     config::Config defaults;
     environment(defaults);
+    quiet_unless_given(defaults);
     config::validate(defaults);
     set_log_level(defaults.log_level);
     return defaults;
@@ -82,6 +88,7 @@ config::Config load_config(const ferry_config_source_t* source, const char* func
     }
     config::apply_override(config, s.overrides[i]);
   }
+  quiet_unless_given(config);
   config::validate(config);
   set_log_level(config.log_level);
   return config;

@@ -485,6 +485,7 @@ Config parse(std::string_view toml_text, std::string source_name) {
     const std::string location = where(source_name, key.source());
     if (known == nullptr) fail_at(location, unknown_key(path));
     if (auto broken = known->set(config, node)) fail_at(location, *broken);
+    if (path == "log_level") config.log_level_given = true;
     locations[path] = location;
   };
 
@@ -575,6 +576,7 @@ void apply_override(Config& config, std::string_view key_eq_value) {
     broken = key->set(config, toml::value<std::string>(std::string(value)));
   }
   if (broken) fail_at(location, *broken);
+  if (path == "log_level") config.log_level_given = true;
 }
 
 void validate(const Config& config) {
@@ -588,6 +590,7 @@ void apply_environment(Config& config) {
   if (auto broken = key->set(config, toml::value<std::string>(std::string(level)))) {
     fail_at("FERRY_LOG_LEVEL", *broken);
   }
+  config.log_level_given = true;
 }
 
 Config load(const std::string& path, std::span<const std::string> overrides) {

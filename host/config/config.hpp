@@ -104,6 +104,9 @@ using PluginOptions = std::map<std::string, std::string>;
 struct Config {
   std::vector<std::string> plugin_dirs;  // searched before the environment and install dir
   std::string log_level = "info";        // trace, debug, info, warn, error, off
+  // A file, --set or FERRY_LOG_LEVEL named log_level (an embedding program's default is "warn"
+  // where nothing did: capi/config_source.cpp).
+  bool log_level_given = false;
   // Progress of long pushes and loads (common/progress.hpp): auto, terminal, lines, never; the
   // lines (not on a terminal) this far apart.
   ProgressMode progress = ProgressMode::automatic;
