@@ -670,12 +670,6 @@ UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uin
 }
 
 WeightValues Receiver::weights_by_name(const std::string& name, std::size_t truncate_size) const {
-  if (truncate_size > kMaxWeightValues) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "truncate_size {} is more than the maximum of {} values (get_weights_by_name shows a "
-         "sample; /get_fingerprints checks whole tensors)",
-         truncate_size, kMaxWeightValues);
-  }
   auto& s = *state_;
   std::lock_guard lock(s.update_mutex);
   if (!s.engine) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
@@ -712,6 +706,12 @@ WeightValues Receiver::weights_by_name(const std::string& name, std::size_t trun
   out.shape = shape;
   const auto& layout = s.binding->layout();
   std::size_t remaining = std::min<std::uint64_t>(truncate_size, elements);
+  if (remaining > kMaxWeightValues) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "truncate_size {} would return {} of the {} values of '{}', more than the maximum of {} "
+         "(get_weights_by_name shows a sample; /get_fingerprints checks whole tensors)",
+         truncate_size, remaining, elements, name, kMaxWeightValues);
+  }
   out.values.reserve(remaining);
   for (const auto& op : ops) {
     if (remaining == 0) break;

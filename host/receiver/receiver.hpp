@@ -190,7 +190,8 @@ class Receiver {
                                                 const std::string* catalog_key = nullptr);
 
   // get_weights_by_name: `name` is a checkpoint name, mapped through the layout; the first
-  // `truncate_size` values (at most kMaxWeightValues: INVALID_ARGUMENT above, before any work).
+  // `truncate_size` values; INVALID_ARGUMENT, before any value is read, when that would be more
+  // than kMaxWeightValues (a larger truncate_size of a smaller tensor returns all of it).
   // Costs what it returns: only those values are read (65536 values: ~1.5 MB of JSON, ~30 ms).
   static constexpr std::size_t kMaxWeightValues = std::size_t{1} << 16;
   WeightValues weights_by_name(const std::string& name, std::size_t truncate_size) const;

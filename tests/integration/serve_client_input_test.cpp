@@ -158,16 +158,30 @@ TEST_F(ClientInput, ConfigJsonThatIsAFifoIsRefusedAtTheFirstLoad) {
 }
 
 TEST_F(ClientInput, TruncateSizeIsBoundedAndReturnsWhatItAsks) {
+  // A receiver whose embedding has 8192 x 16 = 131072 values, twice the maximum.
+  TempDir big_dir;
+  DenseShape big_shape;
+  big_shape.vocab = 8192;
+  big_shape.hidden = 16;
+  write_checkpoint(big_dir.path(),
+                   make_dense_checkpoint(big_shape, [](const std::string&) { return FERRY_DTYPE_F32; }, 5),
+                   1);
+  ServeProcess big(receiver_options(big_dir.path().string()));
   const std::string name = "model.embed_tokens.weight";
-  const Reply over = serve_->weights(name, (1u << 16) + 1);
+  const Reply over = big.weights(name, (1u << 16) + 1);
   EXPECT_EQ(over.status, 400) << over.text;
-  EXPECT_NE(message_of(over).find("truncate_size 65537 is more than the maximum of 65536"),
+  EXPECT_NE(message_of(over).find("truncate_size 65537 would return 65537 of the 131072 values of "
+                                  "'model.embed_tokens.weight', more than the maximum of 65536"),
             std::string::npos)
       << over.text;
-  const Reply huge = serve_->weights(name, 1ull << 62);
+  const Reply huge = big.weights(name, 1ull << 62);
   EXPECT_EQ(huge.status, 400) << huge.text;
+  const Reply cap = big.weights(name, 1u << 16);
+  ASSERT_EQ(cap.status, 200) << cap.text;
+  EXPECT_EQ(cap.body["values"].size(), 1u << 16);
 
-  const Reply most = serve_->weights(name, 1u << 16);  // the maximum: the whole (small) tensor
+  // A larger truncate_size of a tensor within the maximum returns all of it.
+  const Reply most = serve_->weights(name, 1ull << 62);
   ASSERT_EQ(most.status, 200) << most.text;
   EXPECT_EQ(most.body["values"].size(), versions_->v1.at(name).elements());
   const Reply three = serve_->weights(name, 3);
