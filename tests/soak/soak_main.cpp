@@ -503,8 +503,8 @@ const char* const kUsage =
     "usage: ferry_soak [--updates N] [--warmup N] [--large-updates N] [--large-warmup N]\n"
     "                  [--paths disk,inline,ucx] [--models small,large] [--json FILE]\n"
     "                  [--trace]   (the receiver's counts after every update)\n"
-    "       ferry_soak --self-test   (the growth checks catch growth of this process)\n"
-    "                  [--receiver-log LEVEL]   (kept as soak-PATH-MODEL.log)\n";
+    "                  [--receiver-log LEVEL]   (kept as soak-PATH-MODEL.log, here)\n"
+    "       ferry_soak --self-test   (the growth checks catch growth of this process)\n";
 
 Args parse(int argc, char** argv) {
   Args a;
