@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <unordered_set>
@@ -173,19 +174,29 @@ class TableReader {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Takes the exclusive lock that marks a mirror file in use; false when another open file holds
-// it (a running process).
+// Takes the exclusive lock that marks a mirror file in use; false when another open file still
+// holds it after kLockWait (a running process). The wait is for a receiver that was just killed:
+// its lock goes with the last reference to the open file, and where a GPU driver had the file's
+// mapping page-locked that reference can outlive the reaped process for a moment (seen on an
+// H200: a restart right after SIGKILL found the file locked), while a supervisor restarts at once.
+constexpr auto kLockWait = std::chrono::seconds(5);
 bool lock_file(int fd, const std::string& name) {
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
-  if (errno == EWOULDBLOCK) return false;
-  fail(FERRY_STATUS_IO, "host mirror {}: cannot lock: {}", name, errno_text());
+  const auto until = std::chrono::steady_clock::now() + kLockWait;
+  for (;;) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK) {
+      fail(FERRY_STATUS_IO, "host mirror {}: cannot lock: {}", name, errno_text());
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 [[noreturn]] void fail_in_use(const std::string& name) {
   fail(FERRY_STATUS_FAILED_PRECONDITION,
-       "host mirror {}: the file is in use by another running process (two receivers must not "
-       "share a memory.mirror_path)",
-       name);
+       "host mirror {}: the file is in use by another running process (still after {} s; two "
+       "receivers must not share a memory.mirror_path)",
+       name, std::chrono::duration_cast<std::chrono::seconds>(kLockWait).count());
 }
 
 constexpr std::string_view kNeverCommitted = "it was created and has held no committed version yet";
