@@ -67,6 +67,21 @@ bool copy_readable(const void* src, void* dst, std::size_t n) noexcept {
   return true;
 }
 
+// AddressSanitizer checks every byte a write() reads against the object it belongs to, so a
+// chunk that runs past a string's NUL (readable memory, but another object) is reported there:
+// under it the string is read a byte at a time.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kByteSteps = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kByteSteps = true;
+#else
+constexpr bool kByteSteps = false;
+#endif
+#else
+constexpr bool kByteSteps = false;
+#endif
+
 std::optional<std::string> read_c_string(const void* src, std::size_t max_len) {
   if (src == nullptr) return std::nullopt;
   Pipe pipe;
@@ -78,7 +93,8 @@ std::optional<std::string> read_c_string(const void* src, std::size_t max_len) {
   while (text.size() <= max_len) {
     // Never read across a page boundary in one step: the next page may be unmapped even though
     // the string ends before it.
-    const std::size_t step = std::min<std::size_t>(page - (address % page), kChunk);
+    const std::size_t step =
+        kByteSteps ? 1 : std::min<std::size_t>(page - (address % page), kChunk);
     if (!pipe.copy(reinterpret_cast<const void*>(address), buffer.data(), step)) {
       return std::nullopt;
     }
