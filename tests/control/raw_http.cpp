@@ -29,7 +29,23 @@ RawConnection::RawConnection(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   timeval tv{5, 0};
   ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  int connected = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  if (connected != 0 && errno == EINTR) {
+    // A signal (a fuzzer's timer) interrupted it; the connection goes on: wait for its outcome.
+    pollfd p{fd_, POLLOUT, 0};
+    int error = 0;
+    socklen_t len = sizeof error;
+    while ((connected = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+    }
+    if (connected > 0 && ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len) == 0) {
+      errno = error;
+      connected = error == 0 ? 0 : -1;
+    } else {
+      errno = connected == 0 ? ETIMEDOUT : errno;
+      connected = -1;
+    }
+  }
+  if (connected != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd_);
     fd_ = -1;
@@ -67,6 +83,7 @@ bool read_some(int fd, Clock::time_point deadline, std::string& out) {
   if (::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count()))) <= 0) return true;
   char buf[65536];
   const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  if (n < 0 && errno == EINTR) return true;  // interrupted by a signal: read again
   if (n <= 0) return false;
   out.append(buf, static_cast<std::size_t>(n));
   return true;
