@@ -47,6 +47,7 @@ std::vector<std::string> capability_words(std::uint32_t flags) {
       {FERRY_TRANSPORT_CAP_SOURCE, "source"},
       {FERRY_TRANSPORT_CAP_PUT_FINGERPRINT, "put-fingerprint"},
       {FERRY_TRANSPORT_CAP_PUT_DEFERRED, "put-deferred"},
+      {FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES, "separate-processes"},
   };
   std::vector<std::string> words;
   for (const auto& [bit, word] : kWords) {

@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 3
+#define FERRY_PLUGIN_ABI_MINOR 4
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -190,7 +190,11 @@ typedef enum ferry_transport_cap {
    * put it covers; a put may set its *out to NULL. Puts not yet flushed are dropped, unwritten,
    * when the peer is disconnected or the instance destroyed. (The host may then queue writes
    * before the receiver is ready for them, and flush once it is.) */
-  FERRY_TRANSPORT_CAP_PUT_DEFERRED = 1u << 7
+  FERRY_TRANSPORT_CAP_PUT_DEFERRED = 1u << 7,
+  /* ABI 1.4: the two peers must be different processes (CUDA IPC: a process cannot open the
+   * handles it exported itself). The host does not choose this transport for a receiver embedded
+   * in the sending process. */
+  FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES = 1u << 8
 } ferry_transport_cap_t;
 
 typedef struct ferry_transport_caps {
