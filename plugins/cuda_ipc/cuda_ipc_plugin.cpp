@@ -64,7 +64,8 @@ ferry_error_t* cuda_ipc_get_caps(ferry_transport_caps_t* caps) {
     full.struct_size = FERRY_STRUCT_SIZE(ferry_transport_caps_t, max_inflight_buckets);
     full.flags = FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
                  FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_ASYNC |
-                 FERRY_TRANSPORT_CAP_PUT_FINGERPRINT | FERRY_TRANSPORT_CAP_PUT_DEFERRED;
+                 FERRY_TRANSPORT_CAP_PUT_FINGERPRINT | FERRY_TRANSPORT_CAP_PUT_DEFERRED |
+                 FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;
     full.memory_kinds = FERRY_MEMORY_CUDA | FERRY_MEMORY_PINNED;
     full.preferred_bucket_bytes = 512ull << 20;
     full.max_inflight_buckets = 8;
