@@ -19,8 +19,8 @@
 #include "cli/command.hpp"
 #include "cli/context.hpp"
 #include "cli/token_option.hpp"
-#include "cli/demo_model.hpp"
 #include "common/log.hpp"
+#include "demo/synthetic_model.hpp"
 #include "disk/safetensors.hpp"
 #include "session/push_progress.hpp"
 #include "session/sender.hpp"
@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 
 struct PushOptions {
   std::string to;
-  std::string transport = "auto";
+  std::string transport;  // empty: the config's update.transport
   std::optional<std::string> model_path;
   bool synthetic = false;
   std::uint64_t hidden = 512;
@@ -132,7 +132,9 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<PushOptions>();
   cmd->add_option("--to", o->to, "receivers: HOST:PORT[,HOST:PORT...] of their control API")
       ->required();
-  cmd->add_option("--transport", o->transport, "ucx, inline or auto (default: auto)");
+  cmd->add_option("--transport", o->transport,
+                  "auto, inline or a transport plugin's name (default: the config's "
+                  "update.transport, auto)");
   auto* model = cmd->add_option("--model-path", o->model_path,
                                 "safetensors file or folder (config.json beside it is sent too)");
   auto* synthetic = cmd->add_flag("--synthetic", o->synthetic,

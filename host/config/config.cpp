@@ -282,6 +282,10 @@ const std::vector<Key>& keys() {
       integer_key<std::uint64_t>("update.commit_timeout_ms",
                                  [](Config& c) -> auto& { return c.update.commit_timeout_ms; }, 1,
                                  kMaxTimeoutMs),
+      string_key("update.transport", [](Config& c) -> auto& { return c.update.transport; },
+                 non_empty),
+      string_array_key("update.transport_preference",
+                       [](Config& c) -> auto& { return c.update.transport_preference; }),
 
       choice_key("memory.weights_policy",
                  +[](Config& c) -> ReleasePolicy& { return c.memory.weights_policy; }, kPolicies),

@@ -64,7 +64,9 @@ struct ReceiverConfig {
   std::uint32_t tp_size = 1;
   std::uint32_t ep_rank = 0;
   std::uint32_t ep_size = 1;
-  std::string transport = "disk";  // plugin name: libferry_transport_<name>.so
+  // The source transport (FERRY_TRANSPORT_CAP_SOURCE) that reads model_path and the checkpoints
+  // of update_weights_from_disk: libferry_transport_<name>.so.
+  std::string transport = "disk";
 };
 
 struct UpdateConfig {
@@ -79,6 +81,11 @@ struct UpdateConfig {
   bool keep_sessions = true;
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
+  // Sender side: the data transport of a push ("auto", "inline" or a plugin name), and the
+  // plugins "auto" tries in order, the first whose capabilities fit (session/transport_choice).
+  // A vendor's plugin heads the list to be chosen before the in-tree ones.
+  std::string transport = "auto";
+  std::vector<std::string> transport_preference = {"cuda_ipc", "ucx"};
 };
 
 struct MemoryConfig {

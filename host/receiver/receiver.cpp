@@ -476,8 +476,8 @@ bool Receiver::State::restore_at_start(const fs::path& model_path) {
     fs::path source = model_path;
     if (!model_path.empty()) {
       // Only the checkpoint's headers: the layout, not the initial weights.
-      SourceReader reader(registry.transport("disk"), config.transports["disk"],
-                          model_path.string());
+      SourceReader reader(registry.transport(config.receiver.transport),
+                          config.transports[config.receiver.transport], model_path.string());
       cat = reader.catalog();
       config_json = read_config_json(model_path);
     } else {
@@ -543,9 +543,14 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
   // update lock: what a client names may be slow or malformed, and a refusal must not make other
   // updates wait (a FIFO or device is refused without opening it).
   check_checkpoint_path(path, "model_path");
-  auto plugin = s.registry.transport("disk");
-  std::map<std::string, std::string> topts = s.config.transports["disk"];
-  if (s.config.update.read_threads != 0 && !topts.count("read_threads")) {
+  const std::string& source_name = s.config.receiver.transport;
+  auto plugin = s.registry.transport(source_name);
+  std::map<std::string, std::string> topts = s.config.transports[source_name];
+  // update.read_threads reaches a source that declares a `read_threads` option of its own.
+  const auto& declared = plugin->info().option_keys;
+  const bool takes_threads =
+      declared && std::find(declared->begin(), declared->end(), "read_threads") != declared->end();
+  if (s.config.update.read_threads != 0 && takes_threads && !topts.count("read_threads")) {
     topts["read_threads"] = std::to_string(s.config.update.read_threads);
   }
   SourceReader reader(plugin, topts, path.string());

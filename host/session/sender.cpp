@@ -414,7 +414,8 @@ struct Sender::Impl {
   // transport and a receiver on another host.
   TransportChoice choose_transport(const std::string& address, bool cuda_tensors) const {
     TransportQuery q;
-    q.requested = options.transport;
+    q.requested = options.transport.empty() ? config.update.transport : options.transport;
+    q.preference = config.update.transport_preference;
     q.receiver = address;
     const HostPort where = parse_address(address);
     q.receiver_on_this_host = is_this_host(where.host);

@@ -67,7 +67,9 @@ struct PushProgress {
 
 struct SenderOptions {
   std::vector<std::string> receivers;  // "HOST:PORT" of each receiver's control API
-  std::string transport = "auto";      // data transport plugin name; "auto" picks the best one
+  // "auto" (the first of update.transport_preference that fits), "inline" or a transport
+  // plugin's name; empty: the config's update.transport.
+  std::string transport;
   std::uint64_t bucket_bytes = 256ull << 20;
   std::string token;                   // bearer token of the receivers' control APIs, if any
   std::chrono::milliseconds connect_timeout{10000};

@@ -12,6 +12,25 @@
 
 namespace ferry::session {
 
+std::string transport_misfit(const TransportQuery& query, const TransportFacts& facts) {
+  if ((facts.flags & FERRY_TRANSPORT_CAP_POINT_TO_POINT) == 0) {
+    return "not a point-to-point transport";
+  }
+  if ((facts.flags & FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) != 0 && !query.receiver_on_this_host) {
+    return "works only between processes of one host, and the receiver is not on this host";
+  }
+  if ((facts.flags & FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES) != 0 &&
+      query.receiver_in_this_process) {
+    return "needs two processes, and the receiver is in this process";
+  }
+  const bool device_only = (facts.memory_kinds & FERRY_MEMORY_CUDA) != 0 &&
+                           (facts.memory_kinds & FERRY_MEMORY_HOST) == 0;
+  if (device_only && !query.cuda_tensors) {
+    return "moves CUDA memory, and the tensors are not all on a GPU";
+  }
+  return {};
+}
+
 TransportChoice choose_transport(const TransportQuery& query,
                                  const std::function<TransportFacts(const std::string&)>& facts) {
   if (query.requested == "inline") return {"inline", true, "inline (asked for)"};
@@ -21,32 +40,30 @@ TransportChoice choose_transport(const TransportQuery& query,
         !query.receiver_on_this_host) {
       fail(FERRY_STATUS_INCOMPATIBLE,
            "receiver {}: transport '{}' works only between processes of one host, and this "
-           "receiver is not on this host (use ucx or inline for a remote receiver)",
+           "receiver is not on this host (use 'auto' or a network transport for a remote "
+           "receiver)",
            query.receiver, query.requested);
     }
-    if (query.requested == "cuda_ipc" && query.receiver_in_this_process) {
+    if (f.loadable && (f.flags & FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES) != 0 &&
+        query.receiver_in_this_process) {
       fail(FERRY_STATUS_INCOMPATIBLE,
-           "receiver {}: transport 'cuda_ipc' cannot reach a receiver in this same process (a "
-           "process cannot open the CUDA IPC handles it made); use 'auto'",
-           query.receiver);
+           "receiver {}: transport '{}' cannot reach a receiver in this same process (its peers "
+           "must be two processes); use 'auto'",
+           query.receiver, query.requested);
     }
     // Not loadable: the data path reports why when it is created (the transport is required).
     return {query.requested, true, query.requested + " (asked for)"};
   }
+  // What was passed over and why, for the log line: "; not X: reason" per plugin.
   std::string skipped;
-  if (query.cuda_tensors && query.receiver_on_this_host && query.receiver_in_this_process) {
-    skipped = "; not cuda_ipc: the receiver is in this process, which cannot open its own CUDA "
-              "IPC handles";
-  } else if (query.cuda_tensors && query.receiver_on_this_host) {
-    const TransportFacts f = facts("cuda_ipc");
-    if (f.loadable) {
-      return {"cuda_ipc", false, "cuda_ipc (CUDA tensors, receiver on this host)"};
-    }
-    skipped = "; cuda_ipc not loadable: " + f.error;
+  for (const auto& name : query.preference) {
+    const TransportFacts f = facts(name);
+    const std::string misfit =
+        f.loadable ? transport_misfit(query, f) : "not loadable: " + f.error;
+    if (misfit.empty()) return {name, false, name + " (preferred, and it fits)" + skipped};
+    skipped += "; not " + name + ": " + misfit;
   }
-  const TransportFacts ucx = facts("ucx");
-  if (ucx.loadable) return {"ucx", false, "ucx (loadable)" + skipped};
-  return {"inline", false, "inline (ucx not loadable: " + ucx.error + ")" + skipped};
+  return {"inline", false, "inline (no preferred transport fits" + skipped + ")"};
 }
 
 bool is_this_host(const std::string& host) {

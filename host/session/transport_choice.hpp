@@ -1,14 +1,18 @@
 // session/transport_choice.hpp: which data transport a sender uses for one receiver ("inline", a
-// plugin named by the user, or the best one for "auto"), and the same-node rule of device
-// transports (cuda_ipc): a receiver on another host is refused before anything connects.
-// Pure decisions over what the caller found out (plugin loadable, its capabilities, where the
-// receiver is), so that they are tested without plugins, GPUs or peers.
+// plugin named by the user, or for "auto" the first plugin of the configured preference list
+// whose declared capabilities fit the push and the receiver), and the rules that refuse a named
+// plugin before anything connects (a same-node-only transport and a receiver on another host; a
+// separate-processes transport and a receiver in this process). The host names no plugin here:
+// every rule reads capability bits. Pure decisions over what the caller found out (plugin
+// loadable, its capabilities, where the receiver is), so they are tested without plugins, GPUs
+// or peers.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ferry::session {
 
@@ -29,6 +33,8 @@ struct TransportChoice {
 
 struct TransportQuery {
   std::string requested;      // "auto", "inline" or a plugin name
+  // The plugins "auto" tries, in order (config update.transport_preference); after them, inline.
+  std::vector<std::string> preference;
   std::string receiver;       // "HOST:PORT" as the user gave it (for messages)
   bool receiver_on_this_host = false;
   // The receiver is embedded in this very process: CUDA IPC cannot serve it (a process cannot
@@ -37,12 +43,19 @@ struct TransportQuery {
   bool cuda_tensors = false;  // every tensor of the push is in CUDA memory
 };
 
+// Why a loadable transport with `facts` cannot carry this push to this receiver, or empty when it
+// can: it must be point-to-point; SAME_NODE_ONLY needs a receiver on this host;
+// SEPARATE_PROCESSES a receiver in another process; a transport that reads device memory only
+// needs CUDA tensors (host staging covers the other way: device tensors through a host-memory
+// transport).
+std::string transport_misfit(const TransportQuery& query, const TransportFacts& facts);
+
 // The choice for one receiver. `facts(name)` is asked only for plugins the choice depends on.
-// Throws ferry::Error INCOMPATIBLE naming the receiver and the rule when the requested plugin is
-// same-node only (FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) and the receiver is not on this host.
-// "auto": cuda_ipc when the tensors are on a GPU, the receiver is on this host but not in this
-// process, and cuda_ipc loads; else ucx when it loads; else inline. `why` says what was passed
-// over and why. A requested cuda_ipc with a receiver in this process is INCOMPATIBLE.
+// A requested plugin: throws ferry::Error INCOMPATIBLE naming the receiver and the rule when it
+// is same-node only and the receiver is not on this host, or separate-processes only and the
+// receiver is in this process (one that cannot be loaded is reported by its data path).
+// "auto": the first plugin of `preference` that loads and fits (transport_misfit), else inline;
+// `why` says what was passed over and why.
 TransportChoice choose_transport(const TransportQuery& query,
                                  const std::function<TransportFacts(const std::string&)>& facts);
 

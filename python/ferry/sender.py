@@ -157,9 +157,11 @@ class Sender(OwnedHandle):
     """Pushes named tensors to receivers, each given as the HOST:PORT its user knows (`ferry
     serve --port`, or an embedded Receiver's serve() port).
 
-    `transport`: "auto" (per receiver: "cuda_ipc" for CUDA tensors and a receiver on this host,
-    else UCX when its plugin loads, else inline on the session socket), "cuda_ipc" (same host
-    only; the receiver keeps its weights on a GPU; CUDA tensors are copied device to device),
+    `transport`: None (the config's `update.transport`, "auto" unless set), "auto" (per
+    receiver, the first plugin of `update.transport_preference`, ["cuda_ipc", "ucx"] by default,
+    whose capabilities fit: "cuda_ipc" for CUDA tensors and a receiver on this host in another
+    process, else UCX when its plugin loads, else inline on the session socket), "cuda_ipc" (same
+    host only; the receiver keeps its weights on a GPU; CUDA tensors are copied device to device),
     "ucx", "inline" or another transport plugin's name. Over cuda_ipc the sender writes each tensor
     straight into the receiver's parameters where the receiver offers it (`update__delivery`:
     "auto", "direct" or "staged"). `config` is a TOML file, `config_text` TOML
@@ -180,7 +182,7 @@ class Sender(OwnedHandle):
 
     _closed_what = "the sender"
 
-    def __init__(self, receivers, transport="auto", config=None, *, config_text=None,
+    def __init__(self, receivers, transport=None, config=None, *, config_text=None,
                  bucket_bytes=0, token=None, token_file=None, connect_timeout=None,
                  bucket_timeout=None, commit_timeout=None, **overrides):
         if isinstance(receivers, str):

@@ -1,7 +1,8 @@
-// Which data transport a sender uses per receiver, without a GPU: "auto" prefers cuda_ipc only
-// for CUDA tensors and a receiver on this host, then ucx, then inline; a same-node-only plugin is
-// refused for a receiver on another host with a message naming it; is_this_host tells loopback
-// and local interface addresses from others. With the cuda_ipc plugin built (it loads without a
+// Which data transport a sender uses per receiver, without a GPU: "auto" takes the first plugin
+// of the preference list whose declared capabilities fit (with the default list: cuda_ipc only
+// for CUDA tensors and a receiver on this host in another process, then ucx, then inline); a
+// same-node-only plugin is refused for a receiver on another host with a message naming it;
+// is_this_host tells loopback and local interface addresses from others. With the cuda_ipc plugin built (it loads without a
 // GPU): an in-process Sender refuses a remote receiver before connecting, and a receiver that
 // keeps its weights on the cpu refuses a push that requires cuda_ipc.
 #include <gtest/gtest.h>
@@ -41,7 +42,7 @@ TransportFacts cuda_ipc_facts() {
   TransportFacts f;
   f.loadable = true;
   f.flags = FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
-            FERRY_TRANSPORT_CAP_DIRECT_WRITE;
+            FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;
   f.memory_kinds = FERRY_MEMORY_CUDA | FERRY_MEMORY_PINNED;
   return f;
 }
@@ -60,6 +61,7 @@ TransportQuery query(const std::string& requested, bool local, bool cuda) {
   q.receiver = local ? "127.0.0.1:30000" : "10.0.0.2:30000";
   q.receiver_on_this_host = local;
   q.cuda_tensors = cuda;
+  q.preference = config::Config{}.update.transport_preference;
   return q;
 }
 
@@ -87,8 +89,8 @@ TEST(TransportChoice, AutoFallsBackToInlineAndSaysWhy) {
 }
 
 // An engine that embeds its receiver and pushes to it from the same process: a process cannot
-// open the CUDA IPC handles it made, so auto passes cuda_ipc over (saying why) and asking for it
-// is refused, naming the receiver.
+// open the CUDA IPC handles it made (cuda_ipc declares SEPARATE_PROCESSES), so auto passes
+// cuda_ipc over (saying why) and asking for it is refused, naming the receiver.
 TEST(TransportChoice, AReceiverInThisProcessIsNeverGivenCudaIpc) {
   auto q = query("auto", true, true);
   q.receiver_in_this_process = true;
@@ -97,7 +99,7 @@ TEST(TransportChoice, AReceiverInThisProcessIsNeverGivenCudaIpc) {
       q, facts_of({{"cuda_ipc", cuda_ipc_facts()}, {"ucx", ucx_facts()}}, &asked));
   EXPECT_EQ(c.name, "ucx");
   EXPECT_FALSE(c.required);
-  EXPECT_EQ(asked, (std::vector<std::string>{"ucx"}));
+  EXPECT_EQ(asked, (std::vector<std::string>{"cuda_ipc", "ucx"}));
   EXPECT_NE(c.why.find("the receiver is in this process"), std::string::npos) << c.why;
   q.requested = "cuda_ipc";
   try {
@@ -107,6 +109,57 @@ TEST(TransportChoice, AReceiverInThisProcessIsNeverGivenCudaIpc) {
     EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:30000"), std::string::npos) << e.what();
   }
+}
+
+// A vendor's plugin at the head of the list is chosen wherever its capabilities fit, and passed
+// over (saying why) where they do not: the host knows it only by its capability bits.
+TEST(TransportChoice, AutoTakesTheFirstPreferredPluginWhoseCapabilitiesFit) {
+  TransportFacts rdma = ucx_facts();
+  TransportFacts shm = ucx_facts();
+  shm.flags |= FERRY_TRANSPORT_CAP_SAME_NODE_ONLY;
+  TransportFacts group;
+  group.loadable = true;
+  group.flags = FERRY_TRANSPORT_CAP_BROADCAST;
+  group.memory_kinds = FERRY_MEMORY_CUDA;
+  const auto facts = facts_of({{"vendor_rdma", rdma}, {"vendor_shm", shm},
+                               {"vendor_group", group}, {"ucx", ucx_facts()}});
+  auto q = query("auto", false, false);
+  q.preference = {"vendor_group", "vendor_shm", "vendor_rdma", "ucx"};
+  auto c = session::choose_transport(q, facts);
+  EXPECT_EQ(c.name, "vendor_rdma");
+  EXPECT_FALSE(c.required);
+  EXPECT_NE(c.why.find("not vendor_group: not a point-to-point transport"), std::string::npos)
+      << c.why;
+  EXPECT_NE(c.why.find("not vendor_shm: works only between processes of one host"),
+            std::string::npos)
+      << c.why;
+  q.receiver_on_this_host = true;
+  EXPECT_EQ(session::choose_transport(q, facts).name, "vendor_shm");
+  // A device-only transport is passed over for host tensors.
+  q.preference = {"cuda_ipc", "vendor_rdma"};
+  const auto with_ipc = facts_of({{"cuda_ipc", cuda_ipc_facts()}, {"vendor_rdma", rdma}});
+  c = session::choose_transport(q, with_ipc);
+  EXPECT_EQ(c.name, "vendor_rdma");
+  EXPECT_NE(c.why.find("moves CUDA memory"), std::string::npos) << c.why;
+  // An empty list: inline.
+  q.preference.clear();
+  EXPECT_EQ(session::choose_transport(q, facts).name, "inline");
+}
+
+// Asking for a plugin by name checks the same capability bits, whatever the plugin is called.
+TEST(TransportChoice, AskedForPluginIsRefusedByItsCapabilitiesNotItsName) {
+  TransportFacts vendor = cuda_ipc_facts();
+  auto q = query("vendor_ipc", true, true);
+  q.receiver_in_this_process = true;
+  try {
+    session::choose_transport(q, facts_of({{"vendor_ipc", vendor}}));
+    FAIL() << "a separate-processes transport was accepted for a receiver in this process";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), FERRY_STATUS_INCOMPATIBLE);
+    EXPECT_NE(std::string(e.what()).find("'vendor_ipc'"), std::string::npos) << e.what();
+  }
+  vendor.flags &= ~FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;
+  EXPECT_EQ(session::choose_transport(q, facts_of({{"vendor_ipc", vendor}})).name, "vendor_ipc");
 }
 
 TEST(TransportChoice, AskedForPluginIsRequired) {

@@ -137,9 +137,9 @@ typedef struct ferry_sender_create_args {
    * --port`, or what ferry_receiver_serve returned). At least one. */
   const char* const* receivers;
   size_t num_receivers;
-  /* Data transport plugin ("ucx", "cuda_ipc": same host only, the receiver on a GPU); NULL or
-   * "auto": the best per receiver (cuda_ipc for CUDA tensors and a receiver on this host, else
-   * ucx, else inline). */
+  /* Data transport: a transport plugin's name, "inline", or "auto" (per receiver, the first
+   * plugin of the config's update.transport_preference whose capabilities fit the tensors and
+   * the receiver, else inline). NULL or "": the config's update.transport ("auto"). */
   const char* transport;
   uint64_t bucket_bytes;       /* 0: the config's update.bucket_bytes */
   const char* token;           /* receivers' bearer token; NULL: the config's receiver.token */
