@@ -19,8 +19,8 @@
 #include "cli/bench_baseline.hpp"
 #include "cli/bench_data.hpp"
 #include "cli/context.hpp"
-#include "cli/demo_receiver.hpp"
 #include "common/log.hpp"
+#include "demo/receiver_process.hpp"
 #include "registry/registry.hpp"
 #include "session/sender.hpp"
 #if FERRY_HAVE_CUDA

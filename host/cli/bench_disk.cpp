@@ -21,8 +21,8 @@
 
 #include "cli/bench_baseline.hpp"
 #include "cli/context.hpp"
-#include "cli/demo_model.hpp"
 #include "config/config.hpp"
+#include "demo/synthetic_model.hpp"
 #include "disk/safetensors.hpp"
 #include "receiver/receiver.hpp"
 #include "registry/registry.hpp"

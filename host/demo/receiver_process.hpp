@@ -1,6 +1,6 @@
-// cli/demo_receiver.hpp: the receiver side of `ferry demo`: a real `ferry serve` child process
-// started from this executable, waited for through its ready file, driven over the HTTP control
-// API, and always stopped (SIGTERM, then SIGKILL after a deadline).
+// demo/receiver_process.hpp: the receiver side of `ferry demo` (and of `ferry bench cuda_ipc`): a
+// real `ferry serve` child process, waited for through its ready file, driven over the HTTP
+// control API, and always stopped (SIGTERM, then SIGKILL after a deadline).
 #pragma once
 
 #include <sys/types.h>
@@ -15,10 +15,10 @@ namespace httplib {
 class Client;
 }
 
-namespace ferry::cli::demo {
+namespace ferry::demo {
 
 struct ReceiverOptions {
-  std::filesystem::path exe;             // the `ferry` executable (normally /proc/self/exe)
+  std::filesystem::path exe;             // the `ferry` executable
   std::vector<std::string> global_args;  // placed before "serve" (--config, --set, --plugin-dir)
   std::vector<std::string> serve_args;   // placed after "serve"
   std::filesystem::path run_dir;         // ready file and serve.log (the child's stdout+stderr)
@@ -76,4 +76,4 @@ class ReceiverProcess {
   void wait_ready();
 };
 
-}  // namespace ferry::cli::demo
+}  // namespace ferry::demo

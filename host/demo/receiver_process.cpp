@@ -1,6 +1,7 @@
-// cli/demo_receiver.cpp: the `ferry serve` child process of `ferry demo` (see demo_receiver.hpp):
-// fork/exec with the log redirected, the ready-file wait, HTTP requests and the stop sequence.
-#include "cli/demo_receiver.hpp"
+// demo/receiver_process.cpp: the `ferry serve` child process of `ferry demo` (see
+// receiver_process.hpp): fork/exec with the log redirected, the ready-file wait, HTTP requests and
+// the stop sequence.
+#include "demo/receiver_process.hpp"
 
 #include <fcntl.h>
 #include <ferry/sdk/error.hpp>
@@ -20,7 +21,7 @@
 #include <sstream>
 #include <thread>
 
-namespace ferry::cli::demo {
+namespace ferry::demo {
 namespace {
 
 namespace fs = std::filesystem;
@@ -241,4 +242,4 @@ Answer ReceiverProcess::post(const std::string& path, const nlohmann::json& body
   return to_answer(client_->Post(path, body.dump(), "application/json"));
 }
 
-}  // namespace ferry::cli::demo
+}  // namespace ferry::demo

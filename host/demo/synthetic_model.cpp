@@ -1,7 +1,7 @@
-// cli/demo_model.cpp: the synthetic Qwen3-shaped trainer model of `ferry demo` (see
-// demo_model.hpp): generation, the deterministic optimizer-like step, checkpoint writing and
+// demo/synthetic_model.cpp: the synthetic Qwen3-shaped trainer model of `ferry demo` (see
+// synthetic_model.hpp): generation, the deterministic optimizer-like step, checkpoint writing and
 // checking, and the engine-layout fingerprints the receiver must report.
-#include "cli/demo_model.hpp"
+#include "demo/synthetic_model.hpp"
 
 #include <ferry/kernels/cpu.hpp>
 #include <ferry/sdk/dtype.hpp>
@@ -16,7 +16,7 @@
 
 #include "disk/safetensors.hpp"
 
-namespace ferry::cli::demo {
+namespace ferry::demo {
 namespace {
 
 namespace fs = std::filesystem;
@@ -306,4 +306,4 @@ std::string SyntheticModel::config_json() const {
   return c.dump(2);
 }
 
-}  // namespace ferry::cli::demo
+}  // namespace ferry::demo

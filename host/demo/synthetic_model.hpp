@@ -1,4 +1,4 @@
-// cli/demo_model.hpp: the trainer side of `ferry demo`: a synthetic Qwen3-shaped model whose
+// demo/synthetic_model.hpp: the trainer side of `ferry demo`: a synthetic Qwen3-shaped model whose
 // weights change deterministically every step (like an optimizer step), saved as a sharded
 // safetensors checkpoint, and the fingerprints a receiver in the engine layout must report.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace ferry::cli::demo {
+namespace ferry::demo {
 
 // The sizes of a scaled-down Qwen3 model. Attention uses head_dim 64, max(1, hidden / 64) query
 // heads and max(1, heads / 4) key/value heads (grouped-query attention); the MLP's intermediate
@@ -92,4 +92,4 @@ class SyntheticModel {
   std::uint64_t bytes_ = 0;
 };
 
-}  // namespace ferry::cli::demo
+}  // namespace ferry::demo
