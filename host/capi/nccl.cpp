@@ -124,6 +124,7 @@ FERRY_API ferry_error_t* ferry_nccl_group_create(const ferry_nccl_group_create_a
     const ferry::config::Config config = ferry::capi::load_config(a.config, kFn);
     handle->registry = ferry::capi::make_registry(config);
     ferry::session::NcclTrainerOptions o;
+    o.transport = config.update.group_transport;
     o.master_address = a.master_address != nullptr ? a.master_address : "127.0.0.1";
     o.master_port = a.master_port;
     o.world_size = a.world_size;

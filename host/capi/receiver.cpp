@@ -105,7 +105,7 @@ FERRY_API ferry_error_t* ferry_receiver_create(const ferry_config_source_t* conf
     handle->config = ferry::capi::load_config(config, kFn);
     // Embedded parameters carry the sender's names unless the config says otherwise.
     if (handle->config.receiver.model_family.empty()) {
-      handle->config.receiver.model_family = "identity";
+      handle->config.receiver.model_family = handle->config.receiver.embedded_model_family;
     }
     handle->registry = ferry::capi::make_registry(handle->config);
     handle->receiver =

@@ -258,6 +258,10 @@ const std::vector<Key>& keys() {
                                  [](Config& c) -> auto& { return c.receiver.ep_size; }, 1),
       string_key("receiver.transport", [](Config& c) -> auto& { return c.receiver.transport; },
                  non_empty),
+      string_array_key("receiver.model_family_hints",
+                       [](Config& c) -> auto& { return c.receiver.model_family_hints; }),
+      string_key("receiver.embedded_model_family",
+                 [](Config& c) -> auto& { return c.receiver.embedded_model_family; }, non_empty),
 
       integer_key<std::uint64_t>("update.bucket_bytes",
                                  [](Config& c) -> auto& { return c.update.bucket_bytes; }, 1),
@@ -286,6 +290,10 @@ const std::vector<Key>& keys() {
                  non_empty),
       string_array_key("update.transport_preference",
                        [](Config& c) -> auto& { return c.update.transport_preference; }),
+      string_key("update.group_transport",
+                 [](Config& c) -> auto& { return c.update.group_transport; }, non_empty),
+      string_key("update.ckpt_engine_transport",
+                 [](Config& c) -> auto& { return c.update.ckpt_engine_transport; }, non_empty),
 
       choice_key("memory.weights_policy",
                  +[](Config& c) -> ReleasePolicy& { return c.memory.weights_policy; }, kPolicies),

@@ -59,6 +59,13 @@ struct ReceiverConfig {
   std::string device = "cpu";      // "cpu", "cuda" or "cuda:N"
   std::string model_path;          // "" = no model loaded at start
   std::string model_family;        // "" = detect from the model's config.json
+  // How a model family is detected: "SUBSTRING=FAMILY", the first whose substring is in an
+  // `architectures` entry or the `model_type` of config.json (lower case).
+  std::vector<std::string> model_family_hints = {"moe=moe", "deepseek=moe", "llama=dense",
+                                                 "qwen=dense", "mistral=dense"};
+  // The model plugin of an embedded receiver (engine-owned parameters) whose config names none:
+  // the sender's names are the parameter names.
+  std::string embedded_model_family = "identity";
   Layout layout = Layout::engine;
   std::uint32_t tp_rank = 0;
   std::uint32_t tp_size = 1;
@@ -86,6 +93,11 @@ struct UpdateConfig {
   // A vendor's plugin heads the list to be chosen before the in-tree ones.
   std::string transport = "auto";
   std::vector<std::string> transport_preference = {"cuda_ipc", "ucx"};
+  // The broadcast transport of weight-update groups (ferry.NcclGroup,
+  // /init_weights_update_group), and the source of /update_weights_from_ipc (the
+  // checkpoint-engine protocol).
+  std::string group_transport = "nccl";
+  std::string ckpt_engine_transport = "ckpt_engine";
 };
 
 struct MemoryConfig {

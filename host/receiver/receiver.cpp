@@ -71,8 +71,10 @@ std::string read_config_json(const fs::path& checkpoint) {
   return read_optional_text_file(dir / "config.json", kMaxConfigJsonBytes);
 }
 
-// The model family named by config.json's architectures / model_type.
-std::string detect_family(const std::string& config_json, const fs::path& checkpoint) {
+// The model family named by config.json's architectures / model_type: the family of the first
+// receiver.model_family_hints entry ("SUBSTRING=FAMILY") whose substring is in one of them.
+std::string detect_family(const std::string& config_json, const fs::path& checkpoint,
+                          const std::vector<std::string>& hints) {
   if (config_json.empty()) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
          "cannot detect the model family of '{}': no config.json beside it; set "
@@ -96,17 +98,18 @@ std::string detect_family(const std::string& config_json, const fs::path& checkp
   for (const auto& n : names) {
     std::string lower = n;
     std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower.find("moe") != std::string::npos || lower.find("deepseek") != std::string::npos) {
-      return "moe";
-    }
-    if (lower.find("llama") != std::string::npos || lower.find("qwen") != std::string::npos ||
-        lower.find("mistral") != std::string::npos) {
-      return "dense";
+    for (const auto& hint : hints) {
+      const auto eq = hint.find('=');
+      if (eq == 0 || eq == std::string::npos || eq + 1 == hint.size()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "receiver.model_family_hints entry '{}' is not SUBSTRING=FAMILY", hint);
+      }
+      if (lower.find(hint.substr(0, eq)) != std::string::npos) return hint.substr(eq + 1);
     }
   }
   fail(FERRY_STATUS_INVALID_ARGUMENT,
-       "cannot detect the model family of '{}' from config.json (architectures/model_type); set "
-       "receiver.model_family",
+       "cannot detect the model family of '{}' from config.json (architectures/model_type; "
+       "receiver.model_family_hints has no match); set receiver.model_family",
        checkpoint.string());
 }
 
@@ -251,7 +254,9 @@ struct Receiver::State {
       return;
     }
     std::string family = config.receiver.model_family;
-    if (family.empty()) family = detect_family(config_json, checkpoint);
+    if (family.empty()) {
+      family = detect_family(config_json, checkpoint, config.receiver.model_family_hints);
+    }
     model_plugin = registry.model(family);
     const auto& opts = config.models[family];
     std::vector<ferry_option_t> options = config::option_array(opts);
@@ -334,8 +339,9 @@ struct Receiver::State {
   // Engine-owned parameters exist (register_params): the model plugin's layout for `cat` must be
   // exactly the registered parameters (INCOMPATIBLE naming the first difference).
   void create_layout_over_registered(const manifest::Manifest& cat, const std::string& config_json) {
-    std::string family = config.receiver.model_family.empty() ? std::string("identity")
-                                                              : config.receiver.model_family;
+    std::string family = config.receiver.model_family.empty()
+                             ? config.receiver.embedded_model_family
+                             : config.receiver.model_family;
     auto new_binding = make_binding(family, config_json);
     auto descs = manifest::tensor_descs(cat);
     const auto& layout = new_binding->target_layout(descs);

@@ -30,8 +30,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kTransport = "ckpt_engine";
-
 // The transport plugin's source table, driven for one update.
 class PluginSource final : public CkptBucketSource {
  public:
@@ -39,13 +37,14 @@ class PluginSource final : public CkptBucketSource {
                const std::map<std::string, std::string>& options, int device,
                const std::string& address)
       : plugin_(std::move(plugin)), api_(plugin_->transport()) {
+    const std::string& name = plugin_->info().name;
     const auto& caps = plugin_->info().transport_caps;
     if (api_ == nullptr || !caps || (caps->flags & FERRY_TRANSPORT_CAP_SOURCE) == 0 ||
         api_->source_open == nullptr || api_->source_catalog == nullptr ||
         api_->source_read == nullptr || api_->source_close == nullptr || api_->abort == nullptr) {
       ferry::fail(FERRY_STATUS_INCOMPATIBLE,
            "transport '{}' does not offer the checkpoint-engine worker (CAP_SOURCE and abort)",
-           kTransport);
+           name);
     }
     std::vector<ferry_option_t> opts;
     for (const auto& [k, v] : options) opts.push_back({k.c_str(), v.c_str()});
@@ -244,11 +243,12 @@ UpdateReport update_weights_from_ipc(Receiver& receiver,
   const std::string address = ckpt_engine::pick_address(request.zmq_handles, uuid);
 
   std::map<std::string, std::string> options;
-  if (auto it = config.transports.find(kTransport); it != config.transports.end()) {
+  const std::string& transport = config.update.ckpt_engine_transport;
+  if (auto it = config.transports.find(transport); it != config.transports.end()) {
     options = it->second;
   }
   if (request.timeout_s) options["receive_timeout_s"] = fmt::format("{}", *request.timeout_s);
-  auto plugin = receiver.plugin_registry().transport(kTransport);
+  auto plugin = receiver.plugin_registry().transport(transport);
   logger("receiver")->info("checkpoint-engine update from {} (this GPU: {})", address, uuid);
   PluginSource source(plugin, options, device.ordinal, address);
 

@@ -289,7 +289,7 @@ void WeightUpdateGroups::init(nccl::GroupInit init) {
   const auto device = store::parse_store_device(config.receiver.device);
   init.device = device.cuda ? device.ordinal : 0;
   nccl::check_group_init(init);
-  auto plugin = s.receiver.plugin_registry().transport("nccl");
+  auto plugin = s.receiver.plugin_registry().transport(config.update.group_transport);
   logger("receiver")->info("joining weight-update group '{}' as rank {}/{} (rank 0 at {}:{})",
                            init.group_name, init.rank, init.world_size, init.master_address,
                            init.master_port);

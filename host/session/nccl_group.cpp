@@ -135,7 +135,7 @@ struct NcclTrainerGroup::Impl {
 NcclTrainerGroup::NcclTrainerGroup(const registry::Registry& registry, NcclTrainerOptions options)
     : impl_(std::make_unique<Impl>()) {
   nccl::check_bucket_bytes(options.bucket_bytes);
-  impl_->plugin = registry.transport("nccl");
+  impl_->plugin = registry.transport(options.transport);
   impl_->options = std::move(options);
   impl_->join();
 }

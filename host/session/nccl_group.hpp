@@ -25,6 +25,7 @@ class Registry;
 namespace ferry::session {
 
 struct NcclTrainerOptions {
+  std::string transport;  // the broadcast transport plugin (the config's update.group_transport)
   std::string master_address = "127.0.0.1";  // where rank 0 listens (receivers connect there)
   std::uint16_t master_port = 0;  // 0: any free port (only for world_size 1: receivers must know it)
   std::uint32_t world_size = 0;               // trainer + every receiver rank

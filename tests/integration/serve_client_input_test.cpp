@@ -157,6 +157,30 @@ TEST_F(ClientInput, ConfigJsonThatIsAFifoIsRefusedAtTheFirstLoad) {
   EXPECT_EQ(good.status, 200) << good.text;
 }
 
+// An empty model_family is detected by receiver.model_family_hints (data in the config, not
+// names in the host): a hint that matches the checkpoint's architecture routes it to its plugin;
+// with none matching, the load is refused naming the key, and nothing is loaded.
+TEST_F(ClientInput, ModelFamilyHintsDecideTheDetectedFamily) {
+  ServeOptions none = receiver_options("");
+  none.model_family = "";
+  none.sets = {"receiver.model_family_hints=['nosuch=dense']"};
+  ServeProcess unmatched(none);
+  const Reply refused = unmatched.update_from_disk(versions_->v1_path());
+  EXPECT_EQ(refused.status, 400) << refused.text;
+  EXPECT_NE(message_of(refused).find("receiver.model_family_hints has no match"),
+            std::string::npos)
+      << refused.text;
+  EXPECT_EQ(version_of(unmatched), 0);
+
+  ServeOptions hinted = receiver_options("");
+  hinted.model_family = "";
+  hinted.sets = {"receiver.model_family_hints=['nosuch=moe', 'qwen3=dense']"};
+  ServeProcess matched(hinted);
+  const Reply loaded = matched.update_from_disk(versions_->v1_path());
+  ASSERT_EQ(loaded.status, 200) << loaded.text;
+  EXPECT_EQ(matched.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
 TEST_F(ClientInput, TruncateSizeIsBoundedAndReturnsWhatItAsks) {
   // A receiver whose embedding has 8192 x 16 = 131072 values, twice the maximum.
   TempDir big_dir;

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   }
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   ferry::session::NcclTrainerOptions o;
+  o.transport = "nccl";
   o.master_address = "127.0.0.1";
   o.master_port = static_cast<std::uint16_t>(std::atoi(argv[1]));
   o.world_size = 2;

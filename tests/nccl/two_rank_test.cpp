@@ -163,6 +163,7 @@ class TwoRanks : public ::testing::Test {
     auto joined = std::async(std::launch::async,
                              [&] { return serve_->post("/init_weights_update_group", init_body()); });
     NcclTrainerOptions o;
+    o.transport = "nccl";
     o.master_address = "127.0.0.1";
     o.master_port = port_;
     o.world_size = 2;
