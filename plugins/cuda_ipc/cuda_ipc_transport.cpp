@@ -1023,7 +1023,7 @@ void ferry_transport::log_launch_locked(PrintBatch& batch) noexcept {
   batch.ended = nullptr;
 }
 
-ferry_request* ferry_transport::flush(ferry_peer* peer) {
+ferry_request* ferry_transport::flush(ferry_peer* peer, std::int64_t /*deadline_ns*/) {
   check_not_aborted();
   if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc flush: peer is NULL");
   peer->link->check_alive();
@@ -1179,6 +1179,13 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
     r->code = e.code();
     r->message = e.what();
     throw;
+  }
+}
+
+void ferry_transport::request_wait(ferry_request* request, std::int64_t deadline_ns) {
+  if (!progress(request, effective(deadline_ns))) {
+    const std::string peer = request->peer != nullptr ? request->peer->link->name() : "a peer";
+    fail(FERRY_STATUS_TIMEOUT, "cuda_ipc: deadline passed waiting for a request to {}", peer);
   }
 }
 

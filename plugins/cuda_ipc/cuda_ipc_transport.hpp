@@ -134,13 +134,18 @@ struct ferry_transport {
 
   ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
   void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
-  ferry_request* flush(ferry_peer* peer);
+  // The flush's event is recorded now; its deadline is the one request_wait is given.
+  ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
   ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
   ferry_request* recv_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
 
   // Advances `request`; waits at most until deadline_ns (<= now: does not block). Returns true
   // when done; throws the request's error once it failed.
   bool progress(ferry_request* request, std::int64_t deadline_ns);
+  // progress without waiting.
+  bool request_test(ferry_request* request) { return progress(request, 0); }
+  // progress until deadline_ns (0 or less: 300 s from now); TIMEOUT naming the peer after it.
+  void request_wait(ferry_request* request, std::int64_t deadline_ns);
   void request_free(ferry_request* request) noexcept;
   void abort(const char* reason) noexcept;
 

@@ -682,13 +682,13 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
     finish_start_locked(flush, ucp_ep_flush_nbx(peer->ep, &param));
   }
   try {
-    wait(flush, args.deadline_ns);
+    request_wait(flush, args.deadline_ns);
   } catch (...) {
-    free_request(flush);
+    request_free(flush);
     disconnect(peer);
     throw;
   }
-  free_request(flush);
+  request_free(flush);
   const bool put_allowed = options.rma == ferry::ucx::RmaPolicy::always ||
                            (options.rma == ferry::ucx::RmaPolicy::automatic && peer->rma_native);
   ferry::ucx::log(
@@ -892,13 +892,13 @@ bool ferry_transport::settled_locked(ferry_request* request) {
   return true;
 }
 
-bool ferry_transport::test(ferry_request* request) {
+bool ferry_transport::request_test(ferry_request* request) {
   auto lock = api_lock();
   if (!stopping) progress_once_locked();  // a caller polling with test drives the worker too
   return settled_locked(request);
 }
 
-void ferry_transport::wait(ferry_request* request, std::int64_t deadline_ns) {
+void ferry_transport::request_wait(ferry_request* request, std::int64_t deadline_ns) {
   auto lock = api_lock();
   ++waiters;
   struct Leave {
@@ -922,7 +922,7 @@ void ferry_transport::wait(ferry_request* request, std::int64_t deadline_ns) {
   }
 }
 
-void ferry_transport::free_request(ferry_request* request) noexcept {
+void ferry_transport::request_free(ferry_request* request) noexcept {
   auto lock = api_lock();
   if (request == nullptr || requests.count(request) == 0 || request->caller_freed) return;
   if (request->ucx == nullptr) {
@@ -940,8 +940,9 @@ void ferry_transport::free_request(ferry_request* request) noexcept {
   cancel_ucx_locked(request);
 }
 
-void ferry_transport::abort(const std::string& reason) noexcept {
+void ferry_transport::abort(const char* why) noexcept {
   try {
+    const std::string reason = why != nullptr ? why : "no reason given";
     auto lock = api_lock();
     if (aborted) return;
     aborted = true;
@@ -955,6 +956,7 @@ void ferry_transport::abort(const std::string& reason) noexcept {
     for (ferry_peer* p : peers) close_endpoint_locked(p, true);
     changed.notify_all();
   } catch (...) {
-    // Out of memory while aborting: the flag is what matters, and it is set unless locking threw.
+    // Out of memory while aborting: the flag is what matters, and it is set unless copying the
+    // reason or locking threw.
   }
 }

@@ -75,10 +75,10 @@ struct ferry_transport {
   ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
   ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
   // Returns true when done; throws the request's error when it failed.
-  bool test(ferry_request* request);
-  void wait(ferry_request* request, std::int64_t deadline_ns);
-  void free_request(ferry_request* request) noexcept;
-  void abort(const std::string& reason) noexcept;
+  bool request_test(ferry_request* request);
+  void request_wait(ferry_request* request, std::int64_t deadline_ns);
+  void request_free(ferry_request* request) noexcept;
+  void abort(const char* reason) noexcept;  // NULL: "no reason given"
 
   // --- used by the UCX callbacks (mutex held) ---
   void complete_locked(ferry_request* request, ucs_status_t status, std::size_t length);

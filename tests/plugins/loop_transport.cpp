@@ -1,9 +1,10 @@
 // tests/plugins/loop_transport.cpp: libferry_transport_loop.so, a small point-to-point transport
-// with direct writes, as a vendor would write one: instances find each other through a
-// process-wide table of live instances (the address is an instance id), put copies into the
-// peer's registered memory at once (the remote key carries its base and size), flush then has
-// nothing left to wait for, and send_bucket hands a copy to the peer's inbox, from which
-// recv_bucket takes it before its deadline.
+// with direct writes, as a vendor would write one, over the SDK's transport table
+// (ferry/sdk/transport_plugin.hpp): instances find each other through a process-wide table of
+// live instances (the address is an instance id), put copies into the peer's registered memory at
+// once (the remote key carries its base and size), flush then has nothing left to wait for, and
+// send_bucket hands a copy to the peer's inbox, from which recv_bucket takes it before its
+// deadline.
 //
 // Built a second time for each deliberately broken variant in tests/plugins/broken/, selected by
 // FERRY_LOOP_BREAK (the variant's name is FERRY_LOOP_NAME):
@@ -11,6 +12,7 @@
 //   2 stuckflush: flush never returns;
 //   3 racycreate: create and destroy change the table of instances without its lock.
 #include <ferry/sdk/error.hpp>
+#include <ferry/sdk/transport_plugin.hpp>
 
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +36,20 @@
 #endif
 
 struct ferry_transport {
+  ferry_transport();
+  ~ferry_transport();
+
+  std::vector<std::uint8_t> address() const;
+  ferry_peer* connect(const ferry_connect_args_t& args);
+  void disconnect(ferry_peer* peer) noexcept;
+  ferry_memory* register_memory(const ferry_memory_desc_t& desc);
+  void deregister_memory(ferry_memory* memory) noexcept;
+  std::vector<std::uint8_t> pack_key(ferry_memory* memory);
+  ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
+  ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
+  ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
+  ferry_request* recv_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
+
   std::uint64_t id = 0;
   std::mutex mutex;
   std::condition_variable arrived;
@@ -78,7 +95,8 @@ std::int64_t monotonic_now_ns() {
 }
 
 std::uint8_t* range_bytes(const ferry_memory_range_t& range, const char* what) {
-  if (range.memory == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {} has no registration", kName, what);
+  if (range.memory == nullptr)
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {} has no registration", kName, what);
   if (range.offset > range.memory->size || range.size > range.memory->size - range.offset) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {} [{}, +{}) lies outside its {}-byte registration",
          kName, what, range.offset, range.size, range.memory->size);
@@ -86,210 +104,156 @@ std::uint8_t* range_bytes(const ferry_memory_range_t& range, const char* what) {
   return range.memory->base + range.offset;
 }
 
-void release_bytes(const std::uint8_t* /*data*/, void* ctx) {
-  delete static_cast<std::vector<std::uint8_t>*>(ctx);
+std::vector<std::uint8_t> bytes_of(const void* data, std::size_t size) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  return {p, p + size};
 }
 
-void give_blob(const void* data, std::size_t size, ferry_blob_t* out) {
-  auto* copy = new std::vector<std::uint8_t>(static_cast<const std::uint8_t*>(data),
-                                             static_cast<const std::uint8_t*>(data) + size);
-  out->struct_size = FERRY_STRUCT_SIZE(ferry_blob_t, release_ctx);
-  out->data = copy->data();
-  out->size = copy->size();
-  out->release = release_bytes;
-  out->release_ctx = copy;
-}
+}  // namespace
 
-ferry_error_t* get_caps(ferry_transport_caps_t* caps) {
-  return ferry::sdk::guard([&] {
-    ferry_transport_caps_t full{};
-    full.flags = FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_DIRECT_WRITE;
-    full.memory_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED;
-    full.max_inflight_buckets = 1;
-    const std::size_t size = std::min(caps->struct_size, sizeof full);
-    if (size > sizeof(std::size_t)) {
-      std::memcpy(reinterpret_cast<char*>(caps) + sizeof(std::size_t),
-                  reinterpret_cast<const char*>(&full) + sizeof(std::size_t),
-                  size - sizeof(std::size_t));
-    }
-  });
-}
-
-ferry_error_t* create(const ferry_transport_create_args_t* args, ferry_transport_t** out) {
-  return ferry::sdk::guard([&] {
-    if (args->num_options > 0) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: unknown option '{}' (it has none)", kName,
-           args->options[0].key ? args->options[0].key : "");
-    }
-    auto* t = new ferry_transport();
-    auto& all = instances();
-#if FERRY_LOOP_BREAK != 3
-    std::lock_guard lock(all.mutex);
-#endif
-    t->id = ++all.next;
-    all.live[t->id] = t;
-    *out = t;
-  });
-}
-
-void destroy(ferry_transport_t* t) {
+ferry_transport::ferry_transport() {
   auto& all = instances();
-  {
 #if FERRY_LOOP_BREAK != 3
-    std::lock_guard lock(all.mutex);
+  std::lock_guard lock(all.mutex);
 #endif
-    all.live.erase(t->id);
+  id = ++all.next;
+  all.live[id] = this;
+}
+
+ferry_transport::~ferry_transport() {
+  auto& all = instances();
+#if FERRY_LOOP_BREAK != 3
+  std::lock_guard lock(all.mutex);
+#endif
+  all.live.erase(id);
+}
+
+std::vector<std::uint8_t> ferry_transport::address() const {
+  return bytes_of(&id, sizeof id);
+}
+
+ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
+  std::uint64_t remote = 0;
+  if (args.num_remote != 1 || args.remote_addresses[0].size != sizeof remote) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: connect needs one {}-byte address", kName,
+         sizeof remote);
   }
-  delete t;
+  std::memcpy(&remote, args.remote_addresses[0].data, sizeof remote);
+  return new ferry_peer{remote};
 }
 
-ferry_error_t* get_address(ferry_transport_t* t, ferry_blob_t* out) {
-  return ferry::sdk::guard([&] { give_blob(&t->id, sizeof t->id, out); });
-}
-
-ferry_error_t* connect(ferry_transport_t* /*t*/, const ferry_connect_args_t* args,
-                       ferry_peer_t** out) {
-  return ferry::sdk::guard([&] {
-    std::uint64_t id = 0;
-    if (args->num_remote != 1 || args->remote_addresses[0].size != sizeof id) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: connect needs one {}-byte address", kName,
-           sizeof id);
-    }
-    std::memcpy(&id, args->remote_addresses[0].data, sizeof id);
-    *out = new ferry_peer{id};
-  });
-}
-
-void disconnect(ferry_transport_t* /*t*/, ferry_peer_t* peer) {
+void ferry_transport::disconnect(ferry_peer* peer) noexcept {
   delete peer;
 }
 
-ferry_error_t* register_memory(ferry_transport_t* /*t*/, const ferry_memory_desc_t* desc,
-                               ferry_memory_t** out) {
-  return ferry::sdk::guard([&] {
-    if (desc->kind != FERRY_MEMORY_HOST && desc->kind != FERRY_MEMORY_PINNED) {
-      fail(FERRY_STATUS_UNIMPLEMENTED, "{}: only host memory", kName);
-    }
-    *out = new ferry_memory{static_cast<std::uint8_t*>(desc->base), desc->size};
-  });
+ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) {
+  if (desc.kind != FERRY_MEMORY_HOST && desc.kind != FERRY_MEMORY_PINNED) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "{}: only host memory", kName);
+  }
+  return new ferry_memory{static_cast<std::uint8_t*>(desc.base), desc.size};
 }
 
-void deregister_memory(ferry_transport_t* /*t*/, ferry_memory_t* memory) {
+void ferry_transport::deregister_memory(ferry_memory* memory) noexcept {
   delete memory;
 }
 
-ferry_error_t* pack_key(ferry_transport_t* /*t*/, ferry_memory_t* memory, ferry_blob_t* out) {
-  return ferry::sdk::guard([&] {
-    const Key key{reinterpret_cast<std::uint64_t>(memory->base), memory->size};
-    give_blob(&key, sizeof key, out);
-  });
+std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
+  const Key key{reinterpret_cast<std::uint64_t>(memory->base), memory->size};
+  return bytes_of(&key, sizeof key);
 }
 
-ferry_error_t* put(ferry_transport_t* /*t*/, ferry_peer_t* /*peer*/, const ferry_put_args_t* args,
-                   ferry_request_t** out) {
-  return ferry::sdk::guard([&] {
-    const std::uint8_t* from = range_bytes(args->local, "put source");
-    Key key{};
-    if (args->remote_key == nullptr || args->remote_key->size != sizeof key) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: put needs a {}-byte remote key", kName, sizeof key);
-    }
-    std::memcpy(&key, args->remote_key->data, sizeof key);
-    const std::uint64_t n = args->local.size;
-    if (args->remote_offset > key.size || n > key.size - args->remote_offset) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: put of {} bytes at {} outside the {}-byte remote range",
-           kName, n, args->remote_offset, key.size);
-    }
-    auto* to = reinterpret_cast<std::uint8_t*>(key.base) + args->remote_offset;
+ferry_request* ferry_transport::put(ferry_peer* /*peer*/, const ferry_put_args_t& args) {
+  const std::uint8_t* from = range_bytes(args.local, "put source");
+  Key key{};
+  if (args.remote_key == nullptr || args.remote_key->size != sizeof key) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: put needs a {}-byte remote key", kName, sizeof key);
+  }
+  std::memcpy(&key, args.remote_key->data, sizeof key);
+  const std::uint64_t n = args.local.size;
+  if (args.remote_offset > key.size || n > key.size - args.remote_offset) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: put of {} bytes at {} outside the {}-byte remote range", kName, n, args.remote_offset,
+         key.size);
+  }
+  auto* to = reinterpret_cast<std::uint8_t*>(key.base) + args.remote_offset;
 #if FERRY_LOOP_BREAK == 1
-    std::memmove(to, from, n + 256);  // the vendor's bug: a header's worth too many
+  std::memmove(to, from, n + 256);  // the vendor's bug: a header's worth too many
 #else
-    std::memmove(to, from, n);
+  std::memmove(to, from, n);
 #endif
-    *out = nullptr;  // complete
-  });
+  return nullptr;  // complete
 }
 
-ferry_error_t* flush(ferry_transport_t* /*t*/, ferry_peer_t* /*peer*/, std::int64_t /*deadline*/,
-                     ferry_request_t** out) {
+ferry_request* ferry_transport::flush(ferry_peer* /*peer*/, std::int64_t /*deadline_ns*/) {
 #if FERRY_LOOP_BREAK == 2
   for (;;) ::pause();  // waits for an acknowledgement nobody sends
 #endif
-  *out = nullptr;  // every put completed when it returned
+  return nullptr;  // every put completed when it returned
+}
+
+ferry_request* ferry_transport::send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket) {
+  const std::uint8_t* bytes = range_bytes(bucket.data, "send_bucket data");
+  auto& all = instances();
+  std::lock_guard lock(all.mutex);
+  auto it = all.live.find(peer->remote);
+  if (it == all.live.end()) {
+    fail(FERRY_STATUS_PEER_FAILED, "{}: peer {} is gone", kName, peer->remote);
+  }
+  {
+    std::lock_guard inbox_lock(it->second->mutex);
+    it->second->inbox.emplace_back(bytes, bytes + bucket.data.size);
+  }
+  it->second->arrived.notify_all();
   return nullptr;
 }
 
-ferry_error_t* send_bucket(ferry_transport_t* /*t*/, ferry_peer_t* peer,
-                           const ferry_bucket_io_t* bucket, ferry_request_t** out) {
-  return ferry::sdk::guard([&] {
-    const std::uint8_t* bytes = range_bytes(bucket->data, "send_bucket data");
-    auto& all = instances();
-    std::lock_guard lock(all.mutex);
-    auto it = all.live.find(peer->remote);
-    if (it == all.live.end()) {
-      fail(FERRY_STATUS_PEER_FAILED, "{}: peer {} is gone", kName, peer->remote);
+ferry_request* ferry_transport::recv_bucket(ferry_peer* /*peer*/, const ferry_bucket_io_t& bucket) {
+  std::uint8_t* bytes = range_bytes(bucket.data, "recv_bucket data");
+  std::unique_lock lock(mutex);
+  while (inbox.empty()) {
+    const std::int64_t left = bucket.deadline_ns - monotonic_now_ns();
+    if (left <= 0) {
+      fail(FERRY_STATUS_TIMEOUT, "{}: no bucket {} arrived before the deadline", kName,
+           bucket.bucket_index);
     }
-    {
-      std::lock_guard inbox_lock(it->second->mutex);
-      it->second->inbox.emplace_back(bytes, bytes + bucket->data.size);
-    }
-    it->second->arrived.notify_all();
-    *out = nullptr;
-  });
+    arrived.wait_for(lock, std::chrono::nanoseconds(left));
+  }
+  std::vector<std::uint8_t> payload = std::move(inbox.front());
+  inbox.pop_front();
+  if (payload.size() > bucket.data.size) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: bucket of {} bytes, receive range of {}", kName,
+         payload.size(), bucket.data.size);
+  }
+  std::memcpy(bytes, payload.data(), payload.size());
+  return nullptr;
 }
 
-ferry_error_t* recv_bucket(ferry_transport_t* t, ferry_peer_t* /*peer*/,
-                           const ferry_bucket_io_t* bucket, ferry_request_t** out) {
-  return ferry::sdk::guard([&] {
-    std::uint8_t* bytes = range_bytes(bucket->data, "recv_bucket data");
-    std::unique_lock lock(t->mutex);
-    while (t->inbox.empty()) {
-      const std::int64_t left = bucket->deadline_ns - monotonic_now_ns();
-      if (left <= 0) {
-        fail(FERRY_STATUS_TIMEOUT, "{}: no bucket {} arrived before the deadline", kName,
-             bucket->bucket_index);
-      }
-      t->arrived.wait_for(lock, std::chrono::nanoseconds(left));
-    }
-    std::vector<std::uint8_t> payload = std::move(t->inbox.front());
-    t->inbox.pop_front();
-    if (payload.size() > bucket->data.size) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: bucket of {} bytes, receive range of {}", kName,
-           payload.size(), bucket->data.size);
-    }
-    std::memcpy(bytes, payload.data(), payload.size());
-    *out = nullptr;
-  });
-}
+namespace {
 
-const ferry_transport_api_t kLoopApi = {
-    FERRY_STRUCT_SIZE(ferry_transport_api_t, source_close),
-    get_caps,
-    create,
-    destroy,
-    get_address,
-    connect,
-    disconnect,
-    register_memory,
-    pack_key,
-    deregister_memory,
-    send_bucket,
-    recv_bucket,
-    put,
-    flush,
-    nullptr,  // request_test: every call completes before it returns
-    nullptr,  // request_wait
-    nullptr,  // request_free
-    nullptr,  // abort
-    nullptr,  // source_open
-    nullptr,  // source_catalog
-    nullptr,  // source_read
-    nullptr,  // source_close
-    nullptr,  // put_many
+namespace sdk = ferry::sdk;
+
+struct LoopPlugin {
+  using Transport = ferry_transport;
+  static constexpr const char* kName = FERRY_LOOP_NAME;
+  static constexpr const char* kVersion = "0.1-test";
+  static constexpr const char* const* kOptions = nullptr;  // not declared: create checks them
+  static constexpr std::uint32_t kGroups = sdk::kPointToPoint | sdk::kMemory | sdk::kDirectWrite;
+
+  static sdk::TransportCaps caps() {
+    return {.memory_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED, .max_inflight_buckets = 1};
+  }
+  static std::unique_ptr<Transport> create(const ferry_transport_create_args_t& args) {
+    if (args.num_options > 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: unknown option '{}' (it has none)", kName,
+           args.options[0].key ? args.options[0].key : "");
+    }
+    return std::make_unique<Transport>();
+  }
 };
 
 }  // namespace
 
 extern "C" FERRY_PLUGIN_EXPORT ferry_error_t* ferry_plugin_negotiate(
     ferry_plugin_negotiation_t* n) {
-  return ferry::sdk::negotiate(n, FERRY_PLUGIN_TRANSPORT, kName, "0.1-test", &kLoopApi);
+  return sdk::TransportPlugin<LoopPlugin>::negotiate(n);
 }
