@@ -71,11 +71,13 @@ std::string push_through(const std::string& extra, const char* transport = nullp
   source.struct_size = FERRY_STRUCT_SIZE(ferry_config_source_t, num_overrides);
   source.toml_text = text.c_str();
 
+  // The engine's parameters outlive the receiver (declared first, destroyed last): the receiver
+  // reads them until it is destroyed (its host mirror copies each committed version).
+  auto engine = tensors(0.0f);
   ferry_receiver_t* receiver = nullptr;
   EXPECT_EQ(ferry_receiver_create(&source, &receiver), nullptr);
   std::unique_ptr<ferry_receiver_t, void (*)(ferry_receiver_t*)> keep(receiver,
                                                                       ferry_receiver_destroy);
-  auto engine = tensors(0.0f);
   for (auto& t : engine) {
     const ferry_tensor_t v = t.view();
     ferry_error_t* e = ferry_receiver_register_param(receiver, &v);

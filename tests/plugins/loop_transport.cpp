@@ -83,9 +83,11 @@ struct Instances {
   std::map<std::uint64_t, ferry_transport*> live;
 };
 
+// An object, not a heap pointer: the host unloads the plugin after its last instance is
+// destroyed, and the table goes with it (a leaked table would be lost at every unload).
 Instances& instances() {
-  static auto* all = new Instances();  // never destroyed: used until the process exits
-  return *all;
+  static Instances all;
+  return all;
 }
 
 std::int64_t monotonic_now_ns() {
