@@ -4,6 +4,7 @@
 // receiver's fingerprints with the trainer's. Prints a line per step and a final table.
 #include "demo/sync_loop.hpp"
 
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/error.hpp>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -60,7 +61,8 @@ double gb_per_s(std::uint64_t bytes, double seconds) {
 }
 
 // The trainer's weights on the receiver's GPU (cuda_ipc: a colocated trainer): one device
-// allocation holding every tensor (256-byte aligned), refreshed from the host copy every step.
+// allocation holding every tensor (each at a multiple of FERRY_BUCKET_ALIGNMENT), refreshed
+// from the host copy every step.
 class TrainerDeviceCopy {
  public:
   TrainerDeviceCopy(const SyntheticModel& model, int device) : device_(device) {
@@ -68,10 +70,11 @@ class TrainerDeviceCopy {
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < model.tensors().size(); ++i) {
       offsets_.push_back(total);
-      total += (model.published(i).size() + 255) / 256 * 256;
+      total += sdk::bucket_align_up(model.published(i).size());
     }
     check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaMalloc(&base_, std::max<std::uint64_t>(total, 256)), "cudaMalloc");
+    check(cudaMalloc(&base_, std::max<std::uint64_t>(total, FERRY_BUCKET_ALIGNMENT)),
+          "cudaMalloc");
 #else
     (void)model;
     fail(FERRY_STATUS_UNIMPLEMENTED, "ferry demo: the trainer's GPU copy needs a build with CUDA");

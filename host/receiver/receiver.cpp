@@ -3,6 +3,7 @@
 #include "receiver/receiver.hpp"
 
 #include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
@@ -46,7 +47,6 @@ update::MirrorRefreshMode mirror_refresh_mode(config::MirrorRefresh refresh) {
 
 namespace fs = std::filesystem;
 constexpr const char* kWeightsTag = "weights";
-constexpr std::uint64_t kStagingAlign = 256;
 constexpr std::uint64_t kMaxConfigJsonBytes = 16ull << 20;
 
 // A long load from disk shows its progress as info lines of the log (config `progress`; never
@@ -583,9 +583,9 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
     total += e.size;
   }
   std::uint64_t capacity = std::max<std::uint64_t>(
-      std::min<std::uint64_t>(s.config.update.bucket_bytes, total + kStagingAlign),
-      largest + kStagingAlign);
-  capacity = (capacity + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      std::min<std::uint64_t>(s.config.update.bucket_bytes, total + FERRY_BUCKET_ALIGNMENT),
+      largest + FERRY_BUCKET_ALIGNMENT);
+  capacity = sdk::bucket_align_up(capacity);
   // Two staging buckets: bucket k+1 is read while bucket k is applied. The engine keeps them
   // across updates, page-locked on a CUDA receiver (reads feed the device's H2D copies directly).
   const std::span<std::byte> staging[2] = {s.engine->host_staging(0, capacity),

@@ -37,7 +37,7 @@ class Registry;
 
 namespace ferry::session {
 
-// Staging memory aligned to 256 bytes (what manifests and kernels expect).
+// Staging memory aligned to FERRY_BUCKET_ALIGNMENT (what manifests and kernels expect).
 class SlotBuffer {
  public:
   explicit SlotBuffer(std::uint64_t capacity);

@@ -7,8 +7,6 @@
 namespace ferry::session {
 namespace {
 
-constexpr std::uint64_t kAlign = 256;
-
 class InlineReceiverPath final : public ReceiverDataPath {
  public:
   InlineReceiverPath(std::uint64_t capacity, std::size_t slots) {
@@ -52,9 +50,10 @@ class InlineSenderPath final : public SenderDataPath {
 
 }  // namespace
 
-SlotBuffer::SlotBuffer(std::uint64_t capacity) : storage_(new std::byte[capacity + kAlign]) {
+SlotBuffer::SlotBuffer(std::uint64_t capacity)
+    : storage_(new std::byte[capacity + FERRY_BUCKET_ALIGNMENT]) {
   auto addr = reinterpret_cast<std::uintptr_t>(storage_.get());
-  auto aligned = (addr + kAlign - 1) & ~(kAlign - 1);
+  auto aligned = (addr + FERRY_BUCKET_ALIGNMENT - 1) & ~std::uintptr_t{FERRY_BUCKET_ALIGNMENT - 1};
   bytes_ = {storage_.get() + (aligned - addr), capacity};
 }
 

@@ -3,6 +3,7 @@
 #include "session/sender.hpp"
 
 #include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
@@ -107,13 +108,10 @@ void copy_to_host(std::byte* dst, const TensorView& t, std::uint64_t size) {
 }
 
 
-constexpr std::uint64_t kAlign = 256;
 constexpr std::uint32_t kSlots = 2;  // double buffering
 // How long the sender polls for a Ready or a Committed before it sleeps on the socket: both
 // come within ~0.1-0.5 ms of the request, and a wake-up adds tens of microseconds each.
 constexpr std::chrono::microseconds kAnswerSpin{2000};
-
-std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -1273,25 +1271,20 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
       plan.device = t.device;
     }
   }
-  plan.capacity = align_up(std::max<std::uint64_t>(
-      std::min<std::uint64_t>(i.options.bucket_bytes, align_up(total)), std::max<std::uint64_t>(largest, 1)));
+  plan.capacity = sdk::bucket_align_up(std::max<std::uint64_t>(
+      std::min<std::uint64_t>(i.options.bucket_bytes, sdk::bucket_align_up(total)),
+      std::max<std::uint64_t>(largest, 1)));
   {
-    PlannedBucket current;
-    std::uint64_t cursor = 0;
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const auto size = plan.sizes[t];
-      std::uint64_t offset = align_up(cursor);
-      if (!current.items.empty() && offset + size > plan.capacity) {
-        plan.buckets.push_back(std::move(current));
-        current = PlannedBucket{};
-        offset = 0;
+    const sdk::BucketPacking packing = sdk::pack_buckets(plan.sizes, plan.capacity);
+    for (const sdk::PackedBucket& packed : packing.buckets) {
+      PlannedBucket& b = plan.buckets.emplace_back();
+      for (std::size_t t = packed.first; t < packed.end; ++t) {
+        b.items.emplace_back(t, packing.offsets[t]);
+        b.cuda = b.cuda && tensors[t].memory_kind == FERRY_MEMORY_CUDA;
       }
-      current.items.emplace_back(t, offset);
-      current.cuda = current.cuda && tensors[t].memory_kind == FERRY_MEMORY_CUDA;
-      cursor = offset + size;
-      current.bytes = cursor;
+      b.bytes = packed.bytes;
     }
-    plan.buckets.push_back(std::move(current));
+    if (plan.buckets.empty()) plan.buckets.emplace_back();  // no tensors: one empty bucket
   }
   for (const auto& b : plan.buckets) plan.bucket_total += b.bytes;
   // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a

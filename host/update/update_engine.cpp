@@ -8,6 +8,7 @@
 #include "store/host_mirror.hpp"
 #include "update/cuda_apply.hpp"
 
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
@@ -22,8 +23,6 @@ namespace {
 constexpr std::uint64_t kScaleBlock = 128;  // FP8 block quantization: 128 x 128 blocks
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
-
-constexpr std::uint64_t kStagingAlign = 256;
 
 // A cached plan split by where its destinations live, with the device op table (PlanAttachment,
 // kept in the plan cache). Built for one set of entry offsets and parameter addresses.
@@ -44,9 +43,9 @@ std::shared_ptr<std::byte> new_staging(std::uint64_t bytes, bool pinned) {
   (void)pinned;
 #endif
   void* p = ::operator new(static_cast<std::size_t>(std::max<std::uint64_t>(bytes, 1)),
-                           std::align_val_t{kStagingAlign});
+                           std::align_val_t{FERRY_BUCKET_ALIGNMENT});
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) {
-    ::operator delete(q, std::align_val_t{kStagingAlign});
+    ::operator delete(q, std::align_val_t{FERRY_BUCKET_ALIGNMENT});
   });
 }
 
@@ -275,7 +274,7 @@ std::span<std::byte> UpdateEngine::host_staging(int slot, std::uint64_t bytes) {
   if (slot != 0 && slot != 1) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "host_staging: slot {} is not 0 or 1", slot);
   }
-  bytes = std::max<std::uint64_t>(ceil_div(bytes, kStagingAlign) * kStagingAlign, kStagingAlign);
+  bytes = std::max<std::uint64_t>(sdk::bucket_align_up(bytes), FERRY_BUCKET_ALIGNMENT);
   // Page-locked when a layout parameter lives on a device (the layout is not re-bound here: an
   // update may be active).
   bool pinned = false;

@@ -154,10 +154,10 @@ class UpdateEngine {
                     ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
 
   // Host staging memory for buckets this engine applies: `slot` 0 or 1 (double buffering), at
-  // least `bytes` bytes, 256-byte aligned, page-locked when the layout has device parameters (so
-  // reads into it feed the device at PCIe speed). Kept across updates; valid until the next call
-  // for the same slot with more bytes, or the engine's destruction. Not for use while an
-  // update applies from that slot.
+  // least `bytes` bytes, aligned to FERRY_BUCKET_ALIGNMENT, page-locked when the layout has device
+  // parameters (so reads into it feed the device at PCIe speed). Kept across updates; valid until
+  // the next call for the same slot with more bytes, or the engine's destruction. Not for use
+  // while an update applies from that slot.
   std::span<std::byte> host_staging(int slot, std::uint64_t bytes);
 
   // ---- direct delivery (DESIGN.md, "Two ways to deliver"): a peer writes parameters in place.

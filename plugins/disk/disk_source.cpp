@@ -2,7 +2,7 @@
 // disk/disk_source.hpp).
 #include "disk/disk_source.hpp"
 
-#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/error.hpp>
 
 #include <algorithm>
@@ -14,18 +14,6 @@
 
 namespace ferry::disk {
 namespace {
-
-// The aligned start for the next tensor after `used` bytes, or nullopt on overflow.
-std::optional<std::uint64_t> aligned_start(std::uint64_t used) {
-  auto padded = checked_add(used, kBucketAlignment - 1);
-  if (!padded) return std::nullopt;
-  return *padded / kBucketAlignment * kBucketAlignment;
-}
-
-// Whether a tensor of `size` bytes starting at `start` fits in `capacity`.
-bool fits(std::optional<std::uint64_t> start, std::uint64_t size, std::uint64_t capacity) {
-  return start && *start <= capacity && size <= capacity - *start;
-}
 
 struct Chunk {
   int fd;
@@ -102,8 +90,9 @@ DiskSource::DiskSource(const std::string& uri, std::uint64_t chunk_bytes)
 void DiskSource::plan(std::uint64_t capacity) {
   planned_ = false;  // stays false if this throws, so the next read plans again
   bucket_ends_.clear();
-  std::uint64_t used = 0;
-  bool open = false;  // the current bucket holds at least one tensor
+  offsets_.clear();
+  std::vector<std::uint64_t> sizes;
+  sizes.reserve(locations_.size() - next_);
   for (std::size_t i = next_; i < locations_.size(); ++i) {
     const std::uint64_t size = locations_[i].size;
     if (size > capacity) {
@@ -111,15 +100,11 @@ void DiskSource::plan(std::uint64_t capacity) {
            "tensor '{}' is {} bytes, larger than the destination bucket of {} bytes",
            catalog_.tensors[i].name, size, capacity);
     }
-    auto start = open ? aligned_start(used) : std::optional<std::uint64_t>(0);
-    if (!fits(start, size, capacity)) {
-      bucket_ends_.push_back(i);
-      start = 0;
-    }
-    used = *start + size;
-    open = true;
+    sizes.push_back(size);
   }
-  if (open) bucket_ends_.push_back(locations_.size());
+  sdk::BucketPacking packing = sdk::pack_buckets(sizes, capacity);
+  for (const sdk::PackedBucket& b : packing.buckets) bucket_ends_.push_back(next_ + b.end);
+  offsets_ = std::move(packing.offsets);
   if (bucket_ends_.size() > UINT32_MAX - buckets_done_) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "{} buckets of {} bytes would be needed, more than {}",
          bucket_ends_.size(), capacity, UINT32_MAX - buckets_done_);
@@ -127,6 +112,7 @@ void DiskSource::plan(std::uint64_t capacity) {
   planned_ = true;
   planned_capacity_ = capacity;
   plan_base_ = buckets_done_;
+  plan_first_ = next_;
 }
 
 std::optional<BucketRead> DiskSource::read(std::span<std::uint8_t> dst, unsigned threads,
@@ -144,7 +130,7 @@ std::optional<BucketRead> DiskSource::read(std::span<std::uint8_t> dst, unsigned
   std::uint64_t used = 0;
   for (std::size_t i = next_; i < end; ++i) {
     const Location& loc = locations_[i];
-    const std::uint64_t start = i == next_ ? 0 : *aligned_start(used);
+    const std::uint64_t start = offsets_[i - plan_first_];
     std::memset(dst.data() + used, 0, start - used);  // padding: deterministic bucket bytes
     manifest::Entry entry = catalog_.tensors[i];
     entry.offset = start;

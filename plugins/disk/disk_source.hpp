@@ -15,9 +15,6 @@
 
 namespace ferry::disk {
 
-// Offset of every tensor in a bucket is a multiple of this (vectorized kernels and cudaMemcpy
-// like aligned sources).
-inline constexpr std::uint64_t kBucketAlignment = 256;
 // Tensors larger than this are split into pieces read by different threads.
 inline constexpr std::uint64_t kDefaultChunkBytes = 16ull << 20;
 
@@ -45,8 +42,8 @@ class DiskSource {
   const manifest::Manifest& catalog() const noexcept { return catalog_; }
   const safetensors::Checkpoint& checkpoint() const noexcept { return checkpoint_; }
 
-  // Fills `dst` with the next whole tensors that fit, each at a 256-byte-aligned offset (the
-  // padding is zeroed), using up to `threads` readers (at least 1). Returns nullopt at the end
+  // Fills `dst` with the next whole tensors that fit, laid out by sdk::pack_buckets (each at a
+  // multiple of FERRY_BUCKET_ALIGNMENT; the padding is zeroed), using up to `threads` readers (at least 1). Returns nullopt at the end
   // of the stream. Throws INVALID_ARGUMENT naming a tensor larger than dst (before anything is
   // read), IO naming the file on a failed or short read; after a failure the same bucket is read
   // again by the next call.
@@ -72,11 +69,14 @@ class DiskSource {
   std::size_t next_ = 0;            // first tensor not yet delivered
   std::uint32_t buckets_done_ = 0;  // buckets delivered so far (the next bucket_index)
   // The plan for the capacity last used: bucket_ends_[k] is one past the last tensor of bucket
-  // plan_base_ + k. Re-made when a read brings another capacity.
+  // plan_base_ + k, offsets_[i - plan_first_] where tensor i starts in its bucket. Re-made when a
+  // read brings another capacity.
   bool planned_ = false;
   std::uint64_t planned_capacity_ = 0;
   std::uint32_t plan_base_ = 0;
+  std::size_t plan_first_ = 0;
   std::vector<std::size_t> bucket_ends_;
+  std::vector<std::uint64_t> offsets_;
 };
 
 }  // namespace ferry::disk

@@ -2,6 +2,7 @@
 // bucket_layout.hpp).
 #include "nccl/bucket_layout.hpp"
 
+#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
@@ -12,12 +13,6 @@
 namespace ferry::nccl {
 namespace {
 constexpr std::size_t kMaxNameBytes = 1024;
-
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
-  const auto sum = checked_add(v, a - 1);
-  if (!sum) fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket layout: offset {} overflows", v);
-  return *sum / a * a;
-}
 }  // namespace
 
 std::vector<TensorSpec> make_tensor_specs(const std::vector<std::string>& names,
@@ -77,39 +72,29 @@ void check_bucket_bytes(std::uint64_t bucket_bytes) {
 std::vector<manifest::Manifest> plan_buckets(const std::vector<TensorSpec>& tensors,
                                              std::uint64_t bucket_bytes, std::uint64_t version) {
   check_bucket_bytes(bucket_bytes);
-  std::vector<manifest::Manifest> buckets;
-  manifest::Manifest current;
-  std::uint64_t end = 0;
-  auto close = [&] {
-    if (current.tensors.empty()) return;
-    current.bucket_bytes = end;
-    buckets.push_back(std::move(current));
-    current = manifest::Manifest{};
-    end = 0;
-  };
-  for (const auto& t : tensors) {
-    const std::uint64_t offset = align_up(end, kBucketAlignment);
-    const auto new_end = checked_add(offset, t.bytes);
-    if (!new_end) fail(FERRY_STATUS_INVALID_ARGUMENT, "bucket layout: '{}' overflows", t.name);
-    if (!current.tensors.empty() && *new_end > bucket_bytes) {
-      close();
-    }
-    manifest::Entry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.shape = t.shape;
-    e.offset = current.tensors.empty() ? 0 : offset;
-    e.size = t.bytes;
-    end = e.offset + t.bytes;
-    current.tensors.push_back(std::move(e));
-  }
-  close();
+  std::vector<std::uint64_t> sizes;
+  sizes.reserve(tensors.size());
+  for (const auto& t : tensors) sizes.push_back(t.bytes);
+  const sdk::BucketPacking packing = sdk::pack_buckets(sizes, bucket_bytes);
+  std::vector<manifest::Manifest> buckets(packing.buckets.size());
   const auto count = static_cast<std::uint32_t>(buckets.size());
-  for (std::uint32_t i = 0; i < count; ++i) {
-    buckets[i].version = version;
-    buckets[i].bucket_index = i;
-    buckets[i].bucket_count = count;
-    manifest::validate(buckets[i]);
+  for (std::uint32_t k = 0; k < count; ++k) {
+    const sdk::PackedBucket& packed = packing.buckets[k];
+    manifest::Manifest& m = buckets[k];
+    for (std::size_t i = packed.first; i < packed.end; ++i) {
+      manifest::Entry e;
+      e.name = tensors[i].name;
+      e.dtype = tensors[i].dtype;
+      e.shape = tensors[i].shape;
+      e.offset = packing.offsets[i];
+      e.size = tensors[i].bytes;
+      m.tensors.push_back(std::move(e));
+    }
+    m.bucket_bytes = packed.bytes;
+    m.version = version;
+    m.bucket_index = k;
+    m.bucket_count = count;
+    manifest::validate(m);
   }
   return buckets;
 }

@@ -14,7 +14,6 @@
 namespace ferry::nccl {
 
 inline constexpr std::uint64_t kDefaultBucketBytes = 256ull << 20;
-inline constexpr std::uint64_t kBucketAlignment = 256;  // offset of every tensor in a bucket
 inline constexpr std::uint64_t kMinBucketBytes = 1ull << 20;
 inline constexpr std::uint64_t kMaxBucketBytes = 16ull << 30;
 
@@ -38,9 +37,9 @@ std::vector<TensorSpec> make_tensor_specs(const std::vector<std::string>& names,
 void check_bucket_bytes(std::uint64_t bucket_bytes);
 
 // Packs `tensors`, in order, into buckets of at most `bucket_bytes` (a tensor larger than that
-// gets a bucket of its own); every tensor starts at a multiple of kBucketAlignment. The manifests
-// carry `version`, bucket_index / bucket_count and bucket_bytes (the end of the last tensor), and
-// pass manifest::validate.
+// gets a bucket of its own) with sdk::pack_buckets: every tensor starts at a multiple of
+// FERRY_BUCKET_ALIGNMENT. The manifests carry `version`, bucket_index / bucket_count and
+// bucket_bytes (the end of the last tensor), and pass manifest::validate.
 std::vector<manifest::Manifest> plan_buckets(const std::vector<TensorSpec>& tensors,
                                              std::uint64_t bucket_bytes, std::uint64_t version);
 

@@ -102,6 +102,14 @@ typedef enum ferry_dtype {
 
 #define FERRY_MAX_DIMS 8
 
+/* The bucket layout, part of the wire contract since ABI 1.0: whoever packs a bucket (a sender,
+ * a source transport) starts each tensor at a multiple of FERRY_BUCKET_ALIGNMENT bytes from the
+ * bucket's start (the first at 0; the padding between tensors carries no data), and whoever
+ * allocates bucket memory (staging slots) aligns its start to it, so every tensor in a bucket is
+ * that aligned in memory (vectorized kernels and DMA copies rely on it). Changing it is a major
+ * change. */
+#define FERRY_BUCKET_ALIGNMENT 256
+
 /* Memory kinds a transport can read from or write to. Bit flags. */
 typedef enum ferry_memory_kind {
   FERRY_MEMORY_HOST = 1u << 0,   /* pageable host memory */
