@@ -8,15 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace ferry::cli {
+#include "cli/global_options.hpp"
 
-// Options every subcommand shares (parsed before the subcommand runs).
-struct GlobalOptions {
-  std::string config_path;              // --config FILE
-  std::vector<std::string> overrides;   // --set key=value (config overrides)
-  std::vector<std::string> plugin_dirs; // --plugin-dir DIR (prepended to the search order)
-  std::string log_level = "info";
-};
+namespace ferry::cli {
 
 // An action returns the process exit code. Exceptions (ferry::Error) are caught by main.
 using Action = std::function<int()>;

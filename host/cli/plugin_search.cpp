@@ -29,7 +29,8 @@ std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globa
   // A relocated or staged install (scripts/bundle, meson install --destdir): plugins in
   // ../<libdir>/ferry/plugins or ../lib/ferry/plugins beside the executable.
   std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto exe = globals.ferry_exe.empty() ? std::filesystem::read_symlink("/proc/self/exe", ec)
+                                             : globals.ferry_exe;
   if (!ec) {
     for (auto& dir : registry::plugin_dirs_beside(exe)) last.push_back(std::move(dir));
   }

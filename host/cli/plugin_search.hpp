@@ -14,9 +14,9 @@
 namespace ferry::cli {
 
 // --plugin-dir folders, then the config's plugin_dirs, then FERRY_PLUGIN_PATH, the install
-// directory, ../<libdir>/ferry/plugins and ../lib/ferry/plugins beside the executable (a staged
-// install, a relocated bundle) and the in-tree
-// build folders (registry::Registry::default_search_path).
+// directory, ../<libdir>/ferry/plugins and ../lib/ferry/plugins beside the ferry executable
+// (globals.ferry_exe, else this one: a staged install, a relocated bundle) and the in-tree build
+// folders (registry::Registry::default_search_path).
 std::vector<std::filesystem::path> plugin_search_path(const GlobalOptions& globals,
                                                       const std::vector<std::string>& config_dirs);
 

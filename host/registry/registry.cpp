@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <set>
 
+#include "common/ferry_install_paths.h"
 #include "common/log.hpp"
 #include "ferry_build_config.h"
-#include "ferry_registry_paths.h"
 #include "registry/loader.hpp"
 #include "registry/plugin_file.hpp"
 #include "registry/vetting.hpp"

@@ -3,7 +3,6 @@
 // its report, and turns a crash, an exit or a hang into a refusal naming the step (vetting.hpp).
 #include "registry/vetting.hpp"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -16,6 +15,8 @@
 #include <mutex>
 #include <tuple>
 
+#include "common/ferry_install_paths.h"
+#include "common/installed_program.hpp"
 #include "common/log.hpp"
 #include "ferry_registry_paths.h"
 #include "registry/child_process.hpp"
@@ -44,36 +45,6 @@ std::optional<FileKey> file_key(const fs::path& path) {
   const std::int64_t mtime_ns =
       static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
   return FileKey{path.lexically_normal().string(), st.st_dev, st.st_ino, st.st_size, mtime_ns};
-}
-
-bool executable(const fs::path& p) {
-  return ::access(p.c_str(), X_OK) == 0 && fs::is_regular_file(p);
-}
-
-// `dir` with its trailing components `tail` ("lib/x86_64-linux-gnu") removed, if it ends so.
-std::optional<fs::path> strip_tail(const fs::path& dir, const fs::path& tail) {
-  fs::path rest = dir.lexically_normal();
-  if (rest.filename().empty()) rest = rest.parent_path();
-  std::vector<fs::path> parts(tail.begin(), tail.end());
-  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
-    if (it->empty()) continue;
-    if (rest.filename() != *it) return std::nullopt;
-    rest = rest.parent_path();
-  }
-  return rest;
-}
-
-// The file (executable or shared library) this code was loaded from.
-fs::path own_object() {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<const void*>(&own_object), &info) == 0 ||
-      info.dli_fname == nullptr || *info.dli_fname == '\0') {
-    std::error_code ec;
-    return fs::read_symlink("/proc/self/exe", ec);
-  }
-  std::error_code ec;
-  auto real = fs::canonical(info.dli_fname, ec);
-  return ec ? fs::path(info.dli_fname) : real;
 }
 
 // A reason line for a child that did not report a verdict.
@@ -166,21 +137,8 @@ std::chrono::milliseconds vet_timeout() {
 }
 
 std::optional<fs::path> vet_helper() {
-  std::vector<fs::path> candidates;
-  const fs::path object = own_object();
-  const fs::path dir = object.parent_path();
-  for (const char* tail : {FERRY_BINDIR, FERRY_LIBDIR, "bin", "lib"}) {
-    if (auto prefix = strip_tail(dir, tail)) {
-      candidates.push_back(*prefix / FERRY_LIBEXECDIR / "ferry" / FERRY_VET_HELPER_NAME);
-    }
-  }
-  const std::string build_root = FERRY_BUILD_ROOT;
-  if (object.string().rfind(build_root + "/", 0) == 0) candidates.push_back(FERRY_VET_HELPER_BUILD);
-  candidates.push_back(FERRY_VET_HELPER_INSTALL);
-  for (const auto& c : candidates) {
-    if (executable(c)) return c;
-  }
-  return std::nullopt;
+  return find_program({fs::path(FERRY_LIBEXECDIR) / "ferry" / FERRY_VET_HELPER_NAME,
+                       FERRY_VET_HELPER_BUILD});
 }
 
 std::vector<std::optional<std::string>> vet_in_children(const std::vector<VetRequest>& requests) {

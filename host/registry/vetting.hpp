@@ -33,8 +33,9 @@ std::vector<std::optional<std::string>> vet_in_children(const std::vector<VetReq
 std::chrono::milliseconds vet_timeout();
 
 // The helper executable, looked for beside the installed tree of the object that holds this code
-// (<prefix>/<libexecdir>/ferry/ferry-plugin-vet, <prefix> found from its bindir or libdir), then
-// in the build tree (development builds), then at the configured install path.
+// (<prefix>/<libexecdir>/ferry/ferry-plugin-vet, <prefix> found from its bindir, libdir or
+// libexecdir), then in the build tree (development builds), then at the configured install path
+// (common/installed_program.hpp).
 std::optional<std::filesystem::path> vet_helper();
 
 // The report protocol between the helper and the host (one line each, on fd kReportFd).

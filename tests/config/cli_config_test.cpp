@@ -1,7 +1,7 @@
 // tests/config/cli_config_test.cpp: the real `ferry` executable and its config: the log level
 // from --log-level, --set, FERRY_LOG_LEVEL and the file, in that order; plugin sections refused
 // before anything starts; every subcommand's --help listing the global options; the demo's
-// transports from the config's one list.
+// transports from the config's one list; `ferry bench` running ferry-bench with its command line.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "config/config.hpp"
@@ -128,6 +129,43 @@ TEST(CliParseOnly, NamesTheCommandAndRunsNothing) {
   EXPECT_EQ(run.out, "ferry: parsed 'serve'\n");
   EXPECT_EQ(ferry("--parse-only bench scatter").out, "ferry: parsed 'bench scatter'\n");
   EXPECT_NE(ferry("--parse-only serve --no-such-option").status, 0);
+}
+
+// `ferry bench` is ferry-bench (bench/): the cases, their options and their records are its,
+// and the records name the command as the user typed it.
+TEST(CliBench, RunsFerryBenchWithItsCommandLine) {
+  const CommandRun help = ferry("bench --help");
+  EXPECT_EQ(help.status, 0) << help.out;
+  for (const char* name : {"scatter", "cuda_ipc", "embedded", "store"}) {
+    EXPECT_THAT(help.out, HasSubstr("  " + std::string(name) + " ")) << help.out;
+  }
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("ferry-cli-bench-" + std::to_string(::getpid()) +
+                                                 ".json"))
+          .string();
+  const std::string args = "bench moe --device cpu --no-torch --repeat 1 --warmup 1 --json " + json;
+  const CommandRun run = ferry(args);
+  EXPECT_EQ(run.status, 0) << run.out;
+  std::ifstream in(json);
+  const std::string records((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(json);
+  EXPECT_THAT(records, HasSubstr("\"command\": \"" + std::string(std::getenv("FERRY_EXE")) + " " +
+                                 args + "\""));
+  EXPECT_THAT(records, HasSubstr("\"verified\": true"));
+}
+
+// A ferry without its ferry-bench (copied alone) says so and names where it looked.
+TEST(CliBench, WithoutFerryBenchItSaysWhereItLooked) {
+  const std::filesystem::path prefix = std::filesystem::temp_directory_path() /
+                                       ("ferry-cli-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(prefix / "bin");
+  std::filesystem::copy_file(std::getenv("FERRY_EXE"), prefix / "bin" / "ferry");
+  const CommandRun run = ferry::test::run_command("'" + (prefix / "bin" / "ferry").string() +
+                                                  "' bench scatter --device cpu 2>&1");
+  std::filesystem::remove_all(prefix);
+  EXPECT_EQ(run.status, 1) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("ferry bench: the benchmark program ferry-bench was not found"));
+  EXPECT_THAT(run.out, HasSubstr((prefix / "libexec" / "ferry" / "ferry-bench").string()));
 }
 
 }  // namespace

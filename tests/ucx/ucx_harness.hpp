@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "cli/process_channel.hpp"
+#include "bench/common/process_channel.hpp"
 #include "common/host_api.hpp"
 #include "tests/common/plugin_loader.hpp"
 
@@ -209,7 +209,7 @@ class Side {
 };
 
 // A bidirectional, length-prefixed message channel (one end per process); throws ferry::Error.
-class Channel : public cli::ProcessChannel {
+class Channel : public bench::ProcessChannel {
  public:
   explicit Channel(int fd) : ProcessChannel(fd, "ucx test channel") {}
 };

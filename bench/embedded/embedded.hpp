@@ -1,0 +1,40 @@
+// bench/embedded/embedded.hpp: `ferry bench embedded`: an RL weight update as users run it from
+// Python, timed by bench/embedded_push.py in a child process: a trainer holding a Hugging Face
+// Qwen3 model with Qwen3-8B's dimensions on cuda:0 pushes model.state_dict() right after
+// optimizer.step() (no synchronize) through a kept ferry.Sender into a rollout process whose
+// parameters are registered with a default ferry.Receiver, against the D2D copy ceiling of the
+// same bytes in the same run. Prints a table, writes JSON records (bench/README.md); exits 0 when
+// verified (or when the script reports torch, CUDA or transformers unavailable), 1 on a wrong
+// result or a failed run, 2 when the script is not found.
+#pragma once
+
+#include <string>
+
+#include "bench/common/case.hpp"
+#include "bench/common/report.hpp"
+
+namespace ferry::bench {
+
+struct EmbeddedBenchOptions {
+  int layers = 5;                  // decoder layers (5: 4.42 GB of bf16)
+  int steps = 8;                   // optimizer steps, each followed by a push
+  std::string delivery = "auto";   // the Sender's update.delivery (auto: not set)
+  std::string device = "cuda";     // cuda; cpu runs the script's own CPU check (tiny model)
+  std::string python = "python3";  // interpreter for the script
+  std::string script;              // empty: searched (bench/README.md)
+  std::string json_path;
+  int timeout_s = 570;
+};
+
+struct EmbeddedBenchCommand {
+  CLI::App* app = nullptr;  // parsed() when `ferry bench embedded` was given
+  Action action;            // runs it with its own watchdog and JSON records
+};
+
+// Adds `embedded` under `bench` with its options.
+EmbeddedBenchCommand add_embedded_bench_command(CLI::App* bench);
+
+// Runs the bench; appends its record to `records`. Returns the exit code described above.
+int run_embedded_bench(const EmbeddedBenchOptions& options, Json& records);
+
+}  // namespace ferry::bench
