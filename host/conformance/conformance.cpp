@@ -384,7 +384,7 @@ class Suite {
       fail("FERRY-ABI-7", "get_caps failed: " + seen.message);
       return;
     }
-    const std::uint32_t known_flags = (1u << 8) - 1;
+    const std::uint32_t known_flags = (1u << 9) - 1;  // through SEPARATE_PROCESSES (ABI 1.4)
     const std::uint32_t known_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED | FERRY_MEMORY_CUDA;
     std::vector<std::string> problems;
     if ((caps.flags & ~known_flags) != 0) {
