@@ -98,6 +98,9 @@ inline Clock::time_point deadline_in(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
 
+// The text of a message field (a reason, a name) as a string.
+inline std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
 // Serializes a message into one flat array (what a frame carries).
 kj::Array<capnp::word> flatten(capnp::MessageBuilder& message);
 

@@ -104,6 +104,11 @@ struct TensorPiece {
   std::uint64_t* fingerprint = nullptr;
 };
 
+// How many start_pieces() calls may be started and not finished (SenderDataPath): three, so
+// that the sender queues the next group of copies while two run (a transport may run
+// consecutive flushes side by side, as cuda_ipc's copy lanes do).
+inline constexpr std::size_t kMaxStartedPieces = 3;
+
 class SenderDataPath {
  public:
   virtual ~SenderDataPath() = default;
@@ -138,8 +143,8 @@ class SenderDataPath {
                               std::span<const TensorPiece> /*pieces*/,
                               Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
   // The same in two halves, so that the next bucket's copies can be queued before this one is
-  // announced: start_pieces() queues the writes (at most three buckets started and not
-  // finished), finish_pieces() returns once the oldest started bucket's writes are complete and
+  // announced: start_pieces() queues the writes (at most kMaxStartedPieces calls started and
+  // not finished), finish_pieces() returns once the oldest started bucket's writes are complete and
   // visible to the receiver. By default start does all the work.
   // With `launch` false (only where defers_pieces()), the writes are queued and nothing is
   // written until launch_pieces(): the sender queues the first copies while the receiver is

@@ -584,7 +584,7 @@ class PluginSenderPath final : public SenderDataPath {
   void start_pieces(std::uint32_t slot, std::uint32_t /*bucket_index*/,
                     std::vector<TensorPiece> pieces, Clock::time_point deadline,
                     const std::string& phase, bool launch = true) override {
-    if (started_.size() >= kMaxStarted) {
+    if (started_.size() >= kMaxStartedPieces) {
       fail(FERRY_STATUS_INTERNAL, "{}: started before '{}' finished", phase,
            started_.front().phase);
     }
@@ -744,8 +744,7 @@ class PluginSenderPath final : public SenderDataPath {
   }
 
   PluginInstance p_;
-  static constexpr std::size_t kMaxStarted = 3;  // SenderDataPath::start_pieces
-  std::deque<Started> started_;  // oldest first; at most kMaxStarted
+  std::deque<Started> started_;  // oldest first; at most kMaxStartedPieces
   int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <list>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
 #include <array>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "receiver/receiver.hpp"
 #include "session/channel.hpp"
 #include "session/receiver_session.hpp"
+#include "session/served_ports.hpp"
 
 namespace ferry::session {
 namespace {
@@ -225,23 +225,6 @@ struct ReceiverEndpoint::Impl {
   }
 };
 
-namespace {
-// The control ports served by endpoints of this process (serving_in_this_process).
-std::mutex& local_ports_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::multiset<int>& local_ports() {
-  static std::multiset<int> ports;
-  return ports;
-}
-}  // namespace
-
-bool ReceiverEndpoint::serving_in_this_process(int port) {
-  std::lock_guard lock(local_ports_mutex());
-  return local_ports().count(port) > 0;
-}
-
 ReceiverEndpoint::ReceiverEndpoint(receiver::Receiver& receiver, const config::Config& config,
                                    const registry::Registry& registry)
     : impl_(std::make_unique<Impl>(receiver, config, registry)) {}
@@ -274,10 +257,7 @@ void ReceiverEndpoint::start() {
   i.receiver.set_release_hook(
       [impl = impl_.get()](const std::string& reason) { impl->close_kept_sessions(reason); });
   i.started = true;
-  {
-    std::lock_guard lock(local_ports_mutex());
-    local_ports().insert(i.control->port());
-  }
+  note_served_port(i.control->port());
   logger("session")->info("sessions on {}:{}{}", i.config.receiver.host, i.tcp.port,
                           i.unix_socket.unix_path.empty() ? "" : " and " + i.unix_socket.unix_path);
 }
@@ -287,12 +267,7 @@ void ReceiverEndpoint::stop() {
   auto& i = *impl_;
   if (!i.started) return;
   i.receiver.set_release_hook({});
-  if (i.control) {
-    std::lock_guard lock(local_ports_mutex());
-    if (auto it = local_ports().find(i.control->port()); it != local_ports().end()) {
-      local_ports().erase(it);
-    }
-  }
+  if (i.control) forget_served_port(i.control->port());
   i.stopping = true;
   if (i.accept_thread.joinable()) i.accept_thread.join();
   for (const auto& [fd, deadline] : i.draining) ::close(fd);

@@ -35,11 +35,6 @@ class ReceiverEndpoint {
   // The control API's bound port (the address senders are given).
   int port() const;
 
-  // True while an endpoint of this process serves its control API on `port` (a sender pushing
-  // to HOST:port on this host then talks to its own process: CUDA IPC cannot serve that pair,
-  // since a process cannot open the IPC handles it made). Any thread.
-  static bool serving_in_this_process(int port);
-
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -53,8 +53,6 @@ const char* message_name(Which which) {
        message_name(got));
 }
 
-std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
-
 // Fingerprints of the entries of a bucket in device memory of `device`, their kernels side by
 // side (session/device_fingerprints.hpp). Entries were validated against the bucket's size by
 // the manifest decoder.

@@ -40,7 +40,7 @@
 #include "session/channel.hpp"
 #include "session/data_path.hpp"
 #include "session/device_fingerprints.hpp"
-#include "session/receiver_endpoint.hpp"
+#include "session/served_ports.hpp"
 #include "session/transport_choice.hpp"
 
 namespace ferry::session {
@@ -209,8 +209,6 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
   }
   return manifest::encode(m);
 }
-
-std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
 
 // A session kept after its commit for the next push to the same receiver (docs/
@@ -418,7 +416,7 @@ struct Sender::Impl {
     const HostPort where = parse_address(address);
     q.receiver_on_this_host = is_this_host(where.host);
     q.receiver_in_this_process =
-        q.receiver_on_this_host && ReceiverEndpoint::serving_in_this_process(where.port);
+        q.receiver_on_this_host && served_in_this_process(where.port);
     q.cuda_tensors = cuda_tensors;
     auto choice = session::choose_transport(q, [&](const std::string& name) {
       TransportFacts f;
@@ -1045,11 +1043,10 @@ struct Sender::Impl {
         for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) announce(k, deadline);
       };
       auto deadline = deadline_in(options.bucket_timeout);
-      // Announced as queued; at most kGroupsInFlight groups unfinished, and a group's acks are
-      // awaited once its copies completed (bounding what is in flight). Three, so that the next
-      // group is queued while two run: a transport may run consecutive flushes side by side
-      // (cuda_ipc's copy lanes), and the GPU then never has only one group's copies to do.
-      constexpr std::size_t kGroupsInFlight = 3;
+      // Announced as queued; at most kMaxStartedPieces groups unfinished (data_path.hpp: the
+      // next group is queued while two run, so the GPU never has only one group's copies to
+      // do), and a group's acks are awaited once its copies completed (bounding what is in
+      // flight).
       std::size_t started = queued_early;
       std::size_t finished = 0;
       auto finish_oldest = [&] {
@@ -1062,7 +1059,7 @@ struct Sender::Impl {
         // The next group's copies are queued before this group is announced (an announcement of
         // 128 tensors costs ~35 us): the GPU gets them sooner.
         while (started < std::min(g + 2, groups.size())) {
-          if (started >= kGroupsInFlight) {
+          if (started >= kMaxStartedPieces) {
             finish_oldest();
             while (acked < groups[finished - 1].second) await_ack();
           }
