@@ -23,7 +23,7 @@
 #include "cli/context.hpp"
 #include "config/config.hpp"
 #include "demo/synthetic_model.hpp"
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 #include "receiver/receiver.hpp"
 #include "registry/registry.hpp"
 

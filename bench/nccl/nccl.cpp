@@ -25,8 +25,8 @@
 #include "cli/context.hpp"
 #include "common/host_api.hpp"
 #include "common/installed_program.hpp"
-#include "nccl/broadcast_group.hpp"
-#include "nccl/rendezvous.hpp"
+#include "group/broadcast_group.hpp"
+#include "group/rendezvous.hpp"
 #include "registry/registry.hpp"
 #endif
 

@@ -19,16 +19,12 @@
 #include "capi/config_source.hpp"
 #include "capi/receiver_extension.hpp"
 #include "capi/tensor_input.hpp"
-#include "receiver/receiver_nccl.hpp"
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
-#include "session/nccl_group.hpp"
-#endif
+#include "group/receiver_groups.hpp"
+#include "group/trainer_group.hpp"
 
 struct ferry_nccl_group {
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
   std::unique_ptr<ferry::registry::Registry> registry;  // outlives the group
   std::unique_ptr<ferry::session::NcclTrainerGroup> group;
-#endif
 };
 
 namespace {
@@ -43,7 +39,6 @@ Millis or_default(std::int64_t ms, std::int64_t fallback, const char* function, 
   return Millis(ms == 0 ? fallback : ms);
 }
 
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
 std::vector<ferry::session::TensorView> views_of(const ferry_tensor_t* const* tensors,
                                                  std::size_t count, const char* function) {
   if (count > 0 && tensors == nullptr) {
@@ -70,14 +65,6 @@ ferry::session::NcclTrainerGroup& open_group(ferry_nccl_group_t* group, const ch
   }
   return *group->group;
 }
-#else
-[[noreturn]] void no_trainer(const char* function) {
-  ferry::fail(FERRY_STATUS_UNIMPLEMENTED,
-              "{}: this libferry.so was built without the session library, which holds rank 0 "
-              "of NCCL weight-update groups",
-              function);
-}
-#endif
 
 // The embedded receiver's groups (one WeightUpdateGroups per receiver handle).
 std::shared_ptr<ferry::receiver::WeightUpdateGroups> groups_of(ferry_receiver_t* receiver,
@@ -119,7 +106,6 @@ FERRY_API ferry_error_t* ferry_nccl_group_create(const ferry_nccl_group_create_a
     }
     const Millis init_timeout = or_default(a.init_timeout_ms, 120000, kFn, "init_timeout_ms");
     const Millis bucket_timeout = or_default(a.bucket_timeout_ms, 120000, kFn, "bucket_timeout_ms");
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     auto handle = std::make_unique<ferry_nccl_group_t>();
     const ferry::config::Config config = ferry::capi::load_config(a.config, kFn);
     handle->registry = ferry::capi::make_registry(config);
@@ -135,11 +121,6 @@ FERRY_API ferry_error_t* ferry_nccl_group_create(const ferry_nccl_group_create_a
     o.bucket_timeout = bucket_timeout;
     handle->group = std::make_unique<ferry::session::NcclTrainerGroup>(*handle->registry, o);
     *out = handle.release();
-#else
-    (void)init_timeout;
-    (void)bucket_timeout;
-    no_trainer(kFn);
-#endif
   });
 }
 
@@ -152,16 +133,11 @@ FERRY_API ferry_error_t* ferry_nccl_group_update_request(ferry_nccl_group_t* gro
   return ferry::capi::guard(kFn, [&] {
     ferry::capi::require(json, kFn, "json");
     *json = nullptr;
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     auto& g = open_group(group, kFn);
     const auto views = views_of(tensors, num_tensors, kFn);
     std::optional<std::string> label;
     if (weight_version != nullptr) label = weight_version;
     *json = ferry::capi::owned_string(g.update_request(views, label));
-#else
-    (void)group, (void)tensors, (void)num_tensors, (void)weight_version;
-    no_trainer(kFn);
-#endif
   });
 }
 
@@ -173,39 +149,24 @@ FERRY_API ferry_error_t* ferry_nccl_group_broadcast(ferry_nccl_group_t* group,
   return ferry::capi::guard(kFn, [&] {
     if (bytes != nullptr) *bytes = 0;
     if (seconds != nullptr) *seconds = 0;
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     auto& g = open_group(group, kFn);
     const auto report = g.broadcast(views_of(tensors, num_tensors, kFn));
     if (bytes != nullptr) *bytes = report.bytes;
     if (seconds != nullptr) *seconds = report.seconds;
-#else
-    (void)group, (void)tensors, (void)num_tensors;
-    no_trainer(kFn);
-#endif
   });
 }
 
 FERRY_API ferry_error_t* ferry_nccl_group_reinit(ferry_nccl_group_t* group) {
   static constexpr const char* kFn = "ferry_nccl_group_reinit";
   return ferry::capi::guard(kFn, [&] {
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     open_group(group, kFn).reinit();
-#else
-    (void)group;
-    no_trainer(kFn);
-#endif
   });
 }
 
 FERRY_API ferry_error_t* ferry_nccl_group_abort(ferry_nccl_group_t* group, const char* reason) {
   static constexpr const char* kFn = "ferry_nccl_group_abort";
   return ferry::capi::guard(kFn, [&] {
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     open_group(group, kFn).abort(reason != nullptr ? reason : "aborted through the C API");
-#else
-    (void)group, (void)reason;
-    no_trainer(kFn);
-#endif
   });
 }
 
@@ -215,25 +176,18 @@ FERRY_API ferry_error_t* ferry_nccl_group_close(ferry_nccl_group_t* group, int64
   return ferry::capi::guard(kFn, [&] {
     if (how != nullptr) *how = nullptr;
     const Millis timeout = or_default(timeout_ms, 15000, kFn, "timeout_ms");
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
     const std::string outcome = open_group(group, kFn).close(timeout);
     if (how != nullptr) *how = ferry::capi::owned_string(outcome);
-#else
-    (void)group, (void)timeout;
-    no_trainer(kFn);
-#endif
   });
 }
 
 FERRY_API void ferry_nccl_group_destroy(ferry_nccl_group_t* group) {
   if (group == nullptr) return;
-#if FERRY_CAPI_HAVE_NCCL_TRAINER
   try {
     group->group.reset();  // closes (bounded) when not closed
   } catch (...) {
     // Destruction cannot report.
   }
-#endif
   delete group;
 }
 

@@ -16,9 +16,7 @@
 #include "capi/tensor_input.hpp"
 #include "order/stream_order.hpp"
 #include "receiver/receiver.hpp"
-#if FERRY_CAPI_HAVE_SESSION
 #include "session/receiver_endpoint.hpp"
-#endif
 
 // Members in dependency order: the endpoint borrows the receiver, config and registry, the
 // receiver borrows the config and registry; destruction runs bottom-up.
@@ -30,9 +28,7 @@ struct ferry_receiver {
   std::vector<ferry::receiver::Receiver::EngineParam> pending;  // until the first serve
   std::set<std::string> names;
   bool layout_fixed = false;
-#if FERRY_CAPI_HAVE_SESSION
   std::unique_ptr<ferry::session::ReceiverEndpoint> endpoint;
-#endif
   std::shared_ptr<void> nccl_groups;  // capi/nccl.cpp; last: destroyed before the receiver
 };
 
@@ -56,15 +52,6 @@ std::vector<std::string> read_tags(const char* const* tags, std::size_t count,
   }
   return out;
 }
-
-#if !FERRY_CAPI_HAVE_SESSION
-[[noreturn]] void no_session(const char* function) {
-  ferry::fail(FERRY_STATUS_UNIMPLEMENTED,
-              "{}: this libferry.so was built without the session library (host/session), so it "
-              "cannot serve",
-              function);
-}
-#endif
 
 // Registers the parameters registered so far (the first serve, NCCL group or checkpoint-engine
 // update fixes the layout; later registrations are refused). Caller holds handle.mutex.
@@ -160,7 +147,6 @@ FERRY_API ferry_error_t* ferry_receiver_serve(ferry_receiver_t* receiver, const 
       ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: port {} is out of range (0..65535)", kFn,
                   port);
     }
-#if FERRY_CAPI_HAVE_SESSION
     const std::lock_guard lock(receiver->mutex);
     if (receiver->endpoint) {
       ferry::fail(FERRY_STATUS_FAILED_PRECONDITION, "{}: the receiver is already serving on {}",
@@ -174,10 +160,6 @@ FERRY_API ferry_error_t* ferry_receiver_serve(ferry_receiver_t* receiver, const 
     endpoint->start();
     if (bound_port != nullptr) *bound_port = endpoint->port();
     receiver->endpoint = std::move(endpoint);
-#else
-    (void)host;
-    no_session(kFn);
-#endif
   });
 }
 
@@ -185,13 +167,11 @@ FERRY_API ferry_error_t* ferry_receiver_stop(ferry_receiver_t* receiver) {
   static constexpr const char* kFn = "ferry_receiver_stop";
   return ferry::capi::guard(kFn, [&] {
     ferry::capi::require(receiver, kFn, "receiver");
-#if FERRY_CAPI_HAVE_SESSION
     const std::lock_guard lock(receiver->mutex);
     if (receiver->endpoint) {
       receiver->endpoint->stop();
       receiver->endpoint.reset();
     }
-#endif
   });
 }
 
@@ -275,7 +255,6 @@ FERRY_API void ferry_fingerprints_free(ferry_fingerprints_t* fingerprints) { del
 
 FERRY_API void ferry_receiver_destroy(ferry_receiver_t* receiver) {
   if (receiver == nullptr) return;
-#if FERRY_CAPI_HAVE_SESSION
   if (receiver->endpoint) {
     try {
       receiver->endpoint->stop();
@@ -283,7 +262,6 @@ FERRY_API void ferry_receiver_destroy(ferry_receiver_t* receiver) {
       // Destruction cannot report; the endpoint's destructor stops it again.
     }
   }
-#endif
   delete receiver;
 }
 

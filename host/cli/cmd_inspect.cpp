@@ -11,7 +11,7 @@
 #include <string>
 
 #include "cli/command.hpp"
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 
 namespace ferry::cli {
 namespace {

@@ -21,7 +21,7 @@
 #include "cli/token_option.hpp"
 #include "common/log.hpp"
 #include "demo/synthetic_model.hpp"
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 #include "session/push_progress.hpp"
 #include "session/sender.hpp"
 

@@ -14,7 +14,7 @@
 #include "control/http_listener.hpp"
 #include "receiver/receiver.hpp"
 #include "receiver/receiver_ckpt.hpp"
-#include "receiver/receiver_nccl.hpp"
+#include "group/receiver_groups.hpp"
 
 namespace ferry::control {
 namespace {

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 
 namespace ferry::demo {
 namespace {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <utility>
 
-#include "ckpt_engine/device_address.hpp"
+#include "receiver/gpu_uuid.hpp"
 #include "common/host_api.hpp"
 #include "common/log.hpp"
 #include "config/config.hpp"

@@ -6,7 +6,7 @@
 // from the buffer without knowing anything about pickles. See PROTOCOL.md for the sequence.
 #pragma once
 
-#include "ckpt_engine/pickle_reader.hpp"
+#include <ferry/formats/pickle_reader.hpp>
 
 #include <ferry/plugin.h>
 

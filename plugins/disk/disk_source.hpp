@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 
 namespace ferry::disk {
 

@@ -1,6 +1,6 @@
 // tests/ckpt_engine/pickle_reader_test.cpp: the restricted pickle reader: the subset it accepts
 // decodes to the right values, and a hostile corpus is refused with messages naming the problem.
-#include "ckpt_engine/pickle_reader.hpp"
+#include <ferry/formats/pickle_reader.hpp>
 #include "pickle_bytes.hpp"
 
 #include <ferry/sdk/error.hpp>

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/host_api.hpp"
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 #include "tests/common/plugin_loader.hpp"
 #include "temp_dir.hpp"
 

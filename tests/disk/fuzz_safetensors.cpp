@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 8) return 0;

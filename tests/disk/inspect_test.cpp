@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 #include "temp_dir.hpp"
 
 namespace ferry {

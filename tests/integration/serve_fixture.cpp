@@ -2,7 +2,7 @@
 // `ferry serve` process (see serve_fixture.hpp).
 #include "serve_fixture.hpp"
 
-#include <disk/safetensors.hpp>
+#include <ferry/formats/safetensors.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>

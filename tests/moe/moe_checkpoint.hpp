@@ -4,7 +4,7 @@
 // definition (w13 = this rank's gate rows then up rows, per local expert; w2 = down columns).
 #pragma once
 
-#include "disk/safetensors.hpp"
+#include <ferry/formats/safetensors.hpp>
 
 #include <ferry/plugin.h>
 #include <fmt/format.h>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nccl/bucket_layout.hpp"
+#include <ferry/formats/broadcast_layout.hpp>
 
 namespace ferry::nccl {
 namespace {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "load_plugin.hpp"
-#include "nccl/broadcast_group.hpp"
-#include "nccl/group_table.hpp"
+#include "group/broadcast_group.hpp"
+#include "group/group_table.hpp"
 #include "tests/common/gpu_test_main.hpp"
 
 namespace ferry::nccl {

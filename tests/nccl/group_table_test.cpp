@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nccl/group_table.hpp"
+#include "group/group_table.hpp"
 
 namespace ferry::nccl {
 namespace {

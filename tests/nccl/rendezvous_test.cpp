@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "nccl/rendezvous.hpp"
+#include "group/rendezvous.hpp"
 
 namespace ferry::nccl {
 namespace {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "receiver/receiver_nccl.hpp"
+#include "group/receiver_groups.hpp"
 
 namespace ferry::receiver {
 namespace {

@@ -21,9 +21,9 @@
 #include <string>
 #include <thread>
 
-#include "nccl/bucket_layout.hpp"
+#include <ferry/formats/broadcast_layout.hpp>
 #include "registry/registry.hpp"
-#include "session/nccl_group.hpp"
+#include "group/trainer_group.hpp"
 #include "trainer_model.hpp"
 
 namespace {

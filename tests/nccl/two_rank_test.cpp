@@ -35,7 +35,7 @@
 
 #include "registry/registry.hpp"
 #include "serve_fixture.hpp"
-#include "session/nccl_group.hpp"
+#include "group/trainer_group.hpp"
 #include "trainer_model.hpp"
 
 namespace ferry::session {

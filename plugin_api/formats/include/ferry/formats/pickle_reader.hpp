@@ -1,4 +1,4 @@
-// ckpt_engine/pickle_reader.hpp: a restricted reader for the Python pickles (protocols 2-5) that
+// ferry/formats/pickle_reader.hpp: a restricted reader for the Python pickles (protocols 2-5) that
 // a checkpoint-engine ParameterServer sends; it builds an inert value tree and never executes
 // anything.
 //

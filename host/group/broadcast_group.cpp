@@ -1,6 +1,6 @@
-// nccl/broadcast_group.cpp: one member of a weight-update group driven through the NCCL
+// group/broadcast_group.cpp: one member of a weight-update group driven through the NCCL
 // transport's C table, with the TCP rendezvous and liveness-aware waits (see broadcast_group.hpp).
-#include "nccl/broadcast_group.hpp"
+#include "group/broadcast_group.hpp"
 
 #include <ferry/sdk/error.hpp>
 

@@ -1,5 +1,5 @@
-// nccl/rendezvous.cpp: the TCP rendezvous of a weight-update group (see rendezvous.hpp).
-#include "nccl/rendezvous.hpp"
+// group/rendezvous.cpp: the TCP rendezvous of a weight-update group (see rendezvous.hpp).
+#include "group/rendezvous.hpp"
 
 #include <ferry/sdk/error.hpp>
 

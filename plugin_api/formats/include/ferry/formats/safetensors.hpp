@@ -1,4 +1,4 @@
-// disk/safetensors.hpp: reading and strictly validating safetensors checkpoints (one file, or a
+// ferry/formats/safetensors.hpp: reading and strictly validating safetensors checkpoints (one file, or a
 // directory of shards with or without model.safetensors.index.json), and writing them.
 //
 // Everything read from disk is untrusted. A File or Checkpoint returned by the readers below has

@@ -1,6 +1,6 @@
-// session/nccl_group.cpp: rank 0 of an NCCL weight-update group: rendezvous, double-buffered
-// packing and bucketed broadcast through the nccl transport (see nccl_group.hpp).
-#include "session/nccl_group.hpp"
+// group/trainer_group.cpp: rank 0 of an NCCL weight-update group: rendezvous, double-buffered
+// packing and bucketed broadcast through the nccl transport (see trainer_group.hpp).
+#include "group/trainer_group.hpp"
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
@@ -13,7 +13,7 @@
 #include "common/host_api.hpp"
 #include "common/log.hpp"
 #include "ferry_build_config.h"
-#include "nccl/broadcast_group.hpp"
+#include "group/broadcast_group.hpp"
 #include "order/stream_order.hpp"
 #include "registry/registry.hpp"
 

@@ -1,5 +1,5 @@
-// ckpt_engine/device_address.cpp: the GPU UUID string and the address chosen by it.
-#include "ckpt_engine/device_address.hpp"
+// receiver/gpu_uuid.cpp: the GPU UUID string and the address chosen by it.
+#include "receiver/gpu_uuid.hpp"
 
 #include <ferry/sdk/error.hpp>
 

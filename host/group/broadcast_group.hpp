@@ -1,4 +1,4 @@
-// nccl/broadcast_group.hpp: one member of a weight-update group as the host sees it: the
+// group/broadcast_group.hpp: one member of a weight-update group as the host sees it: the
 // rendezvous over TCP (rank 0 serves the NCCL unique id, the others fetch it), then the NCCL
 // transport plugin driven through its C table (get_address / connect / register_memory /
 // send_bucket or recv_bucket / request_wait / abort). Waits are sliced so that a rank whose
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "nccl/rendezvous.hpp"
+#include "group/rendezvous.hpp"
 
 namespace ferry::nccl {
 

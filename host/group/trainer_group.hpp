@@ -1,4 +1,4 @@
-// session/nccl_group.hpp: the trainer's side of an NCCL weight-update group: rank 0, which
+// group/trainer_group.hpp: the trainer's side of an NCCL weight-update group: rank 0, which
 // serves the rendezvous (the NCCL unique id) on master_address:master_port, and broadcasts each
 // update as buckets packed from the trainer's tensors, double buffered (bucket k+1 is packed
 // while bucket k is broadcast). Receivers join with /init_weights_update_group and receive with
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "nccl/bucket_layout.hpp"
+#include <ferry/formats/broadcast_layout.hpp>
 #include "session/sender.hpp"
 
 namespace ferry::registry {

@@ -1,6 +1,6 @@
-// nccl/bucket_layout.cpp: checks an update's tensor list and packs it into buckets (see
-// bucket_layout.hpp).
-#include "nccl/bucket_layout.hpp"
+// formats/broadcast_layout.cpp: checks an update's tensor list and packs it into buckets (see
+// ferry/formats/broadcast_layout.hpp).
+#include <ferry/formats/broadcast_layout.hpp>
 
 #include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>

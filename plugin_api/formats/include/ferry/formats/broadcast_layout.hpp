@@ -1,4 +1,4 @@
-// nccl/bucket_layout.hpp: the tensors of one broadcast update (SGLang's names / dtypes / shapes)
+// ferry/formats/broadcast_layout.hpp: the tensors of one broadcast update (SGLang's names / dtypes / shapes)
 // checked, and packed into buckets by a pure function that rank 0 and every receiver evaluate
 // alike, so no manifest has to travel: both sides derive the same bucket manifests from the same
 // request (same tensors in the same order, same bucket size).

@@ -1,7 +1,7 @@
-// receiver/receiver_nccl.cpp: the receiver's NCCL weight-update groups: request fields, joining
+// group/receiver_groups.cpp: the receiver's NCCL weight-update groups: request fields, joining
 // through the nccl transport, and one update received by broadcast and applied as a transaction
-// (see receiver_nccl.hpp).
-#include "receiver/receiver_nccl.hpp"
+// (see receiver_groups.hpp).
+#include "group/receiver_groups.hpp"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@
 #include "common/log.hpp"
 #include "config/config.hpp"
 #include "ferry_build_config.h"
-#include "nccl/group_table.hpp"
+#include "group/group_table.hpp"
 #include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"

@@ -1,4 +1,4 @@
-// ckpt_engine/device_address.hpp: which of the ParameterServer's ZMQ addresses belongs to this
+// receiver/gpu_uuid.hpp: which of the ParameterServer's ZMQ addresses belongs to this
 // worker: checkpoint-engine keys them by the physical GPU's UUID string.
 #pragma once
 

@@ -1,6 +1,6 @@
-// ckpt_engine/pickle_reader.cpp: the restricted pickle reader (see pickle_reader.hpp): an
+// formats/pickle_reader.cpp: the restricted pickle reader (see pickle_reader.hpp): an
 // iterative opcode loop over a bounds-checked cursor, an allow-list of globals, inert call nodes.
-#include "ckpt_engine/pickle_reader.hpp"
+#include <ferry/formats/pickle_reader.hpp>
 
 #include <ferry/sdk/error.hpp>
 

@@ -1,4 +1,4 @@
-// receiver/receiver_nccl.hpp: the receiver's NCCL weight-update groups (SGLang's
+// group/receiver_groups.hpp: the receiver's NCCL weight-update groups (SGLang's
 // init_weights_update_group / update_weights_from_distributed / destroy_weights_update_group):
 // the request fields, checked, and WeightUpdateGroups, which joins groups through the nccl
 // transport plugin, receives an update's buckets by broadcast into device staging (double
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "nccl/broadcast_group.hpp"
-#include "nccl/bucket_layout.hpp"
+#include "group/broadcast_group.hpp"
+#include <ferry/formats/broadcast_layout.hpp>
 #include "receiver/receiver.hpp"
 
 namespace ferry::receiver {

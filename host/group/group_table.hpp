@@ -1,4 +1,4 @@
-// nccl/group_table.hpp: the lifecycle of named weight-update groups on one process: init, ready,
+// group/group_table.hpp: the lifecycle of named weight-update groups on one process: init, ready,
 // failed, destroyed. A group is any type with `void abort(const std::string& reason) noexcept`
 // (stops its communicator at once) and a destructor that frees it. Rules:
 //  - init of a name whose group failed destroys the stale group (abort, then free) before the

@@ -1,4 +1,4 @@
-// nccl/rendezvous.hpp: the TCP rendezvous of a weight-update group: rank 0 (the trainer) listens
+// group/rendezvous.hpp: the TCP rendezvous of a weight-update group: rank 0 (the trainer) listens
 // on master_address:master_port and hands an opaque blob (the NCCL unique id) to every joining
 // rank; afterwards the connections stay open as a liveness link, so a deadline that passes can be
 // blamed on the rank whose connection closed.

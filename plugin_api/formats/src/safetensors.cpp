@@ -1,6 +1,6 @@
 // Safetensors reading with strict validation, sharded checkpoints, and writing (see
-// disk/safetensors.hpp; the rules are listed in plugins/disk/README.md).
-#include "disk/safetensors.hpp"
+// ferry/formats/safetensors.hpp; the rules are listed in plugins/disk/README.md).
+#include <ferry/formats/safetensors.hpp>
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
