@@ -46,9 +46,9 @@ Action add_demo_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--layers", opts->layers, "transformer layers (default: [demo] layers)");
   cmd->add_option("--vocab-size", opts->vocab_size, "vocabulary size (default: [demo] vocab_size)");
   cmd->add_option("--transport", opts->transport,
-                  fmt::format("{} (default: [demo] transport; auto: cuda_ipc with a GPU receiver, "
-                              "else ucx, when available, else disk)",
-                              fmt::join(config::demo_transport_names(), ", ")));
+                  "auto, inline, disk or a point-to-point transport plugin (default: [demo] "
+                  "transport; auto: the first of update.transport_preference that fits, else "
+                  "inline)");
   cmd->add_option("--device", opts->device, "receiver weights on cpu, cuda or cuda:N");
   cmd->add_option("--work-dir", opts->work_dir,
                   "cache and scratch folder (default: $XDG_CACHE_HOME or ~/.cache, /ferry/demo-<shape>)");

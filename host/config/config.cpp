@@ -158,22 +158,6 @@ Key choice_key(std::string_view path, E& (*field)(Config&),
           std::move(names)};
 }
 
-// A string key with a fixed set of spellings, kept as the string.
-Key string_choice_key(std::string_view path, std::string& (*field)(Config&),
-                      std::vector<std::string_view> choices) {
-  Key key = string_key(path, field, [choices](const std::string& s) -> std::optional<std::string> {
-    std::string names;
-    for (const auto& name : choices) {
-      if (s == name) return std::nullopt;
-      names += names.empty() ? "" : ", ";
-      names += name;
-    }
-    return "must be one of " + names;
-  });
-  key.choices = std::move(choices);
-  return key;
-}
-
 std::optional<std::string> non_empty(const std::string& s) {
   if (s.empty()) return "must not be empty";
   return std::nullopt;
@@ -313,8 +297,8 @@ const std::vector<Key>& keys() {
                                  1),
       integer_key<std::uint64_t>("demo.vocab_size",
                                  [](Config& c) -> auto& { return c.demo.vocab_size; }, 1),
-      string_choice_key("demo.transport", [](Config& c) -> auto& { return c.demo.transport; },
-                        demo_transport_names()),
+      string_key("demo.transport", [](Config& c) -> auto& { return c.demo.transport; },
+                 non_empty),
       string_key("demo.device", [](Config& c) -> auto& { return c.demo.device; }, device_name),
   };
   return table;
@@ -611,11 +595,6 @@ Config load(const std::string& path, std::span<const std::string> overrides) {
   for (const std::string& override_text : overrides) apply_override(config, override_text);
   validate(config);
   return config;
-}
-
-const std::vector<std::string_view>& demo_transport_names() {
-  static const std::vector<std::string_view> names = {"auto", "cuda_ipc", "ucx", "inline", "disk"};
-  return names;
 }
 
 std::vector<KeyInfo> known_keys() {

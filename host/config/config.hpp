@@ -112,7 +112,7 @@ struct DemoConfig {
   std::uint64_t hidden_size = 512;
   std::uint32_t layers = 8;
   std::uint64_t vocab_size = 8192;
-  std::string transport = "auto";  // one of demo_transport_names()
+  std::string transport = "auto";  // "auto", "inline", "disk" or a point-to-point plugin
   std::string device = "cpu";
 };
 
@@ -170,11 +170,6 @@ void validate(const Config& config);
 // The usual sequence: defaults or `path` (when not empty), then apply_environment(), then each
 // override in order, then validate().
 Config load(const std::string& path, std::span<const std::string> overrides);
-
-// What `ferry demo` can push through ([demo] transport, `ferry demo --transport`): "auto",
-// "cuda_ipc", "ucx", "inline", "disk". The config check and the demo's --help use this list;
-// tests/docs checks that docs/config.md names the same.
-const std::vector<std::string_view>& demo_transport_names();
 
 // Every key the config knows, with its type ("a string", "an integer", ...) and, for a key
 // with a fixed set of spellings, those spellings (tests/docs holds docs/config.md to this list).

@@ -60,7 +60,7 @@ double gb_per_s(std::uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0;
 }
 
-// The trainer's weights on the receiver's GPU (cuda_ipc: a colocated trainer): one device
+// The trainer's weights on the receiver's GPU (a colocated trainer, when the transport moves CUDA memory): one device
 // allocation holding every tensor (each at a multiple of FERRY_BUCKET_ALIGNMENT), refreshed
 // from the host copy every step.
 class TrainerDeviceCopy {
@@ -300,7 +300,7 @@ struct SyncLoop {
   const std::vector<std::string>& serve_globals;
   const config::Config& config;
   const registry::Registry& registry;
-  std::string transport;  // "disk", or a push: "cuda_ipc" / "ucx" / "inline"
+  DemoTransport transport;  // "disk", or a push through a plugin or inline
   SyntheticModel& model;
   fs::path work_dir;
   std::uint32_t steps = 0;
@@ -339,14 +339,14 @@ struct SyncLoop {
     const bool backup = config.memory.weights_policy == config::ReleasePolicy::backup;
     std::unique_ptr<session::Sender> sender;
     std::unique_ptr<TrainerDeviceCopy> gpu;
-    if (transport == "cuda_ipc") {
+    if (transport.device_tensors) {
       gpu = std::make_unique<TrainerDeviceCopy>(model,
                                                 store::parse_store_device(config.demo.device).ordinal);
     }
-    if (transport != "disk") {
+    if (transport.name != "disk") {
       session::SenderOptions so;
       so.receivers = {fmt::format("127.0.0.1:{}", receiver.port())};
-      so.transport = transport;
+      so.transport = transport.name;
       so.bucket_bytes = config.update.bucket_bytes;
       so.token = config.receiver.token;
       sender = std::make_unique<session::Sender>(config, registry, so);
@@ -425,7 +425,7 @@ void check_device(const std::string& device) {
 int run(const DemoRun& request) {
   const config::Config& config = request.config;
   const config::DemoConfig& dc = config.demo;
-  const std::string transport = choose_transport(dc.transport, dc.device, request.registry);
+  const DemoTransport transport = choose_transport(config, request.registry);
   const auto shape = ModelShape::from_sizes(dc.hidden_size, dc.layers, dc.vocab_size);
   const fs::path work_dir =
       request.work_dir ? fs::absolute(*request.work_dir) : default_work_dir(shape);
@@ -437,7 +437,7 @@ int run(const DemoRun& request) {
       "intermediate {}): {} tensors, {} per update\n"
       "ferry demo: {} step{} over transport '{}' on {}, work folder {}\n",
       shape.hidden, shape.layers, shape.vocab, shape.heads, shape.kv_heads, shape.intermediate,
-      model.tensors().size(), mib(model.bytes()), dc.steps, dc.steps == 1 ? "" : "s", transport, dc.device,
+      model.tensors().size(), mib(model.bytes()), dc.steps, dc.steps == 1 ? "" : "s", transport.name, dc.device,
       work_dir.string());
   const fs::path initial =
       prepare_initial_checkpoint(model, work_dir, fmt::format("ferry-demo-v1 {} seed {}",

@@ -4,59 +4,46 @@
 #include <ferry/sdk/error.hpp>
 
 #include "common/log.hpp"
+#include "session/transport_choice.hpp"
 #include "store/store_device.hpp"
 
 namespace ferry::demo {
 
-std::string choose_transport(const std::string& requested, const std::string& device,
-                             const registry::Registry& registry) {
-  if (requested == "disk" || requested == "inline") return requested;
-  const bool on_gpu = store::parse_store_device(device).cuda;
-  auto loadable = [&](const char* name, std::string& why) {
-    try {
-      (void)registry.transport(name);
-      return true;
-    } catch (const Error& e) {
-      why = e.what();
-      return false;
-    }
-  };
-  if (requested == "cuda_ipc") {
-    if (!on_gpu) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "ferry demo: transport 'cuda_ipc' needs the receiver on a GPU (--device cuda or "
-           "cuda:N), not '{}'",
-           device);
-    }
-    std::string why;
-    if (!loadable("cuda_ipc", why)) {
-      fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport 'cuda_ipc' is not available: {}", why);
-    }
-    return "cuda_ipc";
+DemoTransport choose_transport(const config::Config& config, const registry::Registry& registry) {
+  const std::string& requested = config.demo.transport;
+  if (requested == "disk" || requested == "inline") return {requested, false};
+  session::TransportQuery q;
+  q.requested = requested;
+  q.preference = config.update.transport_preference;
+  q.receiver = "the demo's receiver";
+  q.receiver_on_this_host = true;      // a `ferry serve` child on this machine
+  q.receiver_in_this_process = false;  // in its own process
+  q.cuda_tensors = store::parse_store_device(config.demo.device).cuda;
+  const session::TransportChoice choice = session::choose_transport(
+      q, [&](const std::string& name) { return session::transport_facts(registry, name); });
+  DemoTransport out{choice.name, false};
+  if (choice.name == "inline") {
+    logger("demo")->info("transport {}", choice.why);
+    return out;
   }
-  if (requested == "auto" || requested == "ucx") {
-    std::string why;
-    if (requested == "auto" && on_gpu) {
-      if (loadable("cuda_ipc", why)) return "cuda_ipc";
-      logger("demo")->info("CUDA IPC transport not available ({})", why);
-    }
-    if (loadable("ucx", why)) return "ucx";
-    if (requested == "ucx") {
-      fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport 'ucx' is not available: {}", why);
-    }
-    logger("demo")->info("UCX transport not available ({}); using disk", why);
-    return "disk";
+  const session::TransportFacts facts = session::transport_facts(registry, choice.name);
+  if (!facts.loadable) {
+    fail(FERRY_STATUS_NOT_FOUND, "ferry demo: transport '{}' is not available: {}", choice.name,
+         facts.error);
   }
-  for (const char* later : {"nccl", "ckpt_engine"}) {
-    if (requested == later) {
-      fail(FERRY_STATUS_UNIMPLEMENTED,
-           "ferry demo cannot drive transport '{}' yet (available: cuda_ipc, ucx, inline, disk; "
-           "'auto' picks the best)",
-           requested);
-    }
+  if (!(facts.flags & FERRY_TRANSPORT_CAP_POINT_TO_POINT)) {
+    fail(FERRY_STATUS_UNIMPLEMENTED,
+         "ferry demo drives point-to-point pushes only; transport '{}' is not one (use 'auto', "
+         "'inline', 'disk' or a point-to-point plugin)",
+         choice.name);
   }
-  fail(FERRY_STATUS_INVALID_ARGUMENT,
-       "unknown transport '{}' (use auto, cuda_ipc, ucx, inline or disk)", requested);
+  if (const std::string misfit = session::transport_misfit(q, facts); !misfit.empty()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "ferry demo: transport '{}' cannot serve it: {}",
+         choice.name, misfit);
+  }
+  out.device_tensors = q.cuda_tensors && (facts.memory_kinds & FERRY_MEMORY_CUDA) != 0;
+  logger("demo")->info("transport {}", choice.why);
+  return out;
 }
 
 }  // namespace ferry::demo

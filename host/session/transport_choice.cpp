@@ -10,7 +10,24 @@
 
 #include <cstring>
 
+#include "registry/registry.hpp"
+
 namespace ferry::session {
+
+TransportFacts transport_facts(const registry::Registry& registry, const std::string& name) {
+  TransportFacts f;
+  try {
+    auto plugin = registry.transport(name);
+    f.loadable = true;
+    if (const auto& caps = plugin->info().transport_caps) {
+      f.flags = caps->flags;
+      f.memory_kinds = caps->memory_kinds;
+    }
+  } catch (const Error& e) {
+    f.error = e.what();
+  }
+  return f;
+}
 
 std::string transport_misfit(const TransportQuery& query, const TransportFacts& facts) {
   if ((facts.flags & FERRY_TRANSPORT_CAP_POINT_TO_POINT) == 0) {

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace ferry::registry {
+class Registry;
+}
+
 namespace ferry::session {
 
 // What the registry says about a transport plugin: nullopt when it cannot be loaded (the
@@ -58,6 +62,10 @@ std::string transport_misfit(const TransportQuery& query, const TransportFacts& 
 // `why` says what was passed over and why.
 TransportChoice choose_transport(const TransportQuery& query,
                                  const std::function<TransportFacts(const std::string&)>& facts);
+
+// What `registry` says about the transport plugin `name` (loading it if needed): its flags and
+// memory kinds, or why it cannot be loaded.
+TransportFacts transport_facts(const registry::Registry& registry, const std::string& name);
 
 // True when `host` (a name or numeric address from "HOST:PORT") names this machine: a loopback
 // name or address, this host's name, or an address of one of its interfaces. No DNS lookups.
