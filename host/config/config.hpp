@@ -33,7 +33,7 @@ enum class MirrorRefresh {
 };
 
 // How parameter names and shapes are laid out in the receiver.
-// How a session moves tensors into a receiver's parameters (DESIGN.md, "Two ways to deliver").
+// How a session moves tensors into a receiver's parameters (docs/architecture.md, "Two ways to deliver").
 enum class Delivery {
   automatic,  // direct where the transport writes remote device memory and every plan is a pure copy
   direct,     // the sender writes each tensor straight into its destination slice; else fail

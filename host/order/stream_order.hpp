@@ -1,4 +1,4 @@
-// order/stream_order.hpp: stream ordering (DESIGN.md, "Stream ordering"): ferry reads a trainer's
+// order/stream_order.hpp: stream ordering (docs/architecture.md, "Stream ordering"): ferry reads a trainer's
 // CUDA tensors only after the work their producer queued on them is done, and writes an engine's
 // parameters only after the engine's queued work on them is done.
 //

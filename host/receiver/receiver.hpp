@@ -123,7 +123,7 @@ class Receiver {
   void register_params(const std::vector<EngineParam>& params);
 
   // How every update waits for the engine's work on engine-owned CUDA parameters before its
-  // first write into them (DESIGN.md, "Stream ordering"); the default synchronises their
+  // first write into them (docs/architecture.md, "Stream ordering"); the default synchronises their
   // devices. Events are refused (INVALID_ARGUMENT): an order is used by every update. Ferry-owned
   // weights (`ferry serve`) have no engine in this process and wait for nothing.
   void set_engine_order(order::StreamOrder order);

@@ -4,7 +4,7 @@
 // copies go through the page-locked host mirror. The tag and parameter bookkeeping is
 // TaggedRegionStore's. Built only with the cuda feature (FERRY_STORE_HAVE_CUDA is 1 then).
 //
-// Memory (DESIGN.md, "The weight store"; PERF.md for why chunks are large):
+// Memory (docs/architecture.md, "The weight store"; docs/benchmarks.md for why chunks are large):
 //  - create_region reserves the addresses (cuMemAddressReserve) once and maps chunks of up to
 //    chunk_bytes (cuMemCreate + cuMemMap + cuMemSetAccess). Every chunk is created exportable as
 //    a POSIX file descriptor, so its memory can later be shared with another process.

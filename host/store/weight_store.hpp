@@ -1,7 +1,7 @@
 // store/weight_store.hpp: the weight store interface: parameters placed in tagged regions with
 // stable virtual addresses, released and resumed by tag, backed up into the host mirror.
 //
-// Contract (DESIGN.md, "The weight store"):
+// Contract (docs/architecture.md, "The weight store"):
 //  - A region is a range of memory with an address that never changes for the store's lifetime.
 //    Each region belongs to a tag ("weights", "staging", "kv_cache", any string); a tag has a
 //    policy and may hold several regions. Release drops the memory behind every region of the

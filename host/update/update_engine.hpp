@@ -13,7 +13,7 @@
 // per bucket. Device work is asynchronous; commit waits for it before checking coverage and
 // fingerprints, and a failure drains it before rolling back.
 //
-// Transactions (DESIGN.md, "Transactions"). The published version never advances on failure.
+// Transactions (docs/architecture.md, "Transactions"). The published version never advances on failure.
 // The first bucket that writes into live weights makes the store dirty. When an update fails
 // (any error in apply_bucket or commit) or is aborted while dirty:
 //  - if the host mirror holds the weights of the published version (every layout tag has policy
@@ -160,7 +160,7 @@ class UpdateEngine {
   // while an update applies from that slot.
   std::span<std::byte> host_staging(int slot, std::uint64_t bytes);
 
-  // ---- direct delivery (DESIGN.md, "Two ways to deliver"): a peer writes parameters in place.
+  // ---- direct delivery (docs/architecture.md, "Two ways to deliver"): a peer writes parameters in place.
   // Where a checkpoint tensor lands when its plan is one whole, contiguous copy (no cast, no
   // transform) into a parameter in device memory: the peer may write it there itself.
   struct DirectDestination {

@@ -1,4 +1,4 @@
-// tests/capi/capi_stream_order_test.cpp: stream ordering through the C API on a GPU (DESIGN.md,
+// tests/capi/capi_stream_order_test.cpp: stream ordering through the C API on a GPU (docs/architecture.md,
 // "Stream ordering"). In one process, as an engine that embeds its receiver and a trainer that
 // pushes to it: a kernel still queued on the producer's stream when ferry_sender_push is called
 // writes the tensors' final values (ferry must read those, for every way of naming the
