@@ -7,7 +7,6 @@
 #include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <type_traits>
 
 #include "common/log.hpp"
@@ -20,31 +19,6 @@ namespace ferry::control {
 namespace {
 
 using nlohmann::json;
-
-const std::vector<Route> kRoutes = {
-    {"POST", "/update_weights_from_disk", true, "reload weights from a safetensors path"},
-    {"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)"},
-    {"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast"},
-    {"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group"},
-    {"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer"},
-    {"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor"},
-    {"POST", "/update_weight_version", true, "set the weight_version label"},
-    {"GET", "/get_weight_version", false, "the published weight version"},
-    {"POST", "/release_memory_occupation", true, "release memory of the given tags"},
-    {"POST", "/resume_memory_occupation", true, "resume memory of the given tags"},
-    {"GET", "/get_model_info", false, "model family, layout, parallelism and version"},
-    {"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)"},
-    {"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise"},
-    {"GET", "/metrics", false, "Prometheus text metrics"},
-    {"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)"},
-};
-
-// Routes answered on the I/O thread: they read state that no update holds (receiver.hpp:
-// health(), version(), metrics_text(), layout() never block), so they answer while any number of
-// updates or slow clients wait. Every other route runs on a worker thread: mutating ones on the
-// changes' pool, reads that wait for the update lock (weights, fingerprints) on the readers'.
-const std::set<std::string> kNeverBlocking = {"/health", "/metrics", "/get_weight_version",
-                                              "/get_model_info", "/ferry/session"};
 
 int http_status(ferry_status_code_t code) {
   switch (code) {
@@ -161,15 +135,212 @@ bool token_matches(const std::string& header, const std::string& token) {
   return diff == 0;
 }
 
+// What a route's handler may use: the receiver, the server's options and the NCCL groups.
+struct Context {
+  receiver::Receiver& receiver;
+  const ServerOptions& options;
+  receiver::WeightUpdateGroups& groups;
+};
+
+HttpResponse update_from_disk(Context& c, const HttpRequest& req) {
+  json body = parse_body(req);
+  auto report = c.receiver.update_from_disk(required_string(body, "model_path"),
+                                            optional_label(body, "weight_version"));
+  json out = report_json(report);
+  out["success"] = true;
+  out["message"] = "updated from disk";
+  out["num_paused_requests"] = 0;
+  return reply(200, out);
+}
+
+HttpResponse init_group(Context& c, const HttpRequest& req) {
+  auto init = receiver::parse_group_init(parse_body(req));
+  c.groups.init(init);
+  return reply(200, json{{"success", true},
+                         {"message",
+                          fmt::format("joined weight-update group '{}'", init.group_name)}});
+}
+
+HttpResponse update_from_distributed(Context& c, const HttpRequest& req) {
+  auto report = c.groups.update(receiver::parse_distributed_update(parse_body(req)));
+  json out = report_json(report);
+  out["success"] = true;
+  out["message"] = "updated by broadcast";
+  return reply(200, out);
+}
+
+HttpResponse destroy_group(Context& c, const HttpRequest& req) {
+  const json body = parse_body(req);
+  const std::string name = receiver::parse_group_name(body);
+  const std::string how = c.groups.destroy(name, receiver::parse_destroy_timeout(body));
+  return reply(200, json{{"success", true},
+                         {"teardown", how},
+                         {"message",
+                          fmt::format("destroyed weight-update group '{}' ({})", name, how)}});
+}
+
+HttpResponse update_from_ipc(Context& c, const HttpRequest& req) {
+  auto report =
+      receiver::update_weights_from_ipc(c.receiver, receiver::parse_ipc_update(parse_body(req)));
+  json out = report_json(report);
+  out["success"] = true;
+  out["message"] = "updated from checkpoint-engine";
+  return reply(200, out);
+}
+
+HttpResponse weights_by_name(Context& c, const HttpRequest& req) {
+  json body = parse_body(req);
+  const auto truncate = field<long long>(body, "truncate_size", 100);
+  if (truncate < 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "truncate_size must be >= 0");
+  auto w = c.receiver.weights_by_name(required_string(body, "name"),
+                                      static_cast<std::size_t>(truncate));
+  return reply(200, json{{"name", w.name}, {"dtype", dtype_name(w.dtype)}, {"shape", w.shape},
+                         {"values", w.values}});
+}
+
+HttpResponse update_weight_version(Context& c, const HttpRequest& req) {
+  json body = parse_body(req);
+  auto label = optional_label(body, "new_version");
+  if (!label) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'new_version' is required");
+  c.receiver.set_version_label(*label);
+  return reply(200, json{{"success", true}, {"message", "weight version updated"},
+                         {"new_version", *label}});
+}
+
+HttpResponse weight_version(Context& c, const HttpRequest&) {
+  auto v = c.receiver.version();
+  return reply(200, json{{"weight_version", v.label}, {"version", v.number}});
+}
+
+HttpResponse release_or_resume(Context& c, const HttpRequest& req, bool release) {
+  json body = parse_body(req);
+  auto tags = tags_field(body);
+  if (release) {
+    c.receiver.release(tags);
+  } else {
+    c.receiver.resume(tags);
+  }
+  json state = json::array();
+  for (const auto& t : c.receiver.memory_state()) {
+    state.push_back(json{{"tag", t.tag}, {"bytes", t.bytes}, {"released", t.released},
+                         {"policy", t.policy}, {"contents_valid", t.contents_valid}});
+  }
+  return reply(200, json{{"success", true},
+                         {"message", release ? "memory released" : "memory resumed"},
+                         {"memory", state}});
+}
+
+HttpResponse release_memory(Context& c, const HttpRequest& req) {
+  return release_or_resume(c, req, true);
+}
+
+HttpResponse resume_memory(Context& c, const HttpRequest& req) {
+  return release_or_resume(c, req, false);
+}
+
+HttpResponse model_info(Context& c, const HttpRequest&) {
+  auto v = c.receiver.version();
+  const std::uint64_t count = c.receiver.layout().size();
+  return reply(200, json{{"weight_version", v.label}, {"num_parameters", count}});
+}
+
+HttpResponse fingerprints(Context& c, const HttpRequest&) {
+  json prints = json::object();
+  for (const auto& [name, value] : c.receiver.fingerprints()) {
+    prints[name] = fmt::format("{:016x}", value);
+  }
+  return reply(200, json{{"algorithm", "xxh64-chunked-v1"},
+                         {"weight_version", c.receiver.version().label},
+                         {"fingerprints", prints}});
+}
+
+HttpResponse health(Context& c, const HttpRequest&) {
+  auto h = c.receiver.health();
+  return reply(h.ready ? 200 : 503,
+               json{{"ready", h.ready}, {"state", h.state}, {"reason", h.reason}});
+}
+
+HttpResponse metrics(Context& c, const HttpRequest&) {
+  HttpResponse res;
+  res.content_type = "text/plain; version=0.0.4";
+  res.body = c.receiver.metrics_text();
+  return res;
+}
+
+HttpResponse session_info(Context& c, const HttpRequest&) {
+  if (!c.options.session_info) {
+    fail(FERRY_STATUS_NOT_FOUND, "this receiver runs no session listener");
+  }
+  HttpResponse res;
+  res.body = c.options.session_info();
+  return res;
+}
+
+// Where a route's handler runs. `io`: on the I/O thread, for routes that read state no update
+// holds (receiver.hpp: health(), version(), metrics_text(), layout() never block), so they answer
+// while any number of updates or slow clients wait. Every other route runs on a worker thread:
+// mutating ones on the changes' pool, reads that wait for the update lock (weights, fingerprints)
+// on the readers'.
+enum class Runs { io, worker };
+
+struct Entry {
+  Route route;
+  Runs runs;
+  HttpResponse (*handle)(Context&, const HttpRequest&);
+};
+
+// The one table of routes: what docs/http-api.md lists (a test checks both), how each is
+// dispatched and what answers it.
+const std::vector<Entry> kTable = {
+    {{"POST", "/update_weights_from_disk", true, "reload weights from a safetensors path"},
+     Runs::worker, update_from_disk},
+    {{"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)"},
+     Runs::worker, init_group},
+    {{"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast"},
+     Runs::worker, update_from_distributed},
+    {{"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group"},
+     Runs::worker, destroy_group},
+    {{"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer"},
+     Runs::worker, update_from_ipc},
+    {{"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor"},
+     Runs::worker, weights_by_name},
+    {{"POST", "/update_weight_version", true, "set the weight_version label"},
+     Runs::worker, update_weight_version},
+    {{"GET", "/get_weight_version", false, "the published weight version"},
+     Runs::io, weight_version},
+    {{"POST", "/release_memory_occupation", true, "release memory of the given tags"},
+     Runs::worker, release_memory},
+    {{"POST", "/resume_memory_occupation", true, "resume memory of the given tags"},
+     Runs::worker, resume_memory},
+    {{"GET", "/get_model_info", false, "model family, layout, parallelism and version"},
+     Runs::io, model_info},
+    {{"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)"},
+     Runs::worker, fingerprints},
+    {{"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise"},
+     Runs::io, health},
+    {{"GET", "/metrics", false, "Prometheus text metrics"},
+     Runs::io, metrics},
+    {{"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)"},
+     Runs::io, session_info},
+};
+
 }  // namespace
 
-const std::vector<Route>& routes() { return kRoutes; }
+const std::vector<Route>& routes() {
+  static const std::vector<Route> all = [] {
+    std::vector<Route> out;
+    for (const Entry& e : kTable) out.push_back(e.route);
+    return out;
+  }();
+  return all;
+}
 
 struct ControlServer::Impl {
   receiver::Receiver& receiver;
   ServerOptions options;
-  receiver::WeightUpdateGroups groups{receiver};  // NCCL groups (receiver/receiver_nccl.hpp)
-  std::map<std::string, std::pair<const Route*, HttpHandler>> handlers;  // by path
+  receiver::WeightUpdateGroups groups{receiver};  // NCCL groups (group/receiver_groups.hpp)
+  Context context{receiver, options, groups};
+  std::map<std::string, std::pair<const Entry*, HttpHandler>> handlers;  // by path
   HttpListener listener;
   int bound_port = -1;
 
@@ -193,7 +364,8 @@ struct ControlServer::Impl {
                              "no route " + head.method + " " + head.path);
       return d;
     }
-    const Route& r = *it->second.first;
+    const Entry& entry = *it->second.first;
+    const Route& r = entry.route;
     if (head.method != r.method) {
       d.answer = error_reply(405, status_name(FERRY_STATUS_INVALID_ARGUMENT),
                              fmt::format("{} takes {}, not {}", r.path, r.method, head.method));
@@ -207,9 +379,9 @@ struct ControlServer::Impl {
       return d;
     }
     d.handler = it->second.second;
-    d.thread = kNeverBlocking.count(r.path) != 0 ? Dispatch::Thread::io
-               : r.mutating                          ? Dispatch::Thread::changes
-                                                     : Dispatch::Thread::reads;
+    d.thread = entry.runs == Runs::io ? Dispatch::Thread::io
+               : r.mutating           ? Dispatch::Thread::changes
+                                      : Dispatch::Thread::reads;
     return d;
   }
 
@@ -237,154 +409,12 @@ struct ControlServer::Impl {
     };
   }
 
-  Handler handler_for(const std::string& path) {
-    if (path == "/update_weights_from_disk") {
-      return [this](const HttpRequest& req) {
-        json body = parse_body(req);
-        auto report = receiver.update_from_disk(required_string(body, "model_path"),
-                                                optional_label(body, "weight_version"));
-        json out = report_json(report);
-        out["success"] = true;
-        out["message"] = "updated from disk";
-        out["num_paused_requests"] = 0;
-        return reply(200, out);
-      };
-    }
-    if (path == "/get_weights_by_name") {
-      return [this](const HttpRequest& req) {
-        json body = parse_body(req);
-        const auto truncate = field<long long>(body, "truncate_size", 100);
-        if (truncate < 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "truncate_size must be >= 0");
-        auto w = receiver.weights_by_name(required_string(body, "name"),
-                                          static_cast<std::size_t>(truncate));
-        return reply(200, json{{"name", w.name}, {"dtype", dtype_name(w.dtype)},
-                             {"shape", w.shape}, {"values", w.values}});
-      };
-    }
-    if (path == "/update_weight_version") {
-      return [this](const HttpRequest& req) {
-        json body = parse_body(req);
-        auto label = optional_label(body, "new_version");
-        if (!label) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'new_version' is required");
-        receiver.set_version_label(*label);
-        return reply(200, json{{"success", true}, {"message", "weight version updated"},
-                             {"new_version", *label}});
-      };
-    }
-    if (path == "/get_weight_version") {
-      return [this](const HttpRequest&) {
-        auto v = receiver.version();
-        return reply(200, json{{"weight_version", v.label}, {"version", v.number}});
-      };
-    }
-    if (path == "/release_memory_occupation" || path == "/resume_memory_occupation") {
-      const bool release = path == "/release_memory_occupation";
-      return [this, release](const HttpRequest& req) {
-        json body = parse_body(req);
-        auto tags = tags_field(body);
-        if (release) {
-          receiver.release(tags);
-        } else {
-          receiver.resume(tags);
-        }
-        json state = json::array();
-        for (const auto& t : receiver.memory_state()) {
-          state.push_back(json{{"tag", t.tag}, {"bytes", t.bytes}, {"released", t.released},
-                               {"policy", t.policy}, {"contents_valid", t.contents_valid}});
-        }
-        return reply(200, json{{"success", true},
-                             {"message", release ? "memory released" : "memory resumed"},
-                             {"memory", state}});
-      };
-    }
-    if (path == "/get_model_info") {
-      return [this](const HttpRequest&) {
-        auto v = receiver.version();
-        const std::uint64_t count = receiver.layout().size();
-        return reply(200, json{{"weight_version", v.label}, {"num_parameters", count}});
-      };
-    }
-    if (path == "/get_fingerprints") {
-      return [this](const HttpRequest&) {
-        json prints = json::object();
-        for (const auto& [name, value] : receiver.fingerprints()) {
-          prints[name] = fmt::format("{:016x}", value);
-        }
-        return reply(200, json{{"algorithm", "xxh64-chunked-v1"},
-                             {"weight_version", receiver.version().label},
-                             {"fingerprints", prints}});
-      };
-    }
-    if (path == "/health") {
-      return [this](const HttpRequest&) {
-        auto h = receiver.health();
-        return reply(h.ready ? 200 : 503,
-              json{{"ready", h.ready}, {"state", h.state}, {"reason", h.reason}});
-      };
-    }
-    if (path == "/init_weights_update_group") {
-      return [this](const HttpRequest& req) {
-        auto init = receiver::parse_group_init(parse_body(req));
-        groups.init(init);
-        return reply(200, json{{"success", true},
-                             {"message", fmt::format("joined weight-update group '{}'",
-                                                     init.group_name)}});
-      };
-    }
-    if (path == "/update_weights_from_distributed") {
-      return [this](const HttpRequest& req) {
-        auto report = groups.update(receiver::parse_distributed_update(parse_body(req)));
-        json out = report_json(report);
-        out["success"] = true;
-        out["message"] = "updated by broadcast";
-        return reply(200, out);
-      };
-    }
-    if (path == "/update_weights_from_ipc") {
-      return [this](const HttpRequest& req) {
-        auto report = receiver::update_weights_from_ipc(
-            receiver, receiver::parse_ipc_update(parse_body(req)));
-        json out = report_json(report);
-        out["success"] = true;
-        out["message"] = "updated from checkpoint-engine";
-        return reply(200, out);
-      };
-    }
-    if (path == "/destroy_weights_update_group") {
-      return [this](const HttpRequest& req) {
-        const json body = parse_body(req);
-        const std::string name = receiver::parse_group_name(body);
-        const std::string how = groups.destroy(name, receiver::parse_destroy_timeout(body));
-        return reply(200, json{{"success", true},
-                             {"teardown", how},
-                             {"message", fmt::format("destroyed weight-update group '{}' ({})",
-                                                     name, how)}});
-      };
-    }
-    if (path == "/metrics") {
-      return [this](const HttpRequest&) {
-        HttpResponse res;
-        res.content_type = "text/plain; version=0.0.4";
-        res.body = receiver.metrics_text();
-        return res;
-      };
-    }
-    if (path == "/ferry/session") {
-      return [this](const HttpRequest&) {
-        if (!options.session_info) {
-          fail(FERRY_STATUS_NOT_FOUND, "this receiver runs no session listener");
-        }
-        HttpResponse res;
-        res.body = options.session_info();
-        return res;
-      };
-    }
-    fail(FERRY_STATUS_INTERNAL, "route {} has no handler", path);
-  }
-
   void install() {
-    for (const Route& route : kRoutes) {
-      handlers[route.path] = {&route, wrap(route, handler_for(route.path))};
+    for (const Entry& entry : kTable) {
+      handlers[entry.route.path] = {
+          &entry, wrap(entry.route, [this, &entry](const HttpRequest& req) {
+            return entry.handle(context, req);
+          })};
     }
   }
 };
