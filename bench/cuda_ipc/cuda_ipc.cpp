@@ -23,7 +23,7 @@
 #include "common/log.hpp"
 #include "demo/receiver_process.hpp"
 #include "registry/registry.hpp"
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif

@@ -11,8 +11,8 @@
 #include "capi/push_report.hpp"
 #include "capi/tensor_input.hpp"
 #include "order/stream_order.hpp"
-#include "session/push_progress.hpp"
-#include "session/sender.hpp"
+#include "session/sender/push_progress.hpp"
+#include "session/sender/sender.hpp"
 
 // Owns everything session::Sender borrows (config, registry), declared in that order so the
 // sender is destroyed first.

@@ -22,8 +22,8 @@
 #include "common/log.hpp"
 #include "demo/synthetic_model.hpp"
 #include <ferry/formats/safetensors.hpp>
-#include "session/push_progress.hpp"
-#include "session/sender.hpp"
+#include "session/sender/push_progress.hpp"
+#include "session/sender/sender.hpp"
 
 namespace ferry::cli {
 namespace {

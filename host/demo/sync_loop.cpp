@@ -27,7 +27,7 @@
 #include "demo/receiver_process.hpp"
 #include "demo/synthetic_model.hpp"
 #include "demo/transport.hpp"
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 #include "store/store_device.hpp"
 
 namespace ferry::demo {

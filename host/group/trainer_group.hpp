@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <ferry/formats/broadcast_layout.hpp>
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 
 namespace ferry::registry {
 class Registry;

@@ -98,6 +98,11 @@ inline Clock::time_point deadline_in(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
 
+// Seconds from `start` until now.
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 // The text of a message field (a reason, a name) as a string.
 inline std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 

@@ -2,7 +2,7 @@
 // Two kinds: "inline" (the bytes follow their BucketReady on the session socket itself; always
 // available, the fallback) and a transport plugin (e.g. "ucx": put+flush into the receiver's
 // registered staging slots where RMA is native, or a send into a receive the receiver posted where
-// it is emulated). The session code (sender.cpp, receiver_session.cpp) drives both the same way:
+// it is emulated). The session code (sender/, receiver_session.cpp) drives both the same way:
 // (A plugin that reads and writes CUDA memory, e.g. "cuda_ipc", gets device staging slots on the
 // receiver's GPU, and the sender puts each CUDA tensor straight from its own memory into the
 // receiver's slot instead of packing it first: deliver_pieces().)

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 
 namespace ferry::test {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "serve_fixture.hpp"
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 
 namespace ferry::test {
 

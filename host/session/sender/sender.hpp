@@ -1,7 +1,7 @@
-// session/sender.hpp: the trainer side of ferry: pushes one versioned update (named tensors) to
-// one or many receivers through the session protocol and a data transport, and reports the
-// outcome per receiver. The C API (ferry_sender_*), the Python package and `ferry push` are thin
-// layers over this class.
+// session/sender/sender.hpp: the trainer side of ferry: pushes one versioned update (named
+// tensors) to one or many receivers through the session protocol and a data transport, and
+// reports the outcome per receiver. The C API (ferry_sender_*), the Python package and
+// `ferry push` are thin layers over this class.
 //
 // Contract:
 //  - Receivers are named by the address a user already knows: the HOST:PORT of the receiver's
@@ -51,9 +51,9 @@ struct TensorView {
   int device = 0;  // CUDA device ordinal when memory_kind is a device kind
 };
 
-// How far a push has come, for a display (session/push_progress.hpp). `begin` once the buckets
-// are planned, `bucket` each time a receiver was handed one more bucket, `end` when push()
-// returns (also after a failure).
+// How far a push has come, for a display (session/sender/push_progress.hpp). `begin` once the
+// buckets are planned, `bucket` each time a receiver was handed one more bucket, `end` when
+// push() returns (also after a failure).
 struct PushProgress {
   enum class Event { begin, bucket, end };
   Event event = Event::begin;

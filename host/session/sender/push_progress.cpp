@@ -1,5 +1,5 @@
-// A Sender's pushes shown on standard error (see session/push_progress.hpp).
-#include "session/push_progress.hpp"
+// A Sender's pushes shown on standard error (see session/sender/push_progress.hpp).
+#include "session/sender/push_progress.hpp"
 
 #include <fmt/format.h>
 

@@ -1,12 +1,13 @@
-// session/push_progress.hpp: shows a Sender's pushes on standard error (common/progress.hpp):
-// the SenderOptions::progress that `ferry push` and the C API (Python's Sender) install.
+// session/sender/push_progress.hpp: shows a Sender's pushes on standard error
+// (common/progress.hpp): the SenderOptions::progress that `ferry push` and the C API (Python's
+// Sender) install.
 #pragma once
 
 #include <chrono>
 #include <functional>
 
 #include "common/progress.hpp"
-#include "session/sender.hpp"
+#include "session/sender/sender.hpp"
 
 namespace ferry::session {
 

@@ -1,0 +1,172 @@
+// The sender's side of the handshake (see session/sender/handshake.hpp and
+// docs/session-protocol.md).
+#include "session/sender/handshake.hpp"
+
+#include <ferry/sdk/error.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "common/log.hpp"
+
+namespace ferry::session {
+namespace {
+
+const char* delivery_name(config::Delivery d) {
+  switch (d) {
+    case config::Delivery::direct: return "direct";
+    case config::Delivery::staged: return "staged";
+    case config::Delivery::automatic: break;
+  }
+  return "auto";
+}
+
+// Direct delivery when the receiver offered it (a destination per tensor), the configuration
+// allows it and every tensor is in CUDA memory the data path puts from. Fills `destinations`.
+bool choose_direct(const config::Config& config, wire::Welcome::Reader w, SenderDataPath& data,
+                   const PushPlan& plan, std::size_t tensor_count, const std::string& peer,
+                   std::vector<std::pair<std::uint32_t, std::uint64_t>>& destinations) {
+  if (config.update.delivery == config::Delivery::staged || !w.hasDestinations() ||
+      w.getDestinations().size() != tensor_count || !plan.cuda_tensors ||
+      !data.delivers_pieces(FERRY_MEMORY_CUDA)) {
+    return false;
+  }
+  std::vector<std::vector<std::uint8_t>> keys;
+  for (auto k : w.getRegions()) keys.emplace_back(k.begin(), k.end());
+  destinations.clear();
+  for (auto d : w.getDestinations()) {
+    if (d.getRegion() >= keys.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: destination in region {} of {}", peer,
+           d.getRegion(), keys.size());
+    }
+    destinations.emplace_back(d.getRegion(), d.getOffset());
+  }
+  data.set_regions(std::move(keys));
+  logger("sender")->info("{}: direct delivery: tensors go straight into the receiver's "
+                         "parameters ({} shared regions)",
+                         peer, w.getRegions().size());
+  return true;
+}
+
+void send_hello(const SenderState& state, Channel& ch, std::span<const TensorView> tensors,
+                const PushPlan& plan, const TransportChoice& transport, SenderDataPath* data) {
+  const SenderOptions& options = state.options;
+  capnp::MallocMessageBuilder m;
+  auto hello = m.initRoot<wire::Message>().initHello();
+  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+  if (const char* v = std::getenv("FERRY_SESSION_TEST_PROTOCOL_VERSION")) {
+    hello.setProtocolVersion(static_cast<std::uint32_t>(std::stoul(v)));
+  }
+  hello.setToken(options.token);
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  hello.setSenderName(fmt::format("{} pid {}", host, ::getpid()));
+  auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
+  for (unsigned i = 0; i < tensors.size(); ++i) {
+    list[i].setName(tensors[i].name);
+    list[i].setDtype(static_cast<std::uint32_t>(tensors[i].dtype));
+    auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
+    for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+  }
+  hello.setConfigJson(options.config_json);
+  hello.setTransport(data ? transport.name : std::string("inline"));
+  hello.setTransportRequired(transport.required);
+  const auto addr = data ? data->address() : std::vector<std::uint8_t>{};
+  hello.setTransportAddress(kj::arrayPtr(addr.data(), addr.size()));
+  hello.setBucketBytes(plan.capacity);
+  hello.setSlots(kSlots);
+  hello.setDelivery(delivery_name(state.config.update.delivery));
+  hello.setKeepSession(state.keep_sessions());
+  ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
+}
+
+}  // namespace
+
+void open_session(SenderState& state, Link& link, std::size_t index,
+                  std::span<const TensorView> tensors, const PushPlan& plan,
+                  const TransportChoice& transport) {
+  const config::Config& config = state.config;
+  const SenderOptions& options = state.options;
+  const std::string& address = options.receivers[index];
+  Channel& ch = *link.channel;
+  auto& data = link.data;
+  const auto session_start = Clock::now();
+  bool direct = false;  // direct delivery (the Welcome offered it and it was chosen)
+  if (transport.name != "inline") {
+    try {
+      data = make_plugin_sender_path(state.registry, config, transport.name, plan.capacity,
+                                     kSlots, plan.device);
+    } catch (const Error& e) {
+      if (transport.required) throw;
+      logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.name,
+                             e.what());
+    }
+  }
+  state.track(data.get(), true);
+  // Direct delivery through a transport whose copies fingerprint what they write needs no
+  // separate pass over the tensors; anything else needs the plan's fingerprints.
+  if (!data || !data->fingerprints_pieces() || !plan.cuda_tensors ||
+      config.update.delivery == config::Delivery::staged) {
+    plan.seal();
+  }
+  bool writer_prints = false;  // direct, and the copies fingerprint what they write
+  const double create_s = seconds_since(session_start);
+  double connect_s = 0;  // the data path's connect, inside the handshake
+  send_hello(state, ch, tensors, plan, transport, data.get());
+  const std::string phase = "handshake (welcome)";
+  auto msg = ch.recv(deadline_in(options.connect_timeout), phase);
+  auto root = msg->root();
+  throw_if_refused(root, fmt::format("receiver {} refused the session", address));
+  if (root.which() != wire::Message::WELCOME) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: unexpected message", ch.peer(), phase);
+  }
+  auto w = root.getWelcome();
+  const std::string chosen = text(w.getTransport());
+  if (chosen == "inline") {
+    if (data) {
+      logger("sender")->warn("receiver {} has no '{}'; using inline", address, transport.name);
+      state.track(data.get(), false);
+    }
+    auto replacement = make_inline_sender_path(plan.capacity, kSlots);
+    data.swap(replacement);
+  } else {
+    if (!data || chosen != data->name()) {
+      fail(FERRY_STATUS_INCOMPATIBLE, "{}: the receiver chose transport '{}'", ch.peer(), chosen);
+    }
+    std::vector<std::vector<std::uint8_t>> keys;
+    for (auto s : w.getSlots()) {
+      keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
+      if (s.getCapacity() < plan.capacity) {
+        fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", ch.peer(),
+             s.getCapacity(), plan.capacity);
+      }
+    }
+    const auto connect_start = Clock::now();
+    data->connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
+                                                w.getTransportAddress().size()),
+                  keys, w.getRmaNative(), ch.peer(), deadline_in(options.connect_timeout));
+    connect_s = seconds_since(connect_start);
+    direct = choose_direct(config, w, *data, plan, tensors.size(), ch.peer(), link.destinations);
+  }
+  writer_prints = direct && data->fingerprints_pieces();
+  if (!writer_prints) plan.seal();
+  link.keep = w.getKeepSession();
+  link.prints_at_commit = w.getFingerprintsAtCommit();
+  if (!direct && config.update.delivery == config::Delivery::direct) {
+    fail(FERRY_STATUS_INCOMPATIBLE,
+         "{}: update.delivery is \"direct\", but the receiver offers no direct delivery over "
+         "'{}' (it needs CUDA tensors, a transport that writes device memory such as "
+         "cuda_ipc, and a pure-copy plan for every tensor; see the receiver's log)",
+         ch.peer(), data->name());
+  }
+  state.track(data.get(), true);
+  link.direct = direct;
+  link.writer_prints = writer_prints;
+  link.remember(tensors, plan);
+  logger("sender")->debug("{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
+                          "(connect {:.3f} ms)",
+                          address, create_s * 1e3,
+                          (seconds_since(session_start) - create_s) * 1e3, connect_s * 1e3);
+}
+
+}  // namespace ferry::session

@@ -1,0 +1,85 @@
+// session/sender/receiver_link.hpp: the sender's open session with one receiver (a Link): its
+// channel, its data path, what the handshake chose, and, once kept after a commit for the next
+// push to the same receiver (docs/session-protocol.md, "Kept sessions"), the watcher thread that
+// answers the receiver between pushes. A kept session's handshake, its data path's connect and
+// whatever that imported of the receiver's memory serve every later push of the same tensors.
+// The receiver's Closing (it is about to release that memory) or its disconnect makes the
+// watcher drop the data path, unmapping what it imported, and then close the connection, which
+// the receiver waits for.
+//
+// Threading: one push thread at a time owns a Link; between pushes only its watcher touches it,
+// and the owner reads `closed` and `closed_why` only after stop_watching().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "session/channel.hpp"
+#include "session/data_path.hpp"
+#include "session/sender/push_plan.hpp"
+#include "session/sender/sender.hpp"
+
+namespace ferry::session {
+
+struct Link {
+  std::unique_ptr<Channel> channel;
+  std::unique_ptr<SenderDataPath> data;
+  bool keep = false;    // the receiver keeps the session (Welcome.keepSession)
+  bool direct = false;  // direct delivery was chosen in the handshake
+  bool writer_prints = false;  // direct, and the copies fingerprint what they write
+  bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
+  // Set by the watcher, read after stop_watching(): the session is gone, and why.
+  bool closed = false;
+  std::string closed_why;
+
+  Link() = default;
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+  ~Link();
+
+  // What the handshake was made for (the catalog: names, dtypes, shapes in order), and whether
+  // a push fits it.
+  void remember(std::span<const TensorView> tensors, const PushPlan& plan);
+  // `catalog_same`: same_catalog(tensors), when the caller knows it already.
+  bool fits(std::span<const TensorView> tensors, const PushPlan& plan,
+            std::optional<bool> catalog_same = std::nullopt) const;
+  bool same_catalog(std::span<const TensorView> tensors) const;
+
+  // After a commit, before the session is kept: the data path lets go of the push's tensors.
+  void forget_push() noexcept {
+    if (data) data->end_push();
+  }
+
+  // Starts the watcher; false when no thread or eventfd could be had (then not kept).
+  bool start_watching(const std::string& peer);
+  // Tells the watcher to let go; stop_watching() joins it. A push asks first thing, so the
+  // watcher's wake-up overlaps the push's checks.
+  void ask_to_stop() noexcept;
+  // The next push takes the session back (or it is destroyed).
+  void stop_watching() noexcept;
+
+ private:
+  void watch(const std::string& peer);
+
+  struct Described {
+    std::string name;
+    ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
+    std::vector<std::uint64_t> shape;
+  };
+  std::vector<Described> catalog_;
+  std::uint64_t capacity_ = 0;
+  int device_ = -1;
+  bool cuda_tensors_ = false;
+  std::thread watcher_;
+  int wake_fd_ = -1;
+  bool stop_asked_ = false;
+};
+
+}  // namespace ferry::session

@@ -1,0 +1,354 @@
+// The trainer side: plans buckets once, then runs one session per receiver on its own thread,
+// through the session kept from the previous push where it fits (see session/sender/sender.hpp
+// and docs/session-protocol.md).
+#include "session/sender/sender.hpp"
+
+#include <kj/exception.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "common/log.hpp"
+#include "session/sender/discovery.hpp"
+#include "session/sender/handshake.hpp"
+#include "session/sender/push_plan.hpp"
+#include "session/sender/receiver_link.hpp"
+#include "session/sender/sender_state.hpp"
+#include "session/sender/update.hpp"
+
+namespace ferry::session {
+
+bool PushReport::all_committed() const {
+  if (receivers.empty()) return false;
+  for (const auto& r : receivers) {
+    if (!r.committed) return false;
+  }
+  return true;
+}
+
+struct Sender::Impl : SenderState {
+  // A push's data paths and channels go away after it returns (deregistrations, disconnect,
+  // unmapping the receiver's memory: ~2 ms that are not part of the update); the next push, and
+  // the Sender's destruction, wait for them first, so nothing accumulates.
+  std::mutex teardown_mutex;
+  std::vector<std::thread> teardowns;
+  void wait_teardowns() noexcept {
+    std::vector<std::thread> pending;
+    {
+      std::lock_guard lock(teardown_mutex);
+      pending.swap(teardowns);
+    }
+    for (auto& t : pending) t.join();
+  }
+  // Per receiver (SenderOptions::receivers order): the session kept from the last push, or
+  // null. Only that receiver's push thread touches its entry.
+  std::vector<std::unique_ptr<Link>> links;
+
+  Impl(const config::Config& c, const registry::Registry& r, SenderOptions o)
+      : SenderState(c, r, std::move(o)), links(options.receivers.size()) {}
+
+  ~Impl() {
+    links.clear();  // closes the kept sessions
+    wait_teardowns();
+  }
+
+  // One push to receiver `index`: through the session kept from the previous push when it fits
+  // (same tensors, bucket capacity and memory) and is still open, else through a new one. A
+  // kept session that turns out closed before its update began (the receiver released its
+  // memory, restarted, or stopped) is replaced by a new session within the same push.
+  // `catalog_same`: whether the tensors are the kept session's catalog, where push() compared.
+  void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
+                    std::uint64_t version, const std::string& label,
+                    std::optional<bool> catalog_same) {
+    const std::string address = options.receivers[index];
+    ReceiverResult result;
+    result.address = address;
+    const auto start = Clock::now();
+    auto update_start = start;
+    auto update_end = start;
+    std::unique_ptr<Link> link = std::move(links[index]);
+    if (link) {
+      link->stop_watching();
+      std::string why;
+      if (link->closed) {
+        why = link->closed_why;
+      } else if (!link->fits(tensors, plan, catalog_same)) {
+        why = "another set of tensors, bucket capacity or device";
+      }
+      if (!why.empty()) {
+        logger("sender")->debug("{}: kept session not used ({})", address, why);
+        retire(std::move(link));
+      }
+    }
+    // abort() reaches the link's channel and data path while it is registered.
+    auto track = [&](bool on) {
+      if (!link) return;
+      std::lock_guard lock(mutex);
+      if (on) {
+        if (link->channel) channels.insert(link->channel.get());
+        if (link->data) data_paths.insert(link->data.get());
+      } else {
+        channels.erase(link->channel.get());
+        data_paths.erase(link->data.get());
+      }
+    };
+    try {
+      bool done = false;
+      if (link) {
+        track(true);
+        bool began = false;
+        try {
+          throw_if_aborted();
+          result.reused_session = true;
+          update_start = Clock::now();
+          run_update(*this, *link, index, tensors, plan, version, label, result, began);
+          update_end = Clock::now();
+          done = true;
+        } catch (const Error& e) {
+          std::string reason;
+          if (began || is_aborted(reason)) throw;
+          // Nothing of this update was written: a new session takes over.
+          logger("sender")->info("{}: kept session closed ({}); opening a new one", address,
+                                 e.what());
+          track(false);
+          retire(std::move(link));
+          result = ReceiverResult{};
+          result.address = address;
+        }
+      }
+      if (!done) {
+        link = std::make_unique<Link>();
+        const TransportChoice transport =
+            transport_for(address, plan.cuda_tensors, options, config, registry);
+        link->channel = open_channel(address, options);
+        track(true);
+        throw_if_aborted();
+        open_session(*this, *link, index, tensors, plan, transport);
+        track(true);  // the data path, created by open_session
+        bool began = false;
+        update_start = Clock::now();
+        run_update(*this, *link, index, tensors, plan, version, label, result, began);
+        update_end = Clock::now();
+      }
+      result.committed = true;
+    } catch (const Error& e) {
+      std::string reason;
+      result.code = e.code();
+      if (is_aborted(reason) && e.code() != FERRY_STATUS_CORRUPT_DATA) {
+        result.code = FERRY_STATUS_ABORTED;
+        result.error = fmt::format("receiver {}: aborted: {}", address, reason);
+      } else {
+        result.error = e.what();
+        if (result.error.find(address) == std::string::npos) {
+          result.error = fmt::format("receiver {}: {}", address, result.error);
+        }
+      }
+      if (link && link->channel && !link->channel->is_shut_down()) {
+        try {
+          capnp::MallocMessageBuilder m;
+          m.initRoot<wire::Message>().initAbort().setReason(result.error);
+          link->channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "abort");
+        } catch (...) {
+        }
+      }
+    } catch (const kj::Exception& e) {
+      result.code = FERRY_STATUS_CORRUPT_DATA;
+      result.error = fmt::format("receiver {}: malformed session message ({})", address,
+                                 e.getDescription().cStr());
+    } catch (const std::exception& e) {
+      result.code = FERRY_STATUS_INTERNAL;
+      result.error = fmt::format("receiver {}: {}", address, e.what());
+    }
+    track(false);
+    if (link && result.committed && link->keep && keep_sessions()) {
+      // Kept for the next push; meanwhile its watcher answers the receiver.
+      link->forget_push();
+      if (link->start_watching(address)) {
+        links[index] = std::move(link);
+      }
+    }
+    // Not kept: the plugin instance and the channel go on a thread of their own
+    // (wait_teardowns()); the receiver has committed or failed by now.
+    if (link) retire(std::move(link));
+    result.seconds = seconds_since(start);
+    if (!result.committed) logger("sender")->warn("{}", result.error);
+    if (result.committed) {
+      const auto ms = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+      };
+      logger("sender")->debug("{}: {:.3f} ms before the update ({}), {:.3f} ms after it",
+                              address, ms(start, update_start),
+                              result.reused_session ? "kept session" : "new session",
+                              ms(update_end, Clock::now()));
+    }
+    set_result(index, result);
+  }
+
+  // Destroys a session that is not kept (unregistrations, disconnect, unmapping the receiver's
+  // memory: ~2 ms that are not part of any update) on a thread of its own.
+  void retire(std::unique_ptr<Link> link) {
+    auto teardown = [link = std::move(link)]() mutable {
+      if (!link) return;  // moved into a thread that could not be started, and destroyed there
+      const auto teardown_start = Clock::now();
+      const std::string peer = link->channel ? link->channel->peer() : std::string("receiver");
+      link.reset();
+      logger("sender")->debug("{}: data path and channel teardown {:.3f} ms", peer,
+                              seconds_since(teardown_start) * 1e3);
+    };
+    std::lock_guard lock(teardown_mutex);
+    try {
+      teardowns.emplace_back(std::move(teardown));
+    } catch (const std::system_error&) {
+      teardown();  // no thread to be had: here
+    }
+  }
+};
+
+Sender::Sender(const config::Config& config, const registry::Registry& registry,
+               SenderOptions options)
+    : impl_(std::make_unique<Impl>(config, registry, std::move(options))) {}
+
+Sender::~Sender() = default;
+
+PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t version,
+                        const std::optional<std::string>& label,
+                        const order::StreamOrder& producers) {
+  auto& i = *impl_;
+  i.wait_teardowns();  // the previous push's
+  const auto start = Clock::now();
+  if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
+  if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
+  for (const auto& r : i.options.receivers) parse_address(r);
+  // From here on this push owns the kept sessions (i.links).
+  {
+    std::lock_guard lock(i.mutex);
+    if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
+    i.running = true;
+    i.aborted = false;
+    i.abort_reason.clear();
+    i.results.assign(i.options.receivers.size(), ReceiverResult{});
+    for (std::size_t k = 0; k < i.results.size(); ++k) {
+      i.results[k].address = i.options.receivers[k];
+    }
+  }
+  struct Running {
+    Impl& impl;
+    ~Running() {
+      std::lock_guard lock(impl.mutex);
+      impl.running = false;
+    }
+  } running{i};
+  // The names are unique when they are a kept session's catalog (checked at its first push):
+  // a comparison, where a set of names costs ~0.5 ms per 4096 tensors.
+  std::vector<std::optional<bool>> same_catalog(i.links.size());
+  bool known_names = false;
+  for (std::size_t r = 0; r < i.links.size(); ++r) {
+    if (!i.links[r]) continue;
+    i.links[r]->ask_to_stop();
+    same_catalog[r] = i.links[r]->same_catalog(tensors);
+    known_names = known_names || *same_catalog[r];
+  }
+  CheckedTensors checked = check_tensors(tensors, known_names);
+  const std::uint64_t total = checked.total;
+  const std::string version_label = label.value_or(std::to_string(version));
+
+  // Nothing reads a tensor before the work that produced it is done (DESIGN.md, "Stream
+  // ordering"): a trainer calls push() right after its optimizer step, whose kernels may still
+  // be queued. Every read below (fingerprints, packing, the transports' copies) comes after this.
+  const auto wait_start = Clock::now();
+  {
+    std::vector<int> devices;
+    for (const auto& t : tensors) {
+      if (t.memory_kind == FERRY_MEMORY_CUDA) devices.push_back(t.device);
+    }
+    order::wait(producers, devices, fmt::format("push of version {}", version));
+  }
+  const double producer_wait_s = seconds_since(wait_start);
+
+  // The plan: buckets, manifests encoded once for every receiver.
+  PushPlan plan = plan_buckets(tensors, std::move(checked), i.options.bucket_bytes);
+  // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a
+  // thread joined before `plan` goes.
+  PlanSealing sealing(plan, tensors, version, version_label, i.options.threads);
+  // CUDA tensors may go where the copies fingerprint what they write (the sessions decide);
+  // anything else needs the plan's fingerprints, computed from now on.
+  if (!plan.cuda_tensors) plan.seal();
+
+  const double prepare_s = seconds_since(start);
+  // Progress: begin now, end however push() leaves from here on.
+  struct ProgressEnds {
+    const std::function<void(const PushProgress&)>& progress;
+    PushProgress last;
+    ~ProgressEnds() {
+      if (!progress) return;
+      last.event = PushProgress::Event::end;
+      try {
+        progress(last);
+      } catch (...) {
+        // A display that fails must not turn a push's outcome into an exception.
+      }
+    }
+  } progress_ends{i.options.progress, {}};
+  progress_ends.last.version = version;
+  progress_ends.last.receivers = i.options.receivers.size();
+  progress_ends.last.bytes_total = plan.bucket_total;
+  if (i.options.progress) i.options.progress(progress_ends.last);
+  if (i.options.receivers.size() == 1) {
+    i.run_receiver(0, tensors, plan, version, version_label,
+                   same_catalog.empty() ? std::nullopt : same_catalog[0]);  // no thread to start
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(i.options.receivers.size());
+    for (std::size_t r = 0; r < i.options.receivers.size(); ++r) {
+      threads.emplace_back([&, r] {
+        i.run_receiver(r, tensors, plan, version, version_label,
+                       r < same_catalog.size() ? same_catalog[r] : std::nullopt);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  try {
+    sealing.wait();
+  } catch (const std::exception& e) {
+    // Every receiver saw this failure already; the report says so.
+    logger("sender")->warn("push of version {}: fingerprints: {}", version, e.what());
+  }
+
+  PushReport report;
+  report.version = version;
+  report.bytes = total;
+  {
+    std::lock_guard lock(i.mutex);
+    report.receivers = i.results;
+  }
+  report.seconds = seconds_since(start);
+  report.producer_wait_seconds = producer_wait_s;
+  progress_ends.last.all_committed = report.all_committed();
+  logger("sender")->debug(
+      "push of version {}: {} tensors, {} bytes: waiting for the producers ({}) {:.3f} ms, checks "
+      "and buckets {:.3f} ms, fingerprints + manifests {:.3f} ms, total {:.3f} ms (sessions "
+      "included)",
+      version, tensors.size(), total, order::wait_name(producers.wait), producer_wait_s * 1e3,
+      prepare_s * 1e3, sealing.seconds() * 1e3, report.seconds * 1e3);
+  return report;
+}
+
+void Sender::abort(const std::string& reason) {
+  auto& i = *impl_;
+  std::lock_guard lock(i.mutex);
+  if (!i.running) return;
+  i.aborted = true;
+  i.abort_reason = reason;
+  for (auto* c : i.channels) c->shutdown();
+  for (auto* d : i.data_paths) d->abort(reason);
+}
+
+std::vector<ReceiverResult> Sender::status() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->results;
+}
+
+}  // namespace ferry::session
