@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -48,6 +47,10 @@ struct PushOptions {
   std::uint64_t commit_timeout_ms = 60000;
   std::optional<std::string> progress;  // a ProgressMode name; default: the config's `progress`
   bool no_progress = false;
+  // Test hooks (hidden options, test_hook()).
+  std::optional<std::uint32_t> test_exit_after_bucket;
+  std::optional<std::uint32_t> test_stall_after_bucket;
+  std::optional<std::uint64_t> test_bucket_delay_ms;
 };
 
 // A read-only mapping of a whole file (the tensors are viewed in place).
@@ -90,27 +93,23 @@ std::string read_text(const fs::path& file) {
   return text.str();
 }
 
-// Test hooks of the fault tests (tests/session/): die or stall right after bucket k was handed
-// to the receivers, as a crashed or hung trainer would. Dying waits (up to 10 s) until every
-// receiver's session reached bucket k, so that each one has begun the update when the sender dies.
-// FERRY_PUSH_TEST_BUCKET_DELAY_MS makes every bucket take that much longer, as a slow link would
-// (the progress tests).
-std::function<void(const std::string&, std::uint32_t)> test_hook_from_environment(
-    std::size_t receivers) {
-  const char* exit_after = std::getenv("FERRY_PUSH_TEST_EXIT_AFTER_BUCKET");
-  const char* stall_after = std::getenv("FERRY_PUSH_TEST_STALL_AFTER_BUCKET");
-  if (const char* delay = std::getenv("FERRY_PUSH_TEST_BUCKET_DELAY_MS")) {
-    const long ms = std::atol(delay);
-    return [ms](const std::string&, std::uint32_t) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    };
+// The test hooks of the fault and progress tests (tests/session/), set by hidden options: die
+// or stall right after bucket k was handed to the receivers, as a crashed or hung trainer
+// would. Dying waits (up to 10 s) until every receiver's session reached bucket k, so that each
+// one has begun the update when the sender dies. --test-bucket-delay-ms makes every bucket take
+// that much longer, as a slow link would. Empty when none is set.
+std::function<void(const std::string&, std::uint32_t)> test_hook(const PushOptions& o,
+                                                                 std::size_t receivers) {
+  if (o.test_bucket_delay_ms) {
+    const auto delay = std::chrono::milliseconds(*o.test_bucket_delay_ms);
+    return [delay](const std::string&, std::uint32_t) { std::this_thread::sleep_for(delay); };
   }
-  if (exit_after == nullptr && stall_after == nullptr) return {};
-  const long exit_k = exit_after != nullptr ? std::atol(exit_after) : -1;
-  const long stall_k = stall_after != nullptr ? std::atol(stall_after) : -1;
+  if (!o.test_exit_after_bucket && !o.test_stall_after_bucket) return {};
+  const auto exit_k = o.test_exit_after_bucket;
+  const auto stall_k = o.test_stall_after_bucket;
   auto arrived = std::make_shared<std::atomic<std::size_t>>(0);
   return [exit_k, stall_k, arrived, receivers](const std::string&, std::uint32_t bucket) {
-    if (exit_k >= 0 && static_cast<long>(bucket) == exit_k) {
+    if (exit_k && bucket == *exit_k) {
       arrived->fetch_add(1);
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (arrived->load() < receivers && std::chrono::steady_clock::now() < give_up) {
@@ -118,7 +117,7 @@ std::function<void(const std::string&, std::uint32_t)> test_hook_from_environmen
       }
       std::raise(SIGKILL);
     }
-    if (stall_k >= 0 && static_cast<long>(bucket) == stall_k) {
+    if (stall_k && bucket == *stall_k) {
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   };
@@ -158,6 +157,10 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
       "terminal, lines or never (default: the config's progress, auto)");
   cmd->add_flag("--no-progress", o->no_progress, "no progress (--progress never)")
       ->excludes(progress);
+  // Test hooks, hidden from --help (test_hook()).
+  cmd->add_option("--test-exit-after-bucket", o->test_exit_after_bucket)->group("");
+  cmd->add_option("--test-stall-after-bucket", o->test_stall_after_bucket)->group("");
+  cmd->add_option("--test-bucket-delay-ms", o->test_bucket_delay_ms)->group("");
   return [o, token, &globals] {
     if (!o->model_path && !o->synthetic) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "give --model-path DIR or --synthetic");
@@ -174,7 +177,7 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
     options.connect_timeout = std::chrono::milliseconds(o->connect_timeout_ms);
     options.bucket_timeout = std::chrono::milliseconds(o->bucket_timeout_ms);
     options.commit_timeout = std::chrono::milliseconds(o->commit_timeout_ms);
-    options.after_bucket = test_hook_from_environment(options.receivers.size());
+    options.after_bucket = test_hook(*o, options.receivers.size());
     ProgressMode progress_mode = config.progress;
     if (o->no_progress) progress_mode = ProgressMode::never;
     if (o->progress) {

@@ -1,4 +1,4 @@
-// A real `ferry push` that stalls after its first bucket (FERRY_PUSH_TEST_STALL_AFTER_BUCKET)
+// A real `ferry push` that stalls after its first bucket (--test-stall-after-bucket)
 // holds a real `ferry serve`'s update lock; reads that wait for the lock pile up behind it, yet
 // /health and /get_weight_version answer at once, an update from disk is refused (409) rather
 // than queued behind the waiting reads, and when the pusher goes every waiting read is answered.
@@ -27,8 +27,8 @@ TEST(ServeStalledPush, HealthAndChangesAnswerWhileAPushStallsHoldingTheLock) {
   ServeProcess serve(receiver_options((dir.path() / "v1").string(), 0, 1, 60000));
   PushProcess push({"--log-level", "warn", "push", "--to", address_of(serve), "--transport",
                     "inline", "--model-path", (dir.path() / "v2").string(), "--version", "2",
-                    "--bucket-bytes", "512"},
-                   {{"FERRY_PUSH_TEST_STALL_AFTER_BUCKET", "1"}});
+                    "--bucket-bytes", "512", "--test-stall-after-bucket", "1"},
+                   {});
   ASSERT_TRUE(eventually([&] { return serve.get("/health").body.value("state", "") == "updating"; },
                          30))
       << serve.log();

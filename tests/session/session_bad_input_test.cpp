@@ -113,6 +113,23 @@ TEST_F(SessionBadInput, WrongProtocolVersionIsRefused) {
   EXPECT_NE(message.find("protocol version 99"), std::string::npos) << message;
 }
 
+TEST_F(SessionBadInput, SenderClaimingAnotherProtocolVersionIsReportedRefused) {
+  config::Config config;
+  registry::Registry registry({});
+  session::SenderOptions options;
+  options.receivers = {address_of(*serve_)};
+  options.transport = "inline";
+  options.claimed_protocol_version = 99;
+  session::Sender sender(config, registry, options);
+  const auto report = sender.push(views_of(versions_->v2), 2);
+  ASSERT_EQ(report.receivers.size(), 1u);
+  EXPECT_FALSE(report.receivers[0].committed);
+  EXPECT_EQ(report.receivers[0].code, FERRY_STATUS_INCOMPATIBLE) << report.receivers[0].error;
+  EXPECT_NE(report.receivers[0].error.find("protocol version 99"), std::string::npos)
+      << report.receivers[0].error;
+  EXPECT_EQ(version_of(*serve_), 1);
+}
+
 TEST_F(SessionBadInput, GarbageOnTheSessionPortIsRefusedNamingThePeer) {
   const int fd = session::connect_tcp("127.0.0.1", session_port(), session::deadline_in(5000ms),
                                       "test");

@@ -599,8 +599,8 @@ TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {
   ServeProcess serve(gpu_receiver(versions_->v1_path(), 3000));
   PushProcess push({"--log-level", "warn", "push", "--to", address_of(serve), "--transport",
                     "cuda_ipc", "--model-path", versions_->v2_path(), "--version", "2",
-                    "--bucket-bytes", "512"},
-                   {{"FERRY_PUSH_TEST_EXIT_AFTER_BUCKET", "2"}});
+                    "--bucket-bytes", "512", "--test-exit-after-bucket", "2"},
+                   {});
   ChildResult result;
   ASSERT_TRUE(push.wait(60, result));
   EXPECT_FALSE(result.exited) << result.output;

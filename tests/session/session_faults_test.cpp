@@ -140,8 +140,8 @@ TEST_F(SessionFaults, SenderKilledAtBucketTwoLeavesEveryReceiverAtItsVersion) {
   ServeProcess b(receiver_options(versions_->v1_path()));
   PushProcess push({"--log-level", "warn", "push", "--to", address_of(a) + "," + address_of(b),
                     "--transport", "inline", "--model-path", versions_->v2_path(), "--version",
-                    "2", "--bucket-bytes", "512"},
-                   {{"FERRY_PUSH_TEST_EXIT_AFTER_BUCKET", "2"}});
+                    "2", "--bucket-bytes", "512", "--test-exit-after-bucket", "2"},
+                   {});
   ChildResult result;
   ASSERT_TRUE(push.wait(60, result));
   EXPECT_FALSE(result.exited) << result.output;
@@ -159,8 +159,8 @@ TEST_F(SessionFaults, SenderStalledAtBucketOneMakesEveryReceiverAbortAtItsDeadli
   ServeProcess b(receiver_options(versions_->v1_path(), 0, 1, 1500));
   PushProcess push({"--log-level", "warn", "push", "--to", address_of(a) + "," + address_of(b),
                     "--transport", "inline", "--model-path", versions_->v2_path(), "--version",
-                    "2", "--bucket-bytes", "512"},
-                   {{"FERRY_PUSH_TEST_STALL_AFTER_BUCKET", "1"}});
+                    "2", "--bucket-bytes", "512", "--test-stall-after-bucket", "1"},
+                   {});
   for (const ServeProcess* r : {&a, &b}) {
     EXPECT_TRUE(eventually([&] {
       return r->get("/metrics").text.find("ferry_updates_aborted_total 1") != std::string::npos;

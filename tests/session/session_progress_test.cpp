@@ -1,7 +1,7 @@
 // `ferry push` shows its progress on stderr: with stderr a pipe, a plain line every
 // progress_interval_ms (none for a push done sooner); with stderr a pseudo-terminal, one line
 // redrawn in place; none with --no-progress or progress = "never". A slow link is stood in for
-// by FERRY_PUSH_TEST_BUCKET_DELAY_MS (every bucket takes that much longer). /metrics' update
+// by `ferry push --test-bucket-delay-ms` (every bucket takes that much longer). /metrics' update
 // histograms count the pushes.
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -92,10 +92,9 @@ class SessionProgress : public ::testing::Test {
     args.insert(args.end(), {"push", "--to", address_of(serve), "--transport", "inline",
                              "--model-path", versions_->v2_path(), "--version",
                              std::to_string(version), "--bucket-bytes", "512"});
+    if (delay_ms > 0) args.insert(args.end(), {"--test-bucket-delay-ms", std::to_string(delay_ms)});
     args.insert(args.end(), extra.begin(), extra.end());
-    std::map<std::string, std::string> env;
-    if (delay_ms > 0) env["FERRY_PUSH_TEST_BUCKET_DELAY_MS"] = std::to_string(delay_ms);
-    return run_ferry_on(terminal, args, env);
+    return run_ferry_on(terminal, args, {});
   }
 };
 std::unique_ptr<TwoVersions> SessionProgress::versions_;
@@ -177,8 +176,9 @@ TEST_F(SessionProgress, NoProgressWhenAskedOrForAQuickPush) {
         false,
         {"--log-level", "warn", "--set", "progress_interval_ms=300", "--set", set, "push", "--to",
          address_of(serve), "--transport", "inline", "--model-path", versions_->v2_path(),
-         "--version", std::to_string(version), "--bucket-bytes", "512"},
-        {{"FERRY_PUSH_TEST_BUCKET_DELAY_MS", "100"}});
+         "--version", std::to_string(version), "--bucket-bytes", "512",
+         "--test-bucket-delay-ms", "100"},
+        {});
     ASSERT_EQ(run.status, 0) << run.output;
     EXPECT_EQ(run.output.find("push of version"), std::string::npos) << set << ": " << run.output;
   }

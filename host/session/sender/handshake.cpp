@@ -5,8 +5,6 @@
 #include <ferry/sdk/error.hpp>
 #include <unistd.h>
 
-#include <cstdlib>
-
 #include "common/log.hpp"
 
 namespace ferry::session {
@@ -53,10 +51,8 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   const SenderOptions& options = state.options;
   capnp::MallocMessageBuilder m;
   auto hello = m.initRoot<wire::Message>().initHello();
-  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-  if (const char* v = std::getenv("FERRY_SESSION_TEST_PROTOCOL_VERSION")) {
-    hello.setProtocolVersion(static_cast<std::uint32_t>(std::stoul(v)));
-  }
+  hello.setProtocolVersion(options.claimed_protocol_version != 0 ? options.claimed_protocol_version
+                                                                 : wire::PROTOCOL_VERSION);
   hello.setToken(options.token);
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);

@@ -80,7 +80,7 @@ struct SenderOptions {
   std::string config_json;
   // Test hook, called on a receiver's session thread right after bucket `bucket` was handed to
   // that receiver (data delivered, BucketReady sent). Used by the fault tests (`ferry push` sets
-  // it from FERRY_PUSH_TEST_*). Must be thread-safe.
+  // it from its hidden --test-* options). Must be thread-safe.
   std::function<void(const std::string& receiver, std::uint32_t bucket)> after_bucket;
   // Progress (PushProgress), called on push()'s thread (begin, end) and on a receiver's session
   // thread (bucket; receivers' threads may call it at the same time). Empty: none. Must be
@@ -99,6 +99,9 @@ struct SenderOptions {
   // ends the session before it releases its memory (docs/session-protocol.md, "Kept sessions").
   // The configuration's update.keep_sessions = false turns it off as well.
   bool keep_sessions = true;
+  // Test hook: the protocol version the handshake claims; 0: this build's. The tests claim
+  // another to see a receiver refuse it.
+  std::uint32_t claimed_protocol_version = 0;
 };
 
 struct ReceiverResult {
