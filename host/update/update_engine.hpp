@@ -52,6 +52,7 @@
 #pragma once
 
 #include "store/weight_store.hpp"
+#include "update/bucket_source.hpp"
 #include "update/histogram.hpp"
 #include "update/plan_cache.hpp"
 #include "update/plan_provider.hpp"
@@ -152,6 +153,14 @@ class UpdateEngine {
   // device bucket after its scatter finished.
   void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest_bytes,
                     ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
+
+  // The update loop's entry (update/update_loop.hpp): applies a staged bucket as apply_bucket
+  // does, or records one written in place as record_direct_bucket does (bucket.in_place). Uses
+  // bucket.manifest when the source decoded it (manifest::decode validated it), else decodes
+  // bucket.manifest_bytes once and stores the result there. Where the source gave
+  // bucket.entry_fingerprints (computed from these bytes), they are compared with the manifest's
+  // instead of reading the bytes again.
+  void apply(Bucket& bucket);
 
   // Host staging memory for buckets this engine applies: `slot` 0 or 1 (double buffering), at
   // least `bytes` bytes, aligned to FERRY_BUCKET_ALIGNMENT, page-locked when the layout has device
@@ -293,8 +302,12 @@ class UpdateEngine {
   std::vector<InPlaceWrite> in_place_;
   // Verifies in_place_; returns per target the fingerprints of those written whole.
   std::vector<std::optional<std::uint64_t>> verify_in_place_locked();
-  void record_direct_bucket_impl(const std::span<const std::uint8_t>* manifest_bytes,
-                                 const manifest::Manifest* decoded);
+  // apply() for a staged bucket / one written in place (update_apply.cpp, update_direct.cpp).
+  void apply_staged(Bucket& bucket);
+  void record_direct(Bucket& bucket);
+  // The bucket's manifest, decoded when the source did not, as a bucket of the active update
+  // `version` (not a catalog; a non-zero version must be it); sets current_bucket_.
+  const manifest::Manifest& bucket_manifest_locked(Bucket& bucket, std::uint64_t version);
   std::vector<std::optional<DirectDestination>> compute_direct_destinations_locked(
       std::span<const ferry_tensor_desc_t> tensors);
   std::map<std::string, std::uint64_t> expected_;

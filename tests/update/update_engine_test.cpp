@@ -23,6 +23,7 @@ namespace ferry::update {
 namespace {
 
 using namespace ferry::update::testing;
+using testing::Bucket;  // the test's, not update::Bucket (update/bucket_source.hpp)
 using store::CpuWeightStore;
 using store::Policy;
 

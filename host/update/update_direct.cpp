@@ -1,0 +1,265 @@
+// update/update_direct.cpp: direct delivery (DESIGN.md, "Two ways to deliver"): where a peer may
+// write a tensor in place, the declaration that it does, the buckets it wrote recorded, and what
+// it wrote verified at commit in one pass (see update/update_engine.hpp).
+#include "update/update_engine.hpp"
+
+#include "update/cuda_apply.hpp"
+
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
+
+#include <chrono>
+
+namespace ferry::update {
+
+std::optional<UpdateEngine::DirectDestination> UpdateEngine::direct_destination_locked(
+    const ferry_plan_op_t& op, const ferry_tensor_desc_t& desc) const {
+  const auto count = element_count(std::span<const std::uint64_t>(desc.shape, desc.ndim));
+  const auto esize = dtype_size(desc.dtype);
+  if (!count || esize == 0 || op.transform != FERRY_TRANSFORM_COPY || op.src_dtype != desc.dtype ||
+      op.dst_dtype != desc.dtype || op.src_offset != 0 || op.dst_param >= targets_.size()) {
+    return std::nullopt;
+  }
+  const auto& target = targets_[op.dst_param];
+  const auto covered = checked_mul(op.rows, op.cols);
+  const bool contiguous =
+      op.rows <= 1 || (op.src_row_stride == op.cols && op.dst_row_stride == op.cols);
+  const auto end = checked_add(op.dst_offset, *count);
+  if (!target.device || !covered || *covered != *count || !contiguous || !end ||
+      *end > target.view.elements) {
+    return std::nullopt;
+  }
+  DirectDestination d;
+  d.data = target.view.data + op.dst_offset * esize;
+  d.bytes = *count * esize;
+  d.block = target.block;
+  d.block_bytes = target.block_bytes;
+  if (d.block == nullptr || d.data < d.block || d.data + d.bytes > d.block + d.block_bytes) {
+    return std::nullopt;
+  }
+  return d;
+}
+
+std::vector<std::optional<UpdateEngine::DirectDestination>> UpdateEngine::direct_destinations(
+    std::span<const ferry_tensor_desc_t> tensors) {
+  std::lock_guard lock(op_mutex_);
+  bool active = false;
+  {
+    std::lock_guard state(state_mutex_);
+    active = active_;
+  }
+  if (!active) bind_layout_locked();
+  // Every push of a training run sends the same catalog: its answer is kept while the targets'
+  // memory stays where it was.
+  std::string key = manifest::catalog_key(tensors);
+  std::vector<const std::byte*> where;
+  where.reserve(2 * targets_.size());
+  for (const auto& t : targets_) {
+    where.push_back(t.view.data);
+    where.push_back(t.block);
+  }
+  if (key == destinations_key_ && where == destinations_where_) return destinations_;
+  auto out = compute_direct_destinations_locked(tensors);
+  destinations_key_ = std::move(key);
+  destinations_where_ = std::move(where);
+  destinations_ = out;
+  return out;
+}
+
+std::vector<std::optional<UpdateEngine::DirectDestination>>
+UpdateEngine::compute_direct_destinations_locked(std::span<const ferry_tensor_desc_t> tensors) {
+  std::vector<std::optional<DirectDestination>> out(tensors.size());
+  // One plan call for the whole catalog (a call per tensor cost ~1 us each); where some tensor
+  // has no plan, per tensor, so that the error stays that tensor's.
+  try {
+    const auto ops = plans_.plan(tensors);
+    std::vector<std::uint32_t> op_count(tensors.size(), 0);
+    std::vector<std::size_t> op_index(tensors.size(), 0);
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      if (ops[k].src_tensor >= tensors.size()) continue;
+      ++op_count[ops[k].src_tensor];
+      op_index[ops[k].src_tensor] = k;
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (op_count[i] == 1) out[i] = direct_destination_locked(ops[op_index[i]], tensors[i]);
+    }
+    return out;
+  } catch (const Error&) {
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    try {
+      const auto ops = plans_.plan(tensors.subspan(i, 1));
+      if (ops.size() == 1) out[i] = direct_destination_locked(ops[0], tensors[i]);
+    } catch (const Error&) {
+      // No plan here: the tensor goes the staged way, where the same error is reported.
+    }
+  }
+  return out;
+}
+
+void UpdateEngine::begin_direct_writes(bool writer_fingerprints) {
+  std::lock_guard lock(op_mutex_);
+  std::lock_guard state(state_mutex_);
+  if (!active_) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "begin_direct_writes: no update is active");
+  }
+  direct_writes_ = true;
+  writer_fingerprints_ = writer_fingerprints;
+  dirty_ = true;
+}
+
+void UpdateEngine::record_direct_bucket(std::span<const std::uint8_t> manifest_bytes) {
+  Bucket b;
+  b.in_place = true;
+  b.manifest_bytes.assign(manifest_bytes.begin(), manifest_bytes.end());
+  record_direct(b);
+}
+
+void UpdateEngine::record_direct_bucket(const manifest::Manifest& decoded) {
+  Bucket b;
+  b.in_place = true;
+  b.manifest = decoded;
+  record_direct(b);
+}
+
+void UpdateEngine::record_direct(Bucket& bucket) {
+  std::lock_guard lock(op_mutex_);
+  std::uint64_t version = 0;
+  {
+    std::lock_guard state(state_mutex_);
+    if (!active_ || !direct_writes_) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "record_direct_bucket: no update with direct writes is active");
+    }
+    version = active_version_;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  current_bucket_.reset();
+  try {
+    const manifest::Manifest& m = bucket_manifest_locked(bucket, version);
+    const auto cached = cache_.get_entry(m, plans_);
+    const PlanOps ops = cached->ops;
+    // Each entry: exactly one op, a whole contiguous copy into a device parameter.
+    std::vector<const ferry_plan_op_t*> op_of(m.tensors.size(), nullptr);
+    for (const auto& op : *ops) {
+      if (op.src_tensor >= m.tensors.size() || op_of[op.src_tensor] != nullptr) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "direct delivery needs one copy per tensor; the plan has another op for entry {}",
+             op.src_tensor);
+      }
+      op_of[op.src_tensor] = &op;
+    }
+    std::vector<InPlaceWrite> writes;
+    writes.reserve(m.tensors.size());
+    std::uint64_t bytes = 0;
+    const auto descs = manifest::tensor_descs(m);
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+      const auto& e = m.tensors[i];
+      const auto dest = op_of[i] ? direct_destination_locked(*op_of[i], descs[i]) : std::nullopt;
+      if (!dest) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "tensor '{}' was written in place, but its plan is not one whole copy into a device "
+             "parameter",
+             e.name);
+      }
+      if (dest->bytes != e.size) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}': {} bytes announced, its destination has {}",
+             e.name, e.size, dest->bytes);
+      }
+      const auto& op = *op_of[i];
+      writes.push_back({dest->data, dest->bytes, e.fingerprint, op.dst_param,
+                        op.dst_offset == 0 && dest->bytes == targets_[op.dst_param].bytes});
+      bytes += dest->bytes;
+    }
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) record_written(*op_of[i]);
+    for (auto& w : writes) in_place_.push_back(std::move(w));
+    ++buckets_this_update_;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    std::lock_guard state(state_mutex_);
+    metrics_.buckets_applied += 1;
+    metrics_.bytes_applied += bytes;
+    metrics_.seconds_applying += seconds;
+  } catch (const std::exception& e) {
+    const std::string where =
+        current_bucket_ ? fmt::format("at bucket {} (written in place)", *current_bucket_)
+                        : fmt::format("at bucket #{} (manifest unreadable)", buckets_this_update_);
+    fail_locked(where, e.what());
+    throw;
+  }
+}
+
+void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> prints) {
+  std::lock_guard lock(op_mutex_);
+  {
+    std::lock_guard state(state_mutex_);
+    if (!active_ || !direct_writes_) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "attach_direct_fingerprints: no update with direct writes is active");
+    }
+  }
+  try {
+    if (prints.size() != in_place_.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{} writer fingerprints for {} tensors written in place", prints.size(),
+           in_place_.size());
+    }
+    for (std::size_t i = 0; i < prints.size(); ++i) {
+      if (in_place_[i].expected) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "parameter '{}': a second fingerprint from the copy that wrote it",
+             plans_.layout()[in_place_[i].param].name);
+      }
+      in_place_[i].expected = prints[i];
+    }
+  } catch (const std::exception& e) {
+    fail_locked("at commit (writer fingerprints)", e.what());
+    throw;
+  }
+}
+
+std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked() {
+  std::vector<std::optional<std::uint64_t>> known(targets_.size());
+  if (in_place_.empty()) return known;
+  const auto& layout = plans_.layout();
+  // Writer fingerprints, trusted: what the writing copy hashed as it stored each tensor.
+  const bool trusted = writer_fingerprints_ && options_.trust_writer_fingerprints;
+  std::vector<const std::byte*> data;
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::size_t> reread;  // indices into in_place_
+  for (std::size_t i = 0; i < in_place_.size(); ++i) {
+    const auto& w = in_place_[i];
+    if (writer_fingerprints_ && !w.expected) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "parameter '{}' was written in place without a fingerprint from the copy that wrote "
+           "it",
+           layout[w.param].name);
+    }
+    if (trusted && w.expected) {
+      if (w.whole) known[w.param] = *w.expected;
+      continue;
+    }
+    reread.push_back(i);
+    data.push_back(w.data);
+    bytes.push_back(w.bytes);
+  }
+  if (reread.empty()) return known;
+  const auto prints = cuda_locked().fingerprints(data, bytes);
+  for (std::size_t k = 0; k < reread.size(); ++k) {
+    const std::size_t i = reread[k];
+    const auto& w = in_place_[i];
+    const auto& print = prints[k];
+    if (options_.verify_fingerprints && w.expected && print != *w.expected) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "parameter '{}': fingerprint of what was written in place {:016x} differs from the "
+           "sender's {:016x}",
+           layout[w.param].name, print, *w.expected);
+    }
+    if (w.whole) known[w.param] = print;
+  }
+  return known;
+}
+
+
+}  // namespace ferry::update
