@@ -1,6 +1,6 @@
 // group/receiver_groups.cpp: the receiver's NCCL weight-update groups: request fields, joining
-// through the nccl transport, and one update received by broadcast and applied as a transaction
-// (see receiver_groups.hpp).
+// through the nccl transport, and one update received by broadcast: a bucket source of the
+// update loop (see receiver_groups.hpp).
 #include "group/receiver_groups.hpp"
 
 #include <fmt/format.h>
@@ -18,6 +18,7 @@
 #include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
+#include "update/bucket_source.hpp"
 
 #if FERRY_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -268,6 +269,71 @@ struct ReceiverGroup {
   }
 };
 
+// The buckets of one broadcast update as the update loop takes them. Two receives in flight, as
+// rank 0 sends them: bucket k+1 goes into the other device buffer (applied at k-1, free) before
+// bucket k is waited for, and arrives while k is applied; so the loop applies one bucket at a
+// time (not double buffered: the engine returns from a device bucket once its scatter finished,
+// and then the buffer may receive bucket k+2).
+class BroadcastBuckets final : public update::BucketSource {
+ public:
+  BroadcastBuckets(ReceiverGroup& entry, const std::vector<manifest::Manifest>& buckets,
+                   std::chrono::milliseconds timeout, nccl::BroadcastGroup::Pending (&pending)[2],
+                   std::string& phase)
+      : entry_(entry), buckets_(buckets), timeout_(timeout), pending_(pending), phase_(phase) {}
+
+  void begun() override {
+    phase_ = "allocate staging";
+    entry_.ensure_staging(nccl::largest_bucket(buckets_));
+    if (buckets_.empty()) return;
+    phase_ = "receive bucket 0";
+    pending_[0] = entry_.group->issue(entry_.staging->registrations[0], 0,
+                                      buckets_[0].bucket_bytes, 0, timeout_);
+  }
+
+  bool next(std::uint32_t, update::Bucket& out) override {
+    const auto count = static_cast<std::uint32_t>(buckets_.size());
+    const std::uint32_t k = next_;
+    if (k == count) return false;
+    nccl::BroadcastGroup& group = *entry_.group;
+    Staging& st = *entry_.staging;
+    const int slot = static_cast<int>(k % 2);
+    if (k + 1 < count) {
+      phase_ = fmt::format("receive bucket {}", k + 1);
+      pending_[1 - slot] = group.issue(st.registrations[1 - slot], 0, buckets_[k + 1].bucket_bytes,
+                                       k + 1, timeout_);
+    }
+    phase_ = fmt::format("receive bucket {}", k);
+    group.wait(pending_[slot]);
+    phase_ = fmt::format("apply bucket {}", k);
+    const std::uint64_t bytes = buckets_[k].bucket_bytes;
+    out.manifest = buckets_[k];
+    out.index = k;
+    out.slot = static_cast<std::uint32_t>(slot);
+    if (entry_.apply_from_device) {
+      // The parameters live on this device: scattered straight from the received bucket.
+      out.data = {static_cast<const std::byte*>(st.device_buffers[slot]), bytes};
+      out.kind = FERRY_MEMORY_CUDA;
+    } else {
+      check_cuda(cudaMemcpyAsync(st.host, st.device_buffers[slot], bytes, cudaMemcpyDeviceToHost,
+                                 st.copy_stream),
+                 "copy a bucket off the device");
+      check_cuda(cudaStreamSynchronize(st.copy_stream), "copy a bucket off the device");
+      out.data = {static_cast<const std::byte*>(st.host), bytes};
+      out.kind = FERRY_MEMORY_HOST;
+    }
+    ++next_;
+    return true;
+  }
+
+ private:
+  ReceiverGroup& entry_;
+  const std::vector<manifest::Manifest>& buckets_;
+  std::chrono::milliseconds timeout_;
+  nccl::BroadcastGroup::Pending (&pending_)[2];
+  std::string& phase_;
+  std::uint32_t next_ = 0;
+};
+
 struct WeightUpdateGroups::Impl {
   Receiver& receiver;
   std::timed_mutex mutex;  // serializes init / update / destroy
@@ -310,9 +376,7 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
   nccl::BroadcastGroup& group = *entry.group;
   // Version 0 in the manifests: the engine checks only non-zero versions against the active one.
   const auto buckets = nccl::plan_buckets(request.tensors, request.bucket_bytes, 0);
-  std::vector<std::vector<std::uint8_t>> manifests;
-  manifests.reserve(buckets.size());
-  for (const auto& b : buckets) manifests.push_back(manifest::encode(b));
+  for (const auto& b : buckets) manifest::validate(b);
 
   std::vector<ferry_tensor_desc_t> catalog;
   catalog.reserve(request.tensors.size());
@@ -325,43 +389,9 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
   std::string phase = "open the update";
   try {
     update = s.receiver.open_session(catalog, "");
-    update->begin(s.receiver.version().number + 1, request.weight_version);
-    phase = "allocate staging";
-    entry.ensure_staging(nccl::largest_bucket(buckets));
-    Staging& st = *entry.staging;
-    const auto count = static_cast<std::uint32_t>(buckets.size());
-    phase = "receive bucket 0";
-    pending[0] = group.issue(st.registrations[0], 0, buckets[0].bucket_bytes, 0,
-                             request.bucket_timeout);
-    for (std::uint32_t k = 0; k < count; ++k) {
-      const int slot = static_cast<int>(k % 2);
-      if (k + 1 < count) {
-        // Two receives in flight, as rank 0 sends them: bucket k+1 goes into the other buffer
-        // (applied at k-1, free) before bucket k is waited for, and arrives while k is applied.
-        phase = fmt::format("receive bucket {}", k + 1);
-        pending[1 - slot] = group.issue(st.registrations[1 - slot], 0,
-                                        buckets[k + 1].bucket_bytes, k + 1,
-                                        request.bucket_timeout);
-      }
-      phase = fmt::format("receive bucket {}", k);
-      group.wait(pending[slot]);
-      phase = fmt::format("apply bucket {}", k);
-      const std::uint64_t bytes = buckets[k].bucket_bytes;
-      if (entry.apply_from_device) {
-        // The parameters live on this device: scatter straight from the received bucket (the
-        // engine returns once its scatter finished, so the buffer may receive bucket k+2).
-        update->apply_bucket({static_cast<const std::byte*>(st.device_buffers[slot]), bytes},
-                             manifests[k], FERRY_MEMORY_CUDA);
-      } else {
-        check_cuda(cudaMemcpyAsync(st.host, st.device_buffers[slot], bytes,
-                                   cudaMemcpyDeviceToHost, st.copy_stream),
-                   "copy a bucket off the device");
-        check_cuda(cudaStreamSynchronize(st.copy_stream), "copy a bucket off the device");
-        update->apply_bucket({static_cast<const std::byte*>(st.host), bytes}, manifests[k]);
-      }
-    }
-    phase = "commit";
-    UpdateReport report = update->commit();
+    BroadcastBuckets source(entry, buckets, request.bucket_timeout, pending, phase);
+    UpdateReport report =
+        update->run(source, s.receiver.version().number + 1, request.weight_version, &phase);
     report.tensors = request.tensors.size();
     logger("receiver")->info("update {} ('{}') by broadcast in group '{}': {} buckets in {:.3f} s",
                              report.version.number, report.version.label, request.group_name,
@@ -377,7 +407,6 @@ UpdateReport WeightUpdateGroups::update(const DistributedUpdate& request) {
                     e.what());
     for (auto& p : pending) group.discard(p);
     s.groups.mark_failed(request.group_name, reason);
-    if (update) update->abort(reason);
     logger("receiver")->warn("{}", reason);
     throw Error(code, reason);
   }

@@ -10,6 +10,7 @@
 #include <ferry/plugin.h>
 
 #include "order/stream_order.hpp"
+#include "update/bucket_source.hpp"
 #include "update/update_engine.hpp"
 
 #include <cstdint>
@@ -96,8 +97,7 @@ class Receiver {
   // Returns the published version (number 0 when none).
   VersionInfo start(const std::filesystem::path& model_path);
 
-  // Applies one update from buckets already in memory (bucket bytes + manifest bytes each), the
-  // path every network transport ends in. `expected` maps parameter names to fingerprints the
+  // Applies one update from buckets already in memory (bucket bytes + manifest bytes each). `expected` maps parameter names to fingerprints the
   // sender computed; a mismatch aborts the update.
   struct Bucket {
     std::vector<std::byte> data;
@@ -132,12 +132,12 @@ class Receiver {
   // for host weights. Before any layout: receiver.device's. Where device transports put staging.
   int weights_cuda_device() const;
 
-  // ---- session updates (session/, docs/session-protocol.md) ------------------------------
-  // One update streamed bucket by bucket by a sender's session. It holds the receiver's update
-  // lock from open_session() until it is destroyed; destroying it before commit() aborts the
-  // update (the published version stays; the update engine restores or fences, see health()).
-  // Threading: used by one session; apply_bucket may run on another thread than begin/commit,
-  // but calls never overlap.
+  // ---- updates streamed by a source (sessions, NCCL groups, checkpoint-engine) -------------
+  // The receiver's update lock, held from open_session() until this is destroyed, and the
+  // layout a source's handshake needs. The update itself is run() of a bucket source through
+  // the update loop (update/update_loop.hpp), which begins, applies, commits, or aborts (the
+  // published version stays; the update engine restores or fences, see health()).
+  // Threading: used by one thread at a time.
   class StreamingUpdate {
    public:
     ~StreamingUpdate();
@@ -148,25 +148,14 @@ class Receiver {
     // parameter count: what the handshake reports.
     std::uint64_t layout_signature() const;
     std::size_t num_params() const;
-    // Starts update `version` (the published number on commit); label default: the number.
-    void begin(std::uint64_t version, const std::optional<std::string>& label);
-    // Applies one bucket (validated manifest; entry fingerprints verified before writing).
-    // `bucket_kind`: where the bucket's bytes are (FERRY_MEMORY_CUDA: device memory of the
-    // parameters' device, e.g. an NCCL or CUDA IPC bucket); see UpdateEngine::apply_bucket for
-    // when the memory may be reused.
-    void apply_bucket(std::span<const std::byte> bucket, std::span<const std::uint8_t> manifest,
-                      ferry_memory_kind_t bucket_kind = FERRY_MEMORY_HOST);
-    // Direct delivery (update::UpdateEngine): where each of `tensors` may be written in place,
-    // declaring in-place writes (before the peer writes), and recording one bucket written in
-    // place (verified at commit; `writer_fingerprints`: see UpdateEngine::begin_direct_writes).
+    // Direct delivery (update::UpdateEngine::direct_destinations): where each of `tensors` may
+    // be written in place by the peer.
     std::vector<std::optional<update::UpdateEngine::DirectDestination>> direct_destinations(
         std::span<const ferry_tensor_desc_t> tensors);
-    void begin_direct_writes(bool writer_fingerprints = false);
-    void record_direct_bucket(std::span<const std::uint8_t> manifest);
-    void record_direct_bucket(const manifest::Manifest& decoded);  // decoded (and validated)
-    void attach_direct_fingerprints(std::span<const std::uint64_t> prints);  // before commit()
-    UpdateReport commit();
-    void abort(const std::string& reason);
+    // Runs update `version` (the published number on commit; label default: the number) from
+    // `source` through the update loop; `phase`: update::UpdateRun::phase. Once per object.
+    UpdateReport run(update::BucketSource& source, std::uint64_t version,
+                     const std::optional<std::string>& label, std::string* phase = nullptr);
     // Counts the releases and resumes of the receiver's memory (read under the update lock): a
     // session that shared memory with its sender may write it only while this is unchanged.
     std::uint64_t memory_epoch() const;
@@ -174,8 +163,6 @@ class Receiver {
    private:
     friend class Receiver;
     struct Impl;
-    // Runs one recording of a bucket written in place; a failure ends the update.
-    void record_in_place(const std::function<void(update::UpdateEngine&)>& record);
     explicit StreamingUpdate(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
   };
@@ -228,12 +215,15 @@ class Receiver {
   std::vector<ferry_tensor_desc_t> checkpoint_catalog() const;
 
   // The config and plugin registry this receiver was made with (for components beside it, such
-  // as the NCCL weight-update groups in receiver_nccl.hpp). Valid as long as the receiver.
+  // as the NCCL weight-update groups in group/receiver_groups.hpp). Valid as long as the
+  // receiver.
   const config::Config& receiver_config() const;
   const registry::Registry& plugin_registry() const;
 
- private:
+ // Internal (receiver/receiver_state.hpp).
   struct State;
+
+ private:
   std::unique_ptr<State> state_;
 };
 

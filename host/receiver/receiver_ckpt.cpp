@@ -1,5 +1,5 @@
 // receiver/receiver_ckpt.cpp: one checkpoint-engine update (SGLang's /update_weights_from_ipc)
-// received through the ckpt_engine transport plugin and applied as a transaction
+// received through the ckpt_engine transport plugin, a bucket source of the update loop
 // (receiver_ckpt.hpp).
 #include "receiver/receiver_ckpt.hpp"
 
@@ -20,6 +20,7 @@
 #include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
+#include "update/bucket_source.hpp"
 
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -113,6 +114,41 @@ class PluginSource final : public CkptBucketSource {
   ferry_source_t* source_ = nullptr;
 };
 
+// The buckets of one checkpoint-engine update as the update loop takes them: one at a time,
+// into one staging buffer of the sender's largest bucket, allocated once the update began.
+class UpdateBuckets final : public update::BucketSource {
+ public:
+  UpdateBuckets(CkptBucketSource& source, std::uint64_t max_bucket, const CkptStaging& staging,
+                std::string& phase)
+      : source_(source), max_bucket_(max_bucket), staging_(staging), phase_(phase) {}
+
+  void begun() override {
+    phase_ = "allocate staging";
+    if (staging_.allocate) {
+      dst_ = staging_.allocate(max_bucket_);
+    } else {
+      host_.resize(max_bucket_);
+      dst_ = host_.data();
+    }
+  }
+
+  bool next(std::uint32_t, update::Bucket& out) override {
+    std::uint64_t bytes = 0;
+    if (!source_.read(dst_, max_bucket_, out.manifest_bytes, bytes)) return false;
+    out.data = {static_cast<const std::byte*>(dst_), static_cast<std::size_t>(bytes)};
+    out.kind = staging_.kind;
+    return true;
+  }
+
+ private:
+  CkptBucketSource& source_;
+  std::uint64_t max_bucket_ = 0;
+  const CkptStaging& staging_;
+  std::string& phase_;
+  std::vector<std::byte> host_;
+  void* dst_ = nullptr;
+};
+
 }  // namespace
 
 IpcUpdateRequest parse_ipc_update(const json& body) {
@@ -165,9 +201,7 @@ UpdateReport apply_ckpt_engine_update(Receiver& receiver, CkptBucketSource& sour
                                       const std::optional<std::string>& label,
                                       const CkptStaging& staging) {
   std::unique_ptr<Receiver::StreamingUpdate> update;
-  std::vector<std::byte> host_staging;
   std::string phase = "receive the IPC handle";
-  std::uint64_t tensors = 0;
   try {
     // The handle first: once it is answered (success or error) the sender never hangs.
     const std::uint64_t max_bucket = source.open();
@@ -180,39 +214,19 @@ UpdateReport apply_ckpt_engine_update(Receiver& receiver, CkptBucketSource& sour
            "engine's parameters");
     }
     update = receiver.open_session(catalog, "");
-    update->begin(receiver.version().number + 1, label);
-    phase = "allocate staging";
-    void* dst = nullptr;
-    if (staging.allocate) {
-      dst = staging.allocate(max_bucket);
-    } else {
-      host_staging.resize(max_bucket);
-      dst = host_staging.data();
-    }
-    std::vector<std::uint8_t> manifest;
-    for (std::uint32_t k = 0;; ++k) {
-      phase = fmt::format("receive bucket {}", k);
-      std::uint64_t bytes = 0;
-      if (!source.read(dst, max_bucket, manifest, bytes)) break;
-      phase = fmt::format("apply bucket {}", k);
-      update->apply_bucket({static_cast<const std::byte*>(dst), bytes}, manifest, staging.kind);
-      tensors += manifest::decode(manifest).tensors.size();
-    }
-    phase = "commit";
-    UpdateReport report = update->commit();
-    report.tensors = tensors;
+    UpdateBuckets buckets(source, max_bucket, staging, phase);
+    UpdateReport report = update->run(buckets, receiver.version().number + 1, label, &phase);
     source.close();  // the final answer: success
     logger("receiver")->info("update {} ('{}') from checkpoint-engine: {} tensors in {} buckets, "
                              "{:.3f} s",
-                             report.version.number, report.version.label, tensors, report.buckets,
-                             report.seconds);
+                             report.version.number, report.version.label, report.tensors,
+                             report.buckets, report.seconds);
     return report;
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);
     const ferry_status_code_t code = error != nullptr ? error->code() : FERRY_STATUS_INTERNAL;
     const std::string reason =
         fmt::format("checkpoint-engine update failed during phase '{}': {}", phase, e.what());
-    if (update) update->abort(reason);
     update.reset();
     source.fail(reason);
     source.close();

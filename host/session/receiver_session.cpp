@@ -1,4 +1,5 @@
-// The receiver's side of one session (see session/receiver_session.hpp).
+// session/receiver_session.cpp: the receiver's side of one session: handshake, the Begin, and the
+// session as a bucket source of the update loop (see session/receiver_session.hpp).
 #include "session/receiver_session.hpp"
 
 #include <ferry/kernels/cpu.hpp>
@@ -25,6 +26,7 @@
 #include "session/data_path.hpp"
 #include "session/device_fingerprints.hpp"
 #include "store/store_device.hpp"
+#include "update/bucket_source.hpp"
 
 namespace ferry::session {
 namespace {
@@ -70,14 +72,8 @@ std::vector<std::uint64_t> device_fingerprints(int device, std::span<const std::
                                    fmt::format("bucket {}", m.bucket_index));
 }
 
-// The bucket being applied on a worker thread while the next one arrives.
-struct Inflight {
-  std::uint32_t slot = 0;
-  std::uint32_t index = 0;
-  std::future<void> done;
-};
-
-class Session {
+// One session connection; during an update it is the update loop's bucket source.
+class Session final : public update::BucketSource {
  public:
   Session(Channel& ch, receiver::Receiver& r, const registry::Registry& reg,
           const config::Config& cfg, const ReceiverSessionSettings& st, SessionLink& link)
@@ -88,7 +84,7 @@ class Session {
     auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
     while (msg) {
       begin(msg->root());
-      buckets_and_commit();
+      update_and_commit();
       if (!keep_) return;
       msg = next_update();
     }
@@ -97,31 +93,58 @@ class Session {
   // Ends a failed session: waits for the bucket being applied, aborts the update, tells the
   // sender why when the connection still works. Never throws.
   void fail_session(ferry_status_code_t code, const std::string& message) noexcept {
-    std::string why = message;
-    ferry_status_code_t why_code = code;
     try {
-      if (inflight_) {
-        try {
-          inflight_->done.get();
-        } catch (const Error& e) {
-          // The apply failure is the cause; the socket error after it is a consequence.
-          if (code == FERRY_STATUS_ABORTED || code == FERRY_STATUS_PEER_FAILED) {
-            why = e.what();
-            why_code = e.code();
-          }
-        } catch (const std::exception&) {
-        }
-        inflight_.reset();
-      }
-      if (data_) data_->abort(why);
-      if (update_) update_->abort(why);
+      // The update loop waited for the bucket being applied, aborted the update and chose the
+      // error that caused the failure.
+      if (data_) data_->abort(message);
       update_.reset();
-      logger("session")->warn("session with {} failed: {}", ch_.peer(), why);
+      logger("session")->warn("session with {} failed: {}", ch_.peer(), message);
       // Tried even after a connection error (a failed transport connect is PEER_FAILED too); a
       // dead socket fails at once, a stalled peer costs the 1 s send deadline at most.
-      if (!apply_refused_ && !ch_.is_shut_down()) send_refusal(why_code, why);
+      if (!apply_refused_ && !ch_.is_shut_down()) send_refusal(code, message);
     } catch (...) {
     }
+  }
+
+  // ---- the session as the update loop's bucket source (update/bucket_source.hpp) ----------
+  update::Delivery delivery() const override {
+    if (!direct_) return update::Delivery::staged;
+    return writer_prints_ ? update::Delivery::in_place_writer_prints : update::Delivery::in_place;
+  }
+
+  // Staged buckets of two or more slots: bucket k+1 arrives while bucket k is applied.
+  bool double_buffered() const override { return !direct_ && data_->slot_count() > 1; }
+
+  // The update began (and in-place writes are declared): the receives are posted and the
+  // sender is told Ready. From then on a direct-writing sender writes live parameters.
+  void begun() override {
+    logger("session")->debug("{}: begin of version {}: {:.3f} ms", ch_.peer(), version_,
+                             std::chrono::duration<double, std::milli>(Clock::now() - begin_start_)
+                                 .count());
+    for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
+      data_->post(s, s, deadline_in(settings_.bucket_timeout));
+    }
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Message>().initReady().setVersion(version_);
+    ch_.send(m, deadline_in(settings_.bucket_timeout), "begin");
+  }
+
+  bool next(std::uint32_t, update::Bucket& out) override;
+  void verify(update::Bucket& bucket) override;
+  void applied(const update::Bucket& bucket) override;
+
+  // Tell the sender now (it may be waiting for an ack, not sending), then break the wait of the
+  // loop's next(); fail_session() reports the error.
+  void apply_failed(const Error& error) noexcept override {
+    apply_refused_ = true;
+    send_refusal(error.code(), error.what());
+    ch_.shutdown();
+  }
+
+  update::UpdateEnd end() override {
+    update::UpdateEnd out;
+    if (prints_at_commit_) out.writer_fingerprints = std::move(commit_prints_);
+    return out;
   }
 
  private:
@@ -387,102 +410,40 @@ class Session {
            "copies",
            ch_.peer(), phase);
     }
-    const auto begin_start = Clock::now();
-    update_->begin(version_, label.empty() ? std::nullopt : std::optional<std::string>(label));
-    // Before the Ready: from then on the sender writes live parameters.
-    if (direct_) update_->begin_direct_writes(b.getWriterFingerprints());
-    logger("session")->debug("{}: begin of version {}: {:.3f} ms", ch_.peer(), version_,
-                             std::chrono::duration<double, std::milli>(Clock::now() - begin_start)
-                                 .count());
-    for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
-      data_->post(s, s, deadline_in(settings_.bucket_timeout));
-    }
+    writer_prints_ = b.getWriterFingerprints();
+    label_ = label.empty() ? std::nullopt : std::optional<std::string>(label);
+    next_ = 0;
+  }
+
+  // Runs the update that began through the update loop, with this session as its source, then
+  // tells the sender Committed.
+  void update_and_commit() {
+    begin_start_ = Clock::now();
+    const auto report = update_->run(*this, version_, label_);
+    logger("session")->debug(
+        "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
+        "and of what was written in place, publish)",
+        ch_.peer(), version_,
+        std::chrono::duration<double, std::milli>(Clock::now() - commit_start_).count());
+    logger("receiver")->info("update {} ('{}') from a session: {} buckets, {:.1f} MiB in {:.3f} s",
+                             report.version.number, report.version.label, report.buckets,
+                             report.bytes / 1048576.0, report.seconds);
     capnp::MallocMessageBuilder m;
-    m.initRoot<wire::Message>().initReady().setVersion(version_);
-    ch_.send(m, deadline_in(settings_.bucket_timeout), phase);
-  }
-
-  // Waits for the bucket being applied (rethrows its failure).
-  void finish_inflight() {
-    if (!inflight_) return;
-    auto f = std::move(inflight_->done);
-    inflight_.reset();
-    f.get();
-  }
-
-  // Runs on a worker thread: validates the manifest against what arrived, applies, acks.
-  void apply(std::uint32_t slot, std::uint32_t index, std::uint64_t bytes,
-             std::vector<std::uint8_t> manifest_bytes) {
-    try {
-      const std::string phase = fmt::format("bucket {}", index);
-      const auto decoded = manifest::decode(manifest_bytes);
-      if (decoded.bucket_bytes != bytes) {
-        fail(FERRY_STATUS_CORRUPT_DATA,
-             "{}: {}: the manifest says {} bytes but {} bytes arrived", ch_.peer(), phase,
-             decoded.bucket_bytes, bytes);
-      }
-      if (decoded.bucket_index != index || decoded.bucket_count != bucket_count_) {
-        fail(FERRY_STATUS_CORRUPT_DATA,
-             "{}: {}: the manifest names bucket {} of {}, expected bucket {} of {}", ch_.peer(),
-             phase, decoded.bucket_index, decoded.bucket_count, index, bucket_count_);
-      }
-      std::vector<std::uint64_t> prints;
-      if (direct_) {
-        // The sender's puts into the parameters completed before its BucketReady. What they
-        // wrote is verified at commit, in one pass (or, with writer fingerprints trusted, taken
-        // from the manifests); the Ack carries no fingerprints.
-        update_->record_direct_bucket(decoded);
-        send_ack(index, slot, prints, phase);
-        return;
-      }
-      const auto data = data_->slot(slot).first(bytes);
-      const ferry_memory_kind_t kind = data_->slot_kind();
-      bool echo = false;
-      const auto prints_start = Clock::now();
-      if (kind == FERRY_MEMORY_CUDA) {
-        // A device bucket (cuda_ipc): the sender's flush finished before its BucketReady, so
-        // the bytes are complete; apply_bucket returns once the scatter out of the slot is
-        // done, so the Ack below frees the slot for the sender's next bucket. When the update
-        // engine verifies every entry's fingerprint against the manifest before writing, the
-        // bytes as received have exactly the manifest's fingerprints: the Ack repeats them
-        // instead of reading the bucket once more.
-        echo = config_.update.verify_fingerprints;
-        for (const auto& e : decoded.tensors) echo = echo && e.fingerprint.has_value();
-        if (echo) {
-          for (const auto& e : decoded.tensors) prints.push_back(*e.fingerprint);
-        } else {
-          prints = device_fingerprints(device_, data, decoded);
-        }
-      } else {
-        prints.reserve(decoded.tensors.size());
-        for (const auto& e : decoded.tensors) {
-          prints.push_back(kernels::fingerprint_cpu(data.data() + e.offset, e.size,
-                                                    config_.update.apply_threads));
-        }
-      }
-      const auto apply_start = Clock::now();
-      update_->apply_bucket(data, manifest_bytes, kind);
-      logger("session")->debug(
-          "{}: {}: {} tensors, {} bytes: ack fingerprints {:.3f} ms{}, apply_bucket {:.3f} ms",
-          ch_.peer(), phase, decoded.tensors.size(), bytes,
-          std::chrono::duration<double, std::milli>(apply_start - prints_start).count(),
-          echo ? " (echoed from the manifest)" : "",
-          std::chrono::duration<double, std::milli>(Clock::now() - apply_start).count());
-      send_ack(index, slot, prints, phase);
-    } catch (const Error& e) {
-      // Tell the sender now (it may be waiting for this ack, not sending), then break the
-      // session thread's wait; fail_session() reports this error.
-      apply_refused_ = true;
-      send_refusal(e.code(), e.what());
-      ch_.shutdown();
-      throw;
-    } catch (const kj::Exception& e) {
-      apply_refused_ = true;
-      const std::string why = fmt::format("{}: bucket {}: bad manifest ({})", ch_.peer(), index,
-                                          e.getDescription().cStr());
-      send_refusal(FERRY_STATUS_CORRUPT_DATA, why);
-      ch_.shutdown();
-      throw Error(FERRY_STATUS_CORRUPT_DATA, why);
+    auto c = m.initRoot<wire::Message>().initCommitted();
+    c.setVersion(report.version.number);
+    c.setLabel(report.version.label);
+    c.setSeconds(report.seconds);
+    ch_.send(m, deadline_in(settings_.commit_timeout), "commit (committed)");
+    // Idle from here (a kept session), then the update lock goes: a release of the
+    // receiver's memory, which takes that lock, finds this session idle and closes it.
+    // Not before the Committed is out: a Closing must never overtake it.
+    if (keep_) link_.set_idle();
+    update_.reset();
+    // Direct delivery is the session's for good (the handshake decided): a kept session
+    // needs no staging slots, and their memory is the engine's again.
+    if (keep_ && direct_) {
+      data_->release_slots();
+      slots_released_ = true;
     }
   }
 
@@ -495,124 +456,6 @@ class Session {
     auto list = ack.initFingerprints(static_cast<unsigned>(prints.size()));
     for (unsigned i = 0; i < prints.size(); ++i) list.set(i, prints[i]);
     ch_.send(m, deadline_in(settings_.bucket_timeout), phase + " (ack)");
-  }
-
-  void buckets_and_commit() {
-    std::uint32_t next = 0;
-    while (true) {
-      const std::string phase =
-          next < bucket_count_ ? fmt::format("bucket {}", next) : std::string("commit");
-      auto msg = ch_.recv(deadline_in(next < bucket_count_ ? settings_.bucket_timeout
-                                                           : settings_.commit_timeout),
-                          phase);
-      auto root = msg->root();
-      switch (root.which()) {
-        case Which::BUCKET: {
-          auto b = root.getBucket();
-          const std::uint32_t index = b.getIndex();
-          const std::uint32_t slot = b.getSlot();
-          const std::uint64_t bytes = b.getBytes();
-          if (index != next || index >= bucket_count_) {
-            fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got bucket {} (of {})", ch_.peer(), phase,
-                 index, bucket_count_);
-          }
-          if (slot >= data_->slot_count() || bytes > capacity_) {
-            fail(FERRY_STATUS_CORRUPT_DATA,
-                 "{}: {}: slot {} / {} bytes is outside the {} slots of {} bytes", ch_.peer(),
-                 phase, slot, bytes, data_->slot_count(), capacity_);
-          }
-          if (inflight_ && inflight_->slot == slot) {
-            fail(FERRY_STATUS_CORRUPT_DATA,
-                 "{}: {}: slot {} reused before bucket {} was acknowledged", ch_.peer(), phase,
-                 slot, inflight_->index);
-          }
-          std::vector<std::uint8_t> manifest(b.getManifest().begin(), b.getManifest().end());
-          data_->receive(ch_, slot, index, bytes, b.getDataFollows(),
-                         deadline_in(settings_.bucket_timeout), phase);
-          finish_inflight();
-          if (direct_) {
-            // A bucket written in place needs only its bookkeeping (no data to apply): recorded
-            // and acked here, without a worker thread per bucket.
-            apply(slot, index, bytes, std::move(manifest));
-            ++next;
-            break;
-          }
-          // The slot of the bucket just finished is free: post the receive that will use it.
-          if (index >= 1) {
-            const std::uint32_t freed_slot = (slot + data_->slot_count() - 1) % data_->slot_count();
-            const std::uint32_t later = index - 1 + static_cast<std::uint32_t>(data_->slot_count());
-            if (later < bucket_count_ && data_->slot_count() > 1) {
-              data_->post(freed_slot, later, deadline_in(settings_.bucket_timeout));
-            }
-          }
-          Inflight f;
-          f.slot = slot;
-          f.index = index;
-          f.done = std::async(std::launch::async, [this, slot, index, bytes,
-                                                   m = std::move(manifest)]() mutable {
-            apply(slot, index, bytes, std::move(m));
-          });
-          inflight_ = std::move(f);
-          if (data_->slot_count() == 1 && index + 1 < bucket_count_) {
-            finish_inflight();
-            data_->post(0, index + 1, deadline_in(settings_.bucket_timeout));
-          }
-          ++next;
-          break;
-        }
-        case Which::COMMIT: {
-          finish_inflight();
-          if (next != bucket_count_) {
-            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit after {} of {} buckets", ch_.peer(), next,
-                 bucket_count_);
-          }
-          if (root.getCommit().getVersion() != version_) {
-            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began",
-                 ch_.peer(), root.getCommit().getVersion(), version_);
-          }
-          const auto commit_start = Clock::now();
-          const auto prints = root.getCommit().getFingerprints();
-          if (prints_at_commit_) {
-            std::vector<std::uint64_t> values;
-            values.reserve(prints.size());
-            for (auto v : prints) values.push_back(v);
-            update_->attach_direct_fingerprints(values);
-          } else if (prints.size() != 0) {
-            fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit: fingerprints that the Begin did not announce",
-                 ch_.peer());
-          }
-          const auto report = update_->commit();
-          logger("session")->debug(
-              "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
-              "and of what was written in place, publish)",
-              ch_.peer(), version_,
-              std::chrono::duration<double, std::milli>(Clock::now() - commit_start).count());
-          capnp::MallocMessageBuilder m;
-          auto c = m.initRoot<wire::Message>().initCommitted();
-          c.setVersion(report.version.number);
-          c.setLabel(report.version.label);
-          c.setSeconds(report.seconds);
-          ch_.send(m, deadline_in(settings_.commit_timeout), "commit (committed)");
-          // Idle from here (a kept session), then the update lock goes: a release of the
-          // receiver's memory, which takes that lock, finds this session idle and closes it.
-          // Not before the Committed is out: a Closing must never overtake it.
-          if (keep_) link_.set_idle();
-          update_.reset();
-          // Direct delivery is the session's for good (the handshake decided): a kept session
-          // needs no staging slots, and their memory is the engine's again.
-          if (keep_ && direct_) {
-            data_->release_slots();
-            slots_released_ = true;
-          }
-          return;
-        }
-        case Which::ABORT:
-          fail(FERRY_STATUS_ABORTED, "{}: the sender aborted: {}", ch_.peer(),
-               text(root.getAbort().getReason()));
-        default:
-          unexpected(ch_, phase, root.which());
-      }
-    }
   }
 
   Channel& ch_;
@@ -635,7 +478,18 @@ class Session {
   std::uint64_t capacity_ = 0;
   std::uint64_t version_ = 0;
   std::uint32_t bucket_count_ = 0;
-  std::optional<Inflight> inflight_;
+  std::optional<std::string> label_;  // the Begin's (none: the version number)
+  bool writer_prints_ = false;        // Begin.writerFingerprints
+  std::uint32_t next_ = 0;            // the bucket next() expects
+  std::uint32_t last_slot_ = 0;       // the slot of the bucket next() handed out last
+  std::vector<std::uint64_t> commit_prints_;  // the Commit's writer fingerprints
+  Clock::time_point begin_start_{};
+  Clock::time_point commit_start_{};
+  // verify() -> applied() of the bucket being applied (one at a time): the ack fingerprints'
+  // cost, whether they were the manifest's, when the engine's apply started.
+  double prints_ms_ = 0;
+  bool echoed_ = false;
+  Clock::time_point apply_start_{};
   // Direct delivery offered in the Welcome: shared regions' keys, and per Hello tensor its
   // (region, offset); empty when not offered. direct_: the Begin chose it.
   std::vector<std::vector<std::uint8_t>> region_keys_;
@@ -646,6 +500,150 @@ class Session {
   std::atomic<bool> apply_refused_{false};
 };
 
+
+bool Session::next(std::uint32_t, update::Bucket& out) {
+  const std::uint32_t k = next_;
+  const std::uint32_t slots = data_->slot_count();
+  if (!direct_ && k >= 1) {
+    // The slot of a bucket applied already is free: post the receive that will use it.
+    if (slots == 1) {
+      if (k < bucket_count_) data_->post(0, k, deadline_in(settings_.bucket_timeout));
+    } else if (k >= 2) {
+      // Bucket k-2 (applied: the loop waited for it before it started bucket k-1).
+      const std::uint32_t freed_slot = (last_slot_ + slots - 1) % slots;
+      const std::uint32_t later = k - 2 + slots;
+      if (later < bucket_count_) data_->post(freed_slot, later, deadline_in(settings_.bucket_timeout));
+    }
+  }
+  const std::string phase = k < bucket_count_ ? fmt::format("bucket {}", k) : std::string("commit");
+  auto msg = ch_.recv(
+      deadline_in(k < bucket_count_ ? settings_.bucket_timeout : settings_.commit_timeout), phase);
+  auto root = msg->root();
+  switch (root.which()) {
+    case Which::BUCKET: {
+      auto b = root.getBucket();
+      const std::uint32_t index = b.getIndex();
+      const std::uint32_t slot = b.getSlot();
+      const std::uint64_t bytes = b.getBytes();
+      if (index != k || index >= bucket_count_) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got bucket {} (of {})", ch_.peer(), phase, index,
+             bucket_count_);
+      }
+      if (slot >= slots || bytes > capacity_) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "{}: {}: slot {} / {} bytes is outside the {} slots of {} bytes", ch_.peer(), phase,
+             slot, bytes, slots, capacity_);
+      }
+      if (double_buffered() && k >= 1 && slot == last_slot_) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: slot {} reused before bucket {} was acknowledged",
+             ch_.peer(), phase, slot, k - 1);
+      }
+      out.manifest_bytes.assign(b.getManifest().begin(), b.getManifest().end());
+      data_->receive(ch_, slot, index, bytes, b.getDataFollows(),
+                     deadline_in(settings_.bucket_timeout), phase);
+      out.index = index;
+      out.slot = slot;
+      out.in_place = direct_;
+      if (!direct_) {
+        out.data = data_->slot(slot).first(bytes);
+        out.kind = data_->slot_kind();
+      }
+      last_slot_ = slot;
+      ++next_;
+      return true;
+    }
+    case Which::COMMIT: {
+      commit_start_ = Clock::now();
+      if (k != bucket_count_) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit after {} of {} buckets", ch_.peer(), k,
+             bucket_count_);
+      }
+      if (root.getCommit().getVersion() != version_) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began",
+             ch_.peer(), root.getCommit().getVersion(), version_);
+      }
+      const auto prints = root.getCommit().getFingerprints();
+      commit_prints_.clear();
+      if (prints_at_commit_) {
+        commit_prints_.reserve(prints.size());
+        for (auto v : prints) commit_prints_.push_back(v);
+      } else if (prints.size() != 0) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit: fingerprints that the Begin did not announce",
+             ch_.peer());
+      }
+      return false;
+    }
+    case Which::ABORT:
+      fail(FERRY_STATUS_ABORTED, "{}: the sender aborted: {}", ch_.peer(),
+           text(root.getAbort().getReason()));
+    default:
+      unexpected(ch_, phase, root.which());
+  }
+}
+
+// On the applying thread: the manifest against what arrived, and the fingerprints the Ack
+// carries, which the update engine then compares with the manifest's instead of hashing again.
+void Session::verify(update::Bucket& bucket) {
+  const std::string phase = fmt::format("bucket {}", bucket.index);
+  bucket.manifest = manifest::decode(bucket.manifest_bytes);
+  const auto& decoded = *bucket.manifest;
+  const std::uint64_t bytes = direct_ ? decoded.bucket_bytes : bucket.data.size();
+  if (!direct_ && decoded.bucket_bytes != bytes) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the manifest says {} bytes but {} bytes arrived",
+         ch_.peer(), phase, decoded.bucket_bytes, bytes);
+  }
+  if (decoded.bucket_index != bucket.index || decoded.bucket_count != bucket_count_) {
+    fail(FERRY_STATUS_CORRUPT_DATA,
+         "{}: {}: the manifest names bucket {} of {}, expected bucket {} of {}", ch_.peer(), phase,
+         decoded.bucket_index, decoded.bucket_count, bucket.index, bucket_count_);
+  }
+  // Direct delivery: the sender's puts into the parameters completed before its BucketReady.
+  // What they wrote is verified at commit, in one pass (or, with writer fingerprints trusted,
+  // taken from the manifests); the Ack carries no fingerprints.
+  if (direct_) return;
+  const auto prints_start = Clock::now();
+  echoed_ = false;
+  if (bucket.kind == FERRY_MEMORY_CUDA) {
+    // A device bucket (cuda_ipc): the sender's flush finished before its BucketReady, so the
+    // bytes are complete; the engine returns once the scatter out of the slot is done, so the
+    // Ack frees the slot for the sender's next bucket. When the update engine verifies every
+    // entry's fingerprint against the manifest before writing, the bytes as received have
+    // exactly the manifest's fingerprints: the Ack repeats them (applied()) and the engine's
+    // check is the one read of the bucket.
+    bool echo = config_.update.verify_fingerprints;
+    for (const auto& e : decoded.tensors) echo = echo && e.fingerprint.has_value();
+    echoed_ = echo;
+    if (!echo) bucket.entry_fingerprints = device_fingerprints(device_, bucket.data, decoded);
+  } else {
+    bucket.entry_fingerprints.reserve(decoded.tensors.size());
+    for (const auto& e : decoded.tensors) {
+      bucket.entry_fingerprints.push_back(kernels::fingerprint_cpu(
+          bucket.data.data() + e.offset, e.size, config_.update.apply_threads));
+    }
+  }
+  apply_start_ = Clock::now();
+  prints_ms_ = std::chrono::duration<double, std::milli>(apply_start_ - prints_start).count();
+}
+
+// On the applying thread: the bucket is applied (or recorded); the Ack lets the sender reuse its
+// slot.
+void Session::applied(const update::Bucket& bucket) {
+  const std::string phase = fmt::format("bucket {}", bucket.index);
+  std::vector<std::uint64_t> prints;
+  if (!direct_) {
+    if (echoed_) {
+      for (const auto& e : bucket.manifest->tensors) prints.push_back(*e.fingerprint);
+    } else {
+      prints = bucket.entry_fingerprints;
+    }
+    logger("session")->debug(
+        "{}: {}: {} tensors, {} bytes: ack fingerprints {:.3f} ms{}, apply_bucket {:.3f} ms",
+        ch_.peer(), phase, bucket.manifest->tensors.size(), bucket.data.size(), prints_ms_,
+        echoed_ ? " (echoed from the manifest)" : "",
+        std::chrono::duration<double, std::milli>(Clock::now() - apply_start_).count());
+  }
+  send_ack(bucket.index, bucket.slot, prints, phase);
+}
 }  // namespace
 
 void SessionLink::set_idle() {

@@ -1,7 +1,7 @@
 // session/receiver_session.hpp: the receiver's side of one session connection: handshake (protocol
-// version, token, layout check), begin, buckets applied through the receiver's streaming update
-// with double buffering, acks, commit or abort; a kept session then waits for the sender's next
-// update (docs/session-protocol.md).
+// version, token, layout check), begin, then the session as a bucket source of the update loop
+// (update/update_loop.hpp: double buffering, commit or abort) with its acks; a kept session then
+// waits for the sender's next update (docs/session-protocol.md).
 #pragma once
 
 #include <chrono>

@@ -116,13 +116,6 @@ void UpdateEngine::record_direct_bucket(std::span<const std::uint8_t> manifest_b
   record_direct(b);
 }
 
-void UpdateEngine::record_direct_bucket(const manifest::Manifest& decoded) {
-  Bucket b;
-  b.in_place = true;
-  b.manifest = decoded;
-  record_direct(b);
-}
-
 void UpdateEngine::record_direct(Bucket& bucket) {
   std::lock_guard lock(op_mutex_);
   std::uint64_t version = 0;

@@ -196,8 +196,6 @@ class UpdateEngine {
   // writer fingerprints trusted, an entry's own fingerprint stands for what was written and
   // only entries without one are read back.
   void record_direct_bucket(std::span<const std::uint8_t> manifest_bytes);
-  // The same for a manifest the caller decoded already (manifest::decode validated it).
-  void record_direct_bucket(const manifest::Manifest& decoded);
   // Writer fingerprints that came after their buckets (the session's Commit): one per entry
   // recorded by record_direct_bucket, in recording order, for entries that had none. A count
   // that differs, or an entry given one twice, is CORRUPT_DATA and ends the update. With writer

@@ -426,7 +426,10 @@ TEST_F(CudaUpdate, FingerprintsThatComeWithTheCommitAreCheckedAndRequired) {
         ASSERT_CUDA(cudaMemcpy(dests[at]->data, bytes.data(), bytes.size(),
                                cudaMemcpyHostToDevice));
       }
-      engine.record_direct_bucket(without);
+      ferry::update::Bucket in_place;  // decoded already: as the update loop hands it over
+      in_place.in_place = true;
+      in_place.manifest = without;
+      engine.apply(in_place);
     }
     if (c == Case::attached) {
       engine.attach_direct_fingerprints(prints);
