@@ -260,7 +260,7 @@ const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std
 void TaggedRegionStore::write(std::size_t index, std::uint64_t offset,
                               std::span<const std::byte> bytes) {
   std::unique_lock lock(mutex_);
-  wait_refresh_for_writes_locked(lock);
+  wait_refresh_locked(lock);
   const ParamInfo& p = checked_access_locked(index, offset, bytes.size(), "write to");
   if (!bytes.empty()) copy_bytes(p.data + offset, bytes.data(), bytes.size());
 }
@@ -402,7 +402,7 @@ std::vector<TagState> TaggedRegionStore::memory_state() const {
 
 void TaggedRegionStore::begin_writes(std::span<const std::string> tags, const std::string& writer) {
   std::unique_lock lock(mutex_);
-  wait_refresh_for_writes_locked(lock);
+  wait_refresh_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -566,11 +566,6 @@ void TaggedRegionStore::wait_refresh_locked(std::unique_lock<std::mutex>& lock) 
   // The worker records its outcome and wakes us under the lock, and takes the lock no more:
   // joining it here cannot wait for us.
   if (refresh_thread_.joinable()) refresh_thread_.join();
-}
-
-void TaggedRegionStore::wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock) {
-  if (refresh_.running && refresh_preempted_.load()) return;
-  wait_refresh_locked(lock);
 }
 
 void TaggedRegionStore::preempt_mirror_refresh(const std::string& reason) {

@@ -177,9 +177,6 @@ class TaggedRegionStore : public WeightStore {
   };
   // Waits (releasing `lock` meanwhile) until no refresh runs, then joins its thread.
   void wait_refresh_locked(std::unique_lock<std::mutex>& lock);
-  // For writes into the weights: waits as wait_refresh_locked unless the running refresh was
-  // pre-empted (its copies then only read the weights, into slots the mirror does not claim).
-  void wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock);
   // Copies (without the lock), then records the outcome under it and wakes the waiters.
   void run_refresh(Refresh& refresh) noexcept;
 

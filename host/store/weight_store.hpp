@@ -227,12 +227,11 @@ class WeightStore {
                               std::span<const std::size_t> params,
                               std::span<const std::uint64_t> fingerprints, bool background) = 0;
   // Pre-empts a running background refresh (config memory.mirror_refresh = "background": an
-  // update that begins before the mirror caught up): no further copy starts, the refresh ends as
-  // failed with `reason` (the mirror holds no committed version until the next refresh), and
-  // begin_writes and write no longer wait for it: what is still in flight (at most one batch of
-  // kRefreshBatchBytes) only reads the weights and writes mirror slots nobody claims. Everything
-  // that reads or writes the mirror still waits for the worker to end. Returns at once; a no-op
-  // when no refresh runs.
+  // update that begins before the mirror caught up): no further copy starts and the refresh ends
+  // as failed with `reason` (the mirror holds no committed version until the next refresh).
+  // begin_writes and write still wait for the worker to end, which is then at most the one batch
+  // of kRefreshBatchBytes in flight: it reads the weights, so a write must not overlap it.
+  // Returns at once; a no-op when no refresh runs.
   virtual void preempt_mirror_refresh(const std::string& reason) = 0;
   // Waits until no refresh runs; returns the state then.
   virtual MirrorRefreshState wait_for_mirror_refresh() = 0;
