@@ -326,9 +326,21 @@ ferry_transport::~ferry_transport() {
   }
   for (ferry_peer* p : peers) close_endpoint_locked(p, true);
   const std::int64_t give_up = now_ns() + 1'000'000'000;
+  const std::int64_t close_began = now_ns();
   while ((!closing.empty() || outstanding > 0) && now_ns() < give_up) {
     ucp_worker_progress(worker);
     reap_closing_locked();
+  }
+  if (!closing.empty() || outstanding > 0) {
+    std::string held;
+    for (const ferry_request* r : requests) {
+      if (r->ucx != nullptr) held += (held.empty() ? "" : ", ") + r->what;
+    }
+    ferry::ucx::log(FERRY_LOG_DEBUG,
+                    fmt::format("ucx transport destroyed after {:.0f} ms with {} endpoint "
+                                "close(s) and {} request(s) still held by UCX{}{}",
+                                (now_ns() - close_began) / 1e6, closing.size(), outstanding,
+                                held.empty() ? "" : ": ", held));
   }
   for (ferry_peer* p : peers) {
     for (auto& [sum, rkey] : p->rkeys) ucp_rkey_destroy(rkey);
