@@ -255,7 +255,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   const std::uint64_t total = checked.total;
   const std::string version_label = label.value_or(std::to_string(version));
 
-  // Nothing reads a tensor before the work that produced it is done (DESIGN.md, "Stream
+  // Nothing reads a tensor before the work that produced it is done (docs/architecture.md, "Stream
   // ordering"): a trainer calls push() right after its optimizer step, whose kernels may still
   // be queued. Every read below (fingerprints, packing, the transports' copies) comes after this.
   const auto wait_start = Clock::now();
