@@ -7,6 +7,7 @@
 
 #include "capi/capi_boundary.hpp"
 #include "capi/receiver_extension.hpp"
+#include "control/requests.hpp"
 #include "receiver/receiver_ckpt.hpp"
 
 extern "C" {
@@ -21,7 +22,7 @@ FERRY_API ferry_error_t* ferry_receiver_update_weights_from_ipc(ferry_receiver_t
     ferry::capi::require(request_json, kFn, "request_json");
     ferry::receiver::IpcUpdateRequest request;
     try {
-      request = ferry::receiver::parse_ipc_update(nlohmann::json::parse(request_json));
+      request = ferry::control::parse_ipc_update(nlohmann::json::parse(request_json));
     } catch (const nlohmann::json::exception& e) {
       ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: request_json is not JSON: {}", kFn,
                   e.what());

@@ -19,6 +19,7 @@
 #include "capi/config_source.hpp"
 #include "capi/receiver_extension.hpp"
 #include "capi/tensor_input.hpp"
+#include "control/requests.hpp"
 #include "group/receiver_groups.hpp"
 #include "group/trainer_group.hpp"
 
@@ -209,7 +210,7 @@ FERRY_API ferry_error_t* ferry_receiver_init_weights_update_group(
     body["timeout_s"] = static_cast<double>(timeout.count()) / 1000.0;
     ferry::nccl::GroupInit init;
     try {
-      init = ferry::receiver::parse_group_init(body);
+      init = ferry::control::parse_group_init(body);
     } catch (const ferry::Error& e) {
       ferry::fail(e.code(), "{}: {}", kFn, e.what());
     }
@@ -227,7 +228,7 @@ FERRY_API ferry_error_t* ferry_receiver_update_weights_from_distributed(ferry_re
     ferry::capi::require(request_json, kFn, "request_json");
     ferry::receiver::DistributedUpdate request;
     try {
-      request = ferry::receiver::parse_distributed_update(nlohmann::json::parse(request_json));
+      request = ferry::control::parse_distributed_update(nlohmann::json::parse(request_json));
     } catch (const nlohmann::json::exception& e) {
       ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: request_json is not JSON: {}", kFn,
                   e.what());
@@ -249,7 +250,7 @@ FERRY_API ferry_error_t* ferry_receiver_destroy_weights_update_group(ferry_recei
     ferry::capi::require(receiver, kFn, "receiver");
     nlohmann::json body = nlohmann::json::object();
     if (group_name != nullptr) body["group_name"] = group_name;
-    const std::string name = ferry::receiver::parse_group_name(body);
+    const std::string name = ferry::control::parse_group_name(body);
     const Millis timeout = or_default(timeout_ms, 15000, kFn, "timeout_ms");
     const std::string outcome = groups_of(receiver, kFn)->destroy(name, timeout);
     if (how != nullptr) *how = ferry::capi::owned_string(outcome);

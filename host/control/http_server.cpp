@@ -11,6 +11,7 @@
 
 #include "common/log.hpp"
 #include "control/http_listener.hpp"
+#include "control/requests.hpp"
 #include "receiver/receiver.hpp"
 #include "receiver/receiver_ckpt.hpp"
 #include "group/receiver_groups.hpp"
@@ -154,7 +155,7 @@ HttpResponse update_from_disk(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse init_group(Context& c, const HttpRequest& req) {
-  auto init = receiver::parse_group_init(parse_body(req));
+  auto init = control::parse_group_init(parse_body(req));
   c.groups.init(init);
   return reply(200, json{{"success", true},
                          {"message",
@@ -162,7 +163,7 @@ HttpResponse init_group(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse update_from_distributed(Context& c, const HttpRequest& req) {
-  auto report = c.groups.update(receiver::parse_distributed_update(parse_body(req)));
+  auto report = c.groups.update(control::parse_distributed_update(parse_body(req)));
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated by broadcast";
@@ -171,8 +172,8 @@ HttpResponse update_from_distributed(Context& c, const HttpRequest& req) {
 
 HttpResponse destroy_group(Context& c, const HttpRequest& req) {
   const json body = parse_body(req);
-  const std::string name = receiver::parse_group_name(body);
-  const std::string how = c.groups.destroy(name, receiver::parse_destroy_timeout(body));
+  const std::string name = control::parse_group_name(body);
+  const std::string how = c.groups.destroy(name, control::parse_destroy_timeout(body));
   return reply(200, json{{"success", true},
                          {"teardown", how},
                          {"message",
@@ -181,7 +182,7 @@ HttpResponse destroy_group(Context& c, const HttpRequest& req) {
 
 HttpResponse update_from_ipc(Context& c, const HttpRequest& req) {
   auto report =
-      receiver::update_weights_from_ipc(c.receiver, receiver::parse_ipc_update(parse_body(req)));
+      receiver::update_weights_from_ipc(c.receiver, control::parse_ipc_update(parse_body(req)));
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated from checkpoint-engine";

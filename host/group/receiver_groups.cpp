@@ -1,5 +1,5 @@
-// group/receiver_groups.cpp: the receiver's NCCL weight-update groups: request fields, joining
-// through the nccl transport, and one update received by broadcast: a bucket source of the
+// group/receiver_groups.cpp: the receiver's NCCL weight-update groups: joining through the nccl
+// transport, and one update received by broadcast: a bucket source of the
 // update loop (see receiver_groups.hpp).
 #include "group/receiver_groups.hpp"
 
@@ -15,7 +15,6 @@
 #include "config/config.hpp"
 #include "ferry_build_config.h"
 #include "group/group_table.hpp"
-#include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
 #include "update/bucket_source.hpp"
@@ -25,159 +24,6 @@
 #endif
 
 namespace ferry::receiver {
-namespace {
-
-using nlohmann::json;
-
-const json& required(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is required", key);
-  }
-  return *it;
-}
-
-std::string string_field(const json& body, const char* key) {
-  const json& v = required(body, key);
-  if (!v.is_string() || v.get<std::string>().empty()) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a non-empty string", key);
-  }
-  // Addresses and names reach C strings (the plugin, NCCL): a NUL would cut them short.
-  refuse_nul(v.get_ref<const std::string&>(), fmt::format("field '{}'", key));
-  return v.get<std::string>();
-}
-
-std::uint64_t unsigned_field(const json& body, const char* key, std::uint64_t max) {
-  const json& v = required(body, key);
-  if (!v.is_number_integer() || v.get<long long>() < 0 ||
-      v.get<unsigned long long>() > max) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer from 0 to {}", key, max);
-  }
-  return v.get<std::uint64_t>();
-}
-
-std::optional<double> optional_seconds(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 86400) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a number of seconds in (0, 86400]",
-         key);
-  }
-  return it->get<double>();
-}
-
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-}
-
-// SGLang's default group name when a request leaves it out.
-constexpr const char* kDefaultGroupName = "weight_update_group";
-
-std::string group_name_field(const json& body) {
-  auto it = body.find("group_name");
-  if (it == body.end() || it->is_null()) return kDefaultGroupName;
-  return string_field(body, "group_name");
-}
-
-std::vector<std::string> string_list(const json& body, const char* key) {
-  const json& v = required(body, key);
-  if (!v.is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a list", key);
-  std::vector<std::string> out;
-  out.reserve(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_string()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}[{}] must be a string", key, i);
-    }
-    out.push_back(v[i].get<std::string>());
-  }
-  return out;
-}
-
-std::vector<std::vector<std::uint64_t>> shape_list(const json& body) {
-  const json& v = required(body, "shapes");
-  if (!v.is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'shapes' must be a list of lists");
-  std::vector<std::vector<std::uint64_t>> out;
-  out.reserve(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_array()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}] must be a list of dims", i);
-    }
-    std::vector<std::uint64_t> shape;
-    for (std::size_t d = 0; d < v[i].size(); ++d) {
-      const json& dim = v[i][d];
-      if (!dim.is_number_integer() || dim.get<long long>() < 0) {
-        fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}][{}] must be a non-negative integer", i,
-             d);
-      }
-      shape.push_back(dim.get<std::uint64_t>());
-    }
-    out.push_back(std::move(shape));
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string parse_group_name(const json& body) { return group_name_field(body); }
-
-std::chrono::milliseconds parse_destroy_timeout(const json& body) {
-  if (auto t = optional_seconds(body, "timeout_s")) return to_ms(*t);
-  return std::chrono::milliseconds(15000);
-}
-
-nccl::GroupInit parse_group_init(const json& body) {
-  nccl::GroupInit init;
-  init.master_address = string_field(body, "master_address");
-  init.master_port = static_cast<std::uint16_t>(unsigned_field(body, "master_port", 65535));
-  if (init.master_port == 0) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'master_port' must be from 1 to 65535");
-  }
-  init.rank_offset = static_cast<std::uint32_t>(unsigned_field(body, "rank_offset", 1u << 20));
-  init.world_size = static_cast<std::uint32_t>(unsigned_field(body, "world_size", 1u << 20));
-  init.group_name = group_name_field(body);
-  if (auto it = body.find("backend"); it != body.end() && !it->is_null()) {
-    init.backend = string_field(body, "backend");
-  }
-  if (auto t = optional_seconds(body, "timeout_s")) init.init_timeout = to_ms(*t);
-  init.rank = init.rank_offset;
-  if (init.rank_offset == 0) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "field 'rank_offset' must be >= 1: rank 0 of a weight-update group is the trainer");
-  }
-  nccl::check_group_init(init);
-  return init;
-}
-
-DistributedUpdate parse_distributed_update(const json& body) {
-  DistributedUpdate update;
-  // In field order, so a request missing several fields is told about the first one.
-  const auto names = string_list(body, "names");
-  const auto dtypes = string_list(body, "dtypes");
-  const auto shapes = shape_list(body);
-  update.tensors = nccl::make_tensor_specs(names, dtypes, shapes);
-  update.group_name = group_name_field(body);
-  if (auto it = body.find("weight_version"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      update.weight_version = it->get<std::string>();
-    } else if (it->is_number_integer()) {
-      update.weight_version = std::to_string(it->get<long long>());
-    } else {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
-  for (const char* flag : {"flush_cache", "abort_all_requests"}) {
-    if (auto it = body.find(flag); it != body.end() && !it->is_null() && !it->is_boolean()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
-    }
-  }
-  if (auto it = body.find("bucket_bytes"); it != body.end() && !it->is_null()) {
-    update.bucket_bytes = unsigned_field(body, "bucket_bytes", nccl::kMaxBucketBytes);
-    nccl::check_bucket_bytes(update.bucket_bytes);
-  }
-  if (auto t = optional_seconds(body, "timeout_s")) update.bucket_timeout = to_ms(*t);
-  return update;
-}
-
 #if FERRY_HAVE_NCCL
 
 namespace {

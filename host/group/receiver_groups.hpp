@@ -1,17 +1,15 @@
 // group/receiver_groups.hpp: the receiver's NCCL weight-update groups (SGLang's
 // init_weights_update_group / update_weights_from_distributed / destroy_weights_update_group):
-// the request fields, checked, and WeightUpdateGroups, which joins groups through the nccl
-// transport plugin, receives an update's buckets by broadcast into device staging (double
-// buffered: bucket k+1 arrives while bucket k is applied) and applies them through the
-// receiver's update engine as one transaction.
+// the request an update acts on (parsed by control/requests.hpp) and WeightUpdateGroups, which
+// joins groups through the nccl transport plugin, receives an update's buckets by broadcast into
+// device staging (double buffered: bucket k+1 arrives while bucket k is applied) and applies
+// them through the receiver's update engine as one transaction.
 //
 // Ownership: whoever serves the control operations owns one WeightUpdateGroups per receiver (the
 // HTTP server; the C API for an embedded receiver). Destroying it destroys every group.
 // Threading: every method may be called from any thread; they are serialized internally.
-// Without NCCL in the build, init/update answer UNIMPLEMENTED; the parsing works everywhere.
+// Without NCCL in the build, init/update answer UNIMPLEMENTED.
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -26,20 +24,6 @@
 
 namespace ferry::receiver {
 
-// group_name of a request; SGLang's default "weight_update_group" when absent. INVALID_ARGUMENT
-// when present but not a non-empty string.
-std::string parse_group_name(const nlohmann::json& body);
-
-// POST /destroy_weights_update_group: ferry's optional timeout_s (how long the destroy may take,
-// default 15). INVALID_ARGUMENT when it is not a number of seconds in (0, 86400].
-std::chrono::milliseconds parse_destroy_timeout(const nlohmann::json& body);
-
-// POST /init_weights_update_group: master_address, master_port, rank_offset (>= 1: rank 0 is the
-// trainer), world_size, group_name, backend ("nccl", the default), and ferry's optional
-// timeout_s (rendezvous + init, default 120). INVALID_ARGUMENT naming the field. `rank` is
-// rank_offset (WeightUpdateGroups::init adds the receiver's tp rank).
-nccl::GroupInit parse_group_init(const nlohmann::json& body);
-
 struct DistributedUpdate {
   std::vector<nccl::TensorSpec> tensors;  // in the order rank 0 packs them
   std::string group_name;
@@ -48,11 +32,6 @@ struct DistributedUpdate {
   std::uint64_t bucket_bytes = nccl::kDefaultBucketBytes;
   std::chrono::milliseconds bucket_timeout{120000};
 };
-
-// POST /update_weights_from_distributed: names, dtypes, shapes (parallel lists), group_name,
-// weight_version (optional), flush_cache (accepted, no effect), and ferry's optional
-// bucket_bytes and timeout_s (per bucket). INVALID_ARGUMENT naming the field or tensor.
-DistributedUpdate parse_distributed_update(const nlohmann::json& body);
 
 class WeightUpdateGroups {
  public:

@@ -17,7 +17,6 @@
 #include "common/log.hpp"
 #include "config/config.hpp"
 #include "ferry_build_config.h"
-#include "receiver/client_input.hpp"
 #include "registry/registry.hpp"
 #include "store/store_device.hpp"
 #include "update/bucket_source.hpp"
@@ -28,8 +27,6 @@
 
 namespace ferry::receiver {
 namespace {
-
-using nlohmann::json;
 
 // The transport plugin's source table, driven for one update.
 class PluginSource final : public CkptBucketSource {
@@ -150,52 +147,6 @@ class UpdateBuckets final : public update::BucketSource {
 };
 
 }  // namespace
-
-IpcUpdateRequest parse_ipc_update(const json& body) {
-  IpcUpdateRequest request;
-  auto it = body.find("zmq_handles");
-  if (it == body.end() || it->is_null()) {
-    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'zmq_handles' is required");
-  }
-  if (!it->is_object() || it->empty()) {
-    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
-                "field 'zmq_handles' must be a non-empty object of GPU UUID -> ZMQ address");
-  }
-  for (const auto& [uuid, address] : it->items()) {
-    if (uuid.empty() || !address.is_string() || address.get<std::string>().empty()) {
-      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
-                  "zmq_handles['{}'] must be a non-empty address string", uuid);
-    }
-    // The address reaches ZeroMQ as a C string: a NUL would cut it short (another socket).
-    refuse_nul(address.get_ref<const std::string&>(), fmt::format("zmq_handles['{}']", uuid));
-    request.zmq_handles[uuid] = address.get<std::string>();
-  }
-  for (const char* flag : {"flush_cache", "torch_empty_cache", "abort_all_requests"}) {
-    if (auto f = body.find(flag); f != body.end() && !f->is_null() && !f->is_boolean()) {
-      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
-    }
-  }
-  if (auto f = body.find("flush_cache"); f != body.end() && f->is_boolean()) {
-    request.flush_cache = f->get<bool>();
-  }
-  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
-    if (v->is_string()) {
-      request.weight_version = v->get<std::string>();
-    } else if (v->is_number_integer()) {
-      request.weight_version = std::to_string(v->get<long long>());
-    } else {
-      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
-  if (auto t = body.find("timeout_s"); t != body.end() && !t->is_null()) {
-    if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
-      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
-                  "field 'timeout_s' must be a number of seconds in (0, 86400]");
-    }
-    request.timeout_s = t->get<double>();
-  }
-  return request;
-}
 
 UpdateReport apply_ckpt_engine_update(Receiver& receiver, CkptBucketSource& source,
                                       const std::optional<std::string>& label,

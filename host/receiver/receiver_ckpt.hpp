@@ -1,14 +1,13 @@
 // receiver/receiver_ckpt.hpp: the receiver's checkpoint-engine update (SGLang's
-// /update_weights_from_ipc): the request fields, checked, and one update received from an
-// unmodified checkpoint-engine ParameterServer through the ckpt_engine transport plugin (ZMQ +
-// CUDA IPC, plugins/ckpt_engine/PROTOCOL.md) and applied as one transaction.
+// /update_weights_from_ipc): the request (parsed by control/requests.hpp) and one update
+// received from an unmodified checkpoint-engine ParameterServer through the ckpt_engine
+// transport plugin (ZMQ + CUDA IPC, plugins/ckpt_engine/PROTOCOL.md), applied as one
+// transaction.
 //
 // Threading: any thread; the receiver's update lock serializes updates (a second concurrent
 // update is FAILED_PRECONDITION). Without CUDA (or on a CPU receiver) the update is refused with
 // UNIMPLEMENTED / FAILED_PRECONDITION before the ParameterServer is contacted.
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -29,11 +28,6 @@ struct IpcUpdateRequest {
   // (default: the transport option receive_timeout_s, else 120 s).
   std::optional<double> timeout_s;
 };
-
-// POST /update_weights_from_ipc: zmq_handles (object of non-empty strings), flush_cache,
-// torch_empty_cache, abort_all_requests (booleans, accepted), weight_version (string or integer),
-// timeout_s. INVALID_ARGUMENT naming the field.
-IpcUpdateRequest parse_ipc_update(const nlohmann::json& body);
 
 // Where the buckets of one checkpoint-engine update come from: the transport plugin in
 // production (update_weights_from_ipc), the worker loop with host memory in tests.

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "group/receiver_groups.hpp"
+#include "control/requests.hpp"
 
-namespace ferry::receiver {
+namespace ferry::control {
 namespace {
 
 using nlohmann::json;
@@ -167,4 +167,4 @@ TEST(NcclRequest, DestroyTakesTheGroupNameOrSglangsDefault) {
 }
 
 }  // namespace
-}  // namespace ferry::receiver
+}  // namespace ferry::control

@@ -1,0 +1,43 @@
+// control/requests.hpp: the JSON bodies of the control routes, checked and turned into the
+// requests the receiver and its groups act on (receiver/, group/ parse no JSON). One parser per
+// body, shared by the HTTP server (control/http_server.cpp) and the C API (host/capi), so each
+// rule is stated once. Every refusal is INVALID_ARGUMENT naming the field (or tensor).
+//
+// Threading: pure functions, any thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "group/receiver_groups.hpp"
+#include "receiver/receiver_ckpt.hpp"
+
+namespace ferry::control {
+
+// group_name of a request; SGLang's default "weight_update_group" when absent. INVALID_ARGUMENT
+// when present but not a non-empty string.
+std::string parse_group_name(const nlohmann::json& body);
+
+// POST /destroy_weights_update_group: ferry's optional timeout_s (how long the destroy may take,
+// default 15). INVALID_ARGUMENT when it is not a number of seconds in (0, 86400].
+std::chrono::milliseconds parse_destroy_timeout(const nlohmann::json& body);
+
+// POST /init_weights_update_group: master_address, master_port, rank_offset (>= 1: rank 0 is the
+// trainer), world_size, group_name, backend ("nccl", the default), and ferry's optional
+// timeout_s (rendezvous + init, default 120). `rank` is rank_offset
+// (WeightUpdateGroups::init adds the receiver's tp rank).
+nccl::GroupInit parse_group_init(const nlohmann::json& body);
+
+// POST /update_weights_from_distributed: names, dtypes, shapes (parallel lists), group_name,
+// weight_version (optional), flush_cache and abort_all_requests (booleans), and ferry's optional
+// bucket_bytes and timeout_s (per bucket).
+receiver::DistributedUpdate parse_distributed_update(const nlohmann::json& body);
+
+// POST /update_weights_from_ipc: zmq_handles (object of non-empty strings), flush_cache,
+// torch_empty_cache, abort_all_requests (booleans), weight_version (string or integer),
+// timeout_s.
+receiver::IpcUpdateRequest parse_ipc_update(const nlohmann::json& body);
+
+}  // namespace ferry::control
