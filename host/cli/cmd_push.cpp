@@ -2,10 +2,12 @@
 // checkpoint (or synthetic Qwen3-shaped weights) as one versioned update to one or many receivers
 // through the session protocol, and prints per-receiver results and throughput; progress on
 // standard error while it runs.
+#include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <fmt/format.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -51,6 +53,10 @@ struct PushOptions {
   std::optional<std::uint32_t> test_exit_after_bucket;
   std::optional<std::uint32_t> test_stall_after_bucket;
   std::optional<std::uint64_t> test_bucket_delay_ms;
+  // Playing one rank of a sharded trainer (docs/sharded.md).
+  std::optional<std::uint32_t> rank;
+  std::optional<std::uint32_t> world;
+  std::string shard_by = "dim0";
 };
 
 // A read-only mapping of a whole file (the tensors are viewed in place).
@@ -123,6 +129,65 @@ std::function<void(const std::string&, std::uint32_t)> test_hook(const PushOptio
   };
 }
 
+// The part of a checkpoint that rank `rank` of `world` holds, split deterministically (every
+// rank computes the same split from the same checkpoint):
+//  - "tensor": whole tensors, each to the rank with the fewest bytes so far, largest first
+//    (ties: by name, then the lowest rank);
+//  - "dim0": every tensor of at least `world` rows in `world` row ranges (rank r: rows
+//    [r*n/world, (r+1)*n/world)); smaller tensors and scalars are held by every rank, sent by
+//    rank 0 (the others declare them as replicas).
+std::vector<session::TensorView> shard_views(std::vector<session::TensorView> whole,
+                                             std::uint32_t rank, std::uint32_t world,
+                                             const std::string& by) {
+  std::vector<session::TensorView> out;
+  if (by == "tensor") {
+    std::vector<std::size_t> order(whole.size());
+    std::vector<std::uint64_t> sizes(whole.size());
+    for (std::size_t i = 0; i < whole.size(); ++i) {
+      order[i] = i;
+      sizes[i] = byte_size(whole[i].dtype, whole[i].shape).value_or(0);
+    }
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return sizes[a] != sizes[b] ? sizes[a] > sizes[b] : whole[a].name < whole[b].name;
+    });
+    std::vector<std::uint64_t> load(world, 0);
+    std::vector<bool> mine(whole.size(), false);
+    for (std::size_t i : order) {
+      const auto r = static_cast<std::uint32_t>(
+          std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += sizes[i];
+      mine[i] = r == rank;
+    }
+    for (std::size_t i = 0; i < whole.size(); ++i) {
+      if (!mine[i]) continue;
+      whole[i].global_shape = whole[i].shape;
+      out.push_back(std::move(whole[i]));
+    }
+    return out;
+  }
+  if (by != "dim0") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "--shard-by '{}': must be tensor or dim0", by);
+  }
+  for (auto& t : whole) {
+    t.global_shape = t.shape;
+    if (t.shape.empty() || t.shape[0] < world) {
+      t.replica = rank != 0;
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::uint64_t rows = t.shape[0];
+    const std::uint64_t begin = rows * rank / world;
+    const std::uint64_t end = rows * (rank + 1) / world;
+    const std::uint64_t row_bytes = byte_size(t.dtype, t.shape).value_or(0) / rows;
+    t.offsets.assign(t.shape.size(), 0);
+    t.offsets[0] = begin;
+    t.shape[0] = end - begin;
+    t.data = static_cast<const std::uint8_t*>(t.data) + begin * row_bytes;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
@@ -157,6 +222,15 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
       "terminal, lines or never (default: the config's progress, auto)");
   cmd->add_flag("--no-progress", o->no_progress, "no progress (--progress never)")
       ->excludes(progress);
+  auto* rank = cmd->add_option("--rank", o->rank,
+                               "play rank R of a sharded trainer: push only this rank's part of "
+                               "the checkpoint (with --world; docs/sharded.md)");
+  auto* world = cmd->add_option("--world", o->world, "the sharded trainer's number of ranks");
+  rank->needs(world);
+  world->needs(rank);
+  cmd->add_option("--shard-by", o->shard_by,
+                  "how the checkpoint is split over the ranks: tensor (whole tensors) or dim0 "
+                  "(row ranges; default)");
   // Test hooks, hidden from --help (test_hook()).
   cmd->add_option("--test-exit-after-bucket", o->test_exit_after_bucket)->group("");
   cmd->add_option("--test-stall-after-bucket", o->test_stall_after_bucket)->group("");
@@ -218,6 +292,20 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
       options.config_json = synthetic_model->config_json();
     }
 
+    if (o->world) {
+      if (*o->world == 0 || *o->rank >= *o->world) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "--rank {} of --world {}: need 0 <= rank < world",
+             *o->rank, *o->world);
+      }
+      options.shard_rank = *o->rank;
+      options.shard_world = *o->world;
+      tensors = shard_views(std::move(tensors), *o->rank, *o->world, o->shard_by);
+      if (tensors.empty()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "rank {} of {} holds no tensor of this checkpoint (--shard-by {}): use fewer ranks",
+             *o->rank, *o->world, o->shard_by);
+      }
+    }
     session::Sender sender(config, *registry, options);
     const auto report = sender.push(tensors, o->version, o->label);
     std::size_t committed = 0;
@@ -230,6 +318,19 @@ Action add_push_command(CLI::App& app, const GlobalOptions& globals) {
                          r.address, report.version, r.transport, r.buckets, r.bytes / 1048576.0,
                          r.seconds, r.seconds > 0 ? r.bytes / r.seconds / 1e6 : 0.0)
                   << std::endl;
+        if (!r.rank_bytes.empty()) {
+          std::string per_rank;
+          std::uint64_t moved = 0;
+          for (std::size_t k = 0; k < r.rank_bytes.size(); ++k) {
+            per_rank += fmt::format("{}{}", k ? " " : "", r.rank_bytes[k]);
+            moved += r.rank_bytes[k];
+          }
+          std::cout << fmt::format(
+                           "receiver {}: sharded update of {} ranks: bytes moved per rank [{}], "
+                           "{} moved, {} needed",
+                           r.address, r.rank_bytes.size(), per_rank, moved, r.needed_bytes)
+                    << std::endl;
+        }
       } else {
         std::cout << fmt::format("receiver {}: FAILED: {}", r.address, r.error) << std::endl;
       }

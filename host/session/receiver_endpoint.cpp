@@ -21,6 +21,7 @@
 #include "receiver/receiver.hpp"
 #include "session/channel.hpp"
 #include "session/receiver_session.hpp"
+#include "session/sharded_update.hpp"
 #include "session/served_ports.hpp"
 
 namespace ferry::session {
@@ -86,6 +87,9 @@ struct ReceiverEndpoint::Impl {
     settings.commit_timeout = std::chrono::milliseconds(config.update.commit_timeout_ms);
     settings.hello_timeout =
         std::min(settings.bucket_timeout, std::chrono::milliseconds(10000));
+    // Sharded updates: every rank's Hello within the handshake deadline of the first.
+    settings.sharded = std::make_shared<ShardedUpdates>(receiver, settings.hello_timeout,
+                                                        settings.bucket_timeout);
   }
 
   void reap_finished_locked() {

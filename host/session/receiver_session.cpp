@@ -25,6 +25,8 @@
 #include "receiver/receiver.hpp"
 #include "session/data_path.hpp"
 #include "session/device_fingerprints.hpp"
+#include "session/holdings.hpp"
+#include "session/sharded_update.hpp"
 #include "store/store_device.hpp"
 #include "update/bucket_source.hpp"
 
@@ -72,15 +74,26 @@ std::vector<std::uint64_t> device_fingerprints(int device, std::span<const std::
                                    fmt::format("bucket {}", m.bucket_index));
 }
 
-// One session connection; during an update it is the update loop's bucket source.
-class Session final : public update::BucketSource {
+// One session connection; during an update it is the update loop's bucket source, or one rank
+// of a sharded update (session/sharded_update.hpp), whose source calls begun(), verify() and
+// applied() of each of its sessions.
+class Session final : public update::BucketSource, public ShardMember {
  public:
   Session(Channel& ch, receiver::Receiver& r, const registry::Registry& reg,
           const config::Config& cfg, const ReceiverSessionSettings& st, SessionLink& link)
       : ch_(ch), receiver_(r), registry_(reg), config_(cfg), settings_(st), link_(link) {}
 
+  // A rank of a sharded update stays until that update ended: its loop may still call it.
+  ~Session() override {
+    if (sharded_) sharded_->leave();
+  }
+
   void run() {
     handshake();
+    if (sharded_) {
+      run_sharded();
+      return;
+    }
     auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
     while (msg) {
       begin(msg->root());
@@ -94,6 +107,8 @@ class Session final : public update::BucketSource {
   // sender why when the connection still works. Never throws.
   void fail_session(ferry_status_code_t code, const std::string& message) noexcept {
     try {
+      // A rank of a sharded update: the whole update fails, every rank's sender is told.
+      if (sharded_) sharded_->fail_rank(rank_, code, message);
       // The update loop waited for the bucket being applied, aborted the update and chose the
       // error that caused the failure.
       if (data_) data_->abort(message);
@@ -135,11 +150,15 @@ class Session final : public update::BucketSource {
 
   // Tell the sender now (it may be waiting for an ack, not sending), then break the wait of the
   // loop's next(); fail_session() reports the error.
-  void apply_failed(const Error& error) noexcept override {
-    apply_refused_ = true;
-    send_refusal(error.code(), error.what());
+  void apply_failed(const Error& error) noexcept override { stop(error.code(), error.what()); }
+
+  // ---- a rank of a sharded update (ShardMember) ---------------------------------------------
+  void stop(ferry_status_code_t code, const std::string& message) noexcept override {
+    if (apply_refused_.exchange(true)) return;
+    send_refusal(code, message);
     ch_.shutdown();
   }
+  void check_complete() override { declared_.check_complete(); }
 
   update::UpdateEnd end() override {
     update::UpdateEnd out;
@@ -205,13 +224,18 @@ class Session final : public update::BucketSource {
     }
     const auto open_start = Clock::now();
     config_json_ = text(hello.getConfigJson());
-    try {
-      update_ = receiver_.open_session(descs, config_json_);
-    } catch (const Error& e) {
-      fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
+    if (hello.hasShard()) {
+      read_shard(hello.getShard(), phase);
+    } else {
+      try {
+        update_ = receiver_.open_session(descs, config_json_);
+      } catch (const Error& e) {
+        fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
+      }
+      epoch_ = update_->memory_epoch();
     }
-    epoch_ = update_->memory_epoch();
-    keep_ = settings_.keep_sessions && hello.getKeepSession();
+    // A sharded session is never kept: each update is assembled afresh.
+    keep_ = settings_.keep_sessions && hello.getKeepSession() && !hello.hasShard();
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -248,7 +272,8 @@ class Session final : public update::BucketSource {
     }
     if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
     const auto offer_start = Clock::now();
-    offer_direct(text(hello.getDelivery()), descs);
+    if (!hello.hasShard()) offer_direct(text(hello.getDelivery()), descs);
+    if (hello.hasShard()) join_shard();
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
@@ -261,8 +286,11 @@ class Session final : public update::BucketSource {
     auto welcome = m.initRoot<wire::Message>().initWelcome();
     welcome.setProtocolVersion(wire::PROTOCOL_VERSION);
     welcome.setReceiverName(settings_.name);
-    welcome.setLayoutSignature(update_->layout_signature());
-    welcome.setNumParams(static_cast<std::uint32_t>(update_->num_params()));
+    welcome.setLayoutSignature(sharded_ ? sharded_->layout_signature()
+                                        : update_->layout_signature());
+    welcome.setNumParams(sharded_ ? sharded_->num_params()
+                                  : static_cast<std::uint32_t>(update_->num_params()));
+    welcome.setSharded(sharded_ != nullptr);
     welcome.setTransport(data_->name());
     const auto address = data_->address();
     welcome.setTransportAddress(kj::arrayPtr(address.data(), address.size()));
@@ -291,7 +319,7 @@ class Session final : public update::BucketSource {
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
     logger("session")->info(
         "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
-        sender_, update_->num_params(), data_->name(),
+        sender_, sharded_ ? sharded_->num_params() : update_->num_params(), data_->name(),
         destinations_.empty() ? std::string()
                               : fmt::format(", direct delivery offered ({} shared regions)",
                                             region_keys_.size()));
@@ -447,6 +475,71 @@ class Session final : public update::BucketSource {
     }
   }
 
+  // ---- a rank of a sharded update ----------------------------------------------------------
+  // The Hello's holdings (Hello.shard): blocks of its tensors, in global coordinates.
+  void read_shard(wire::ShardHello::Reader shard, const std::string& phase) {
+    if (!settings_.sharded) {
+      fail(FERRY_STATUS_UNIMPLEMENTED, "{}: {}: this receiver does not assemble sharded updates",
+           ch_.peer(), phase);
+    }
+    rank_ = shard.getRank();
+    world_ = shard.getWorld();
+    holdings_ = read_holdings(shard, descs_, fmt::format("{}: {}", ch_.peer(), phase));
+  }
+
+  // Joins the update being assembled and waits until every rank joined and the layout was
+  // checked (the Welcome follows).
+  void join_shard() {
+    ShardJoin join;
+    join.rank = rank_;
+    join.world = world_;
+    join.holdings = holdings_;
+    join.config_json = config_json_;
+    join.peer = fmt::format("{} ({})", ch_.peer(), sender_);
+    join.member = this;
+    declared_ = DeclaredBlocks(rank_, holdings_);
+    sharded_ = settings_.sharded->join(std::move(join));
+    sharded_->wait_welcomed();
+  }
+
+  // The Begin, then this rank's buckets handed to the sharded update as they arrive, then its
+  // Commit; Committed once the whole update committed.
+  void run_sharded() {
+    auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
+    auto root = msg->root();
+    if (root.which() == Which::ABORT) {
+      fail(FERRY_STATUS_ABORTED, "{}: the sender aborted before begin: {}", ch_.peer(),
+           text(root.getAbort().getReason()));
+    }
+    if (root.which() != Which::BEGIN) unexpected(ch_, "begin", root.which());
+    auto b = root.getBegin();
+    if (b.getDirect() || b.getFingerprintsAtCommit()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced in a sharded session",
+           ch_.peer());
+    }
+    if (b.getViaPut() && !data_->rma_native()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: buckets announced by put, but no slot key was given",
+           ch_.peer());
+    }
+    data_->set_via_put(b.getViaPut());
+    version_ = b.getVersion();
+    bucket_count_ = b.getBucketCount();
+    next_ = 0;
+    begin_start_ = Clock::now();
+    sharded_->begin(rank_, version_, text(b.getLabel()), bucket_count_);
+    const std::uint32_t slots = data_->slot_count();
+    for (;;) {
+      // next() posts the receive of the slot freed by the bucket `slots` before this one.
+      const std::uint32_t k = next_;
+      if (slots == 1 && k >= 1) sharded_->wait_applied(rank_, k);
+      if (slots >= 2 && k >= 2) sharded_->wait_applied(rank_, k - 1);
+      update::Bucket bucket;
+      if (!next(0, bucket)) break;
+      sharded_->offer(rank_, std::move(bucket));
+    }
+    send_committed(ch_, sharded_->finish(rank_), deadline_in(settings_.commit_timeout));
+  }
+
   void send_ack(std::uint32_t index, std::uint32_t slot, const std::vector<std::uint64_t>& prints,
                 const std::string& phase) {
     capnp::MallocMessageBuilder m;
@@ -498,6 +591,12 @@ class Session final : public update::BucketSource {
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
   bool slots_released_ = false;    // a kept direct session let its staging slots go
   std::atomic<bool> apply_refused_{false};
+  // A rank of a sharded update (Hello.shard): its update, rank, world and holdings.
+  std::shared_ptr<ShardedUpdate> sharded_;
+  std::uint32_t rank_ = 0;
+  std::uint32_t world_ = 0;
+  std::vector<Holding> holdings_;
+  DeclaredBlocks declared_;
 };
 
 
@@ -587,6 +686,9 @@ void Session::verify(update::Bucket& bucket) {
   const std::string phase = fmt::format("bucket {}", bucket.index);
   bucket.manifest = manifest::decode(bucket.manifest_bytes);
   const auto& decoded = *bucket.manifest;
+  if (sharded_) {
+    for (const auto& e : decoded.tensors) declared_.arrived(e);
+  }
   const std::uint64_t bytes = direct_ ? decoded.bucket_bytes : bucket.data.size();
   if (!direct_ && decoded.bucket_bytes != bytes) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the manifest says {} bytes but {} bytes arrived",

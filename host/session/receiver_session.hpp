@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -24,6 +25,8 @@ class Receiver;
 
 namespace ferry::session {
 
+class ShardedUpdates;
+
 struct ReceiverSessionSettings {
   std::string name;   // this receiver, as senders know it (for the Welcome)
   std::string token;  // required in the Hello when not empty
@@ -36,6 +39,9 @@ struct ReceiverSessionSettings {
   // `idle_timeout` without an update.
   bool keep_sessions = true;
   std::chrono::milliseconds idle_timeout{std::chrono::hours(1)};
+  // Where the sessions of a sharded update (Hello.shard) meet (session/sharded_update.hpp);
+  // null: sharded sessions are refused.
+  std::shared_ptr<ShardedUpdates> sharded;
 };
 
 // One session connection as its endpoint sees it, shared between the session's thread and the

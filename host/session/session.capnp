@@ -34,6 +34,23 @@ struct Hello {
   # The sender would keep this session after its commit for its next updates (same catalog):
   # another Begin then follows on this connection, without a new handshake.
   keepSession @11 :Bool;
+  # A sharded update (docs/sharded.md): this sender is one rank of several; `tensors` are the
+  # global tensors it holds blocks of (global shapes), one per holding, in holding order.
+  shard @12 :ShardHello;
+}
+
+# One block a sharded sender holds, in global coordinates.
+struct Holding {
+  tensor @0 :UInt32;            # index into Hello.tensors
+  offsets @1 :List(UInt64);     # where the block starts, per dimension
+  extents @2 :List(UInt64);     # its size per dimension (the manifest entry's shape)
+  replica @3 :Bool;             # held here, but sent by the lowest rank holding it
+}
+
+struct ShardHello {
+  rank @0 :UInt32;
+  world @1 :UInt32;             # how many senders make up the update
+  holdings @2 :List(Holding);
 }
 
 # Direct delivery: where one Hello tensor goes, as a byte offset into a shared region.
@@ -68,6 +85,10 @@ struct Welcome {
   keepSession @12 :Bool;
   # The receiver takes writer fingerprints with the Commit (Begin.fingerprintsAtCommit).
   fingerprintsAtCommit @13 :Bool;
+  # The receiver assembles a sharded update from Hello.shard (every rank of the world joined and
+  # their holdings tile every tensor). Sent once all ranks' Hellos arrived. (What a receiver needs
+  # of each tensor, for receivers that need only part of it, is to come as a later field here.)
+  sharded @14 :Bool;
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.
@@ -125,6 +146,9 @@ struct Committed {
   version @0 :UInt64;
   label @1 :Text;
   seconds @2 :Float64;  # receiver-side time from Begin to the published version
+  # A sharded update: the bytes each rank sent (by rank) and the bytes of every tensor once.
+  rankBytes @3 :List(UInt64);
+  neededBytes @4 :UInt64;
 }
 
 struct Abort {

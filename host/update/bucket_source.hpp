@@ -45,6 +45,8 @@ struct Bucket {
   // Source-defined: which staging slot holds the bytes, and the bucket's index.
   std::uint32_t slot = 0;
   std::uint32_t index = 0;
+  // Source-defined: which of the source's peers sent it (a sharded update: the sender's rank).
+  std::uint32_t origin = 0;
 };
 
 // What the sender said about the whole update, known once the last bucket arrived.

@@ -53,6 +53,7 @@ class PlanCache {
     std::string name;
     ferry_dtype_t dtype;
     std::vector<std::uint64_t> shape;
+    std::vector<std::uint64_t> block;  // a block's global shape, then its offsets; empty: whole
     friend bool operator==(const Shape&, const Shape&) = default;
   };
   struct Cached {

@@ -48,6 +48,14 @@ struct Sharding {
   count @2 :UInt32;
 }
 
+# Which block of a larger global tensor these bytes are, in global coordinates: the entry's shape
+# is the block's extent per dimension, `offsets` where it starts; the bytes are the block's own
+# row-major elements (a sharded push, docs/sharded.md). A whole tensor needs none.
+struct Block {
+  globalShape @0 :List(UInt64);
+  offsets @1 :List(UInt64);
+}
+
 struct TensorEntry {
   name @0 :Text;
   dtype @1 :DType;
@@ -57,6 +65,7 @@ struct TensorEntry {
   fingerprint @5 :Fingerprint;   # optional (absent pointer = none)
   quantization @6 :Quantization; # optional
   sharding @7 :Sharding;         # optional
+  block @8 :Block;               # optional: a block of a global tensor (sharded senders)
 }
 
 struct Manifest {

@@ -555,3 +555,36 @@ TEST(ManifestDescs, RefusesMoreDimsThanTheAbiHolds) {
   m.tensors.push_back(entry("deep", FERRY_DTYPE_U8, std::vector<std::uint64_t>(9, 1), 0));
   EXPECT_THROW(fm::tensor_descs(m), ferry::Error);
 }
+
+// A block of a global tensor (a sharded sender's piece) round-trips, is validated against its
+// global shape, and plans apart from a whole tensor of the same shape.
+TEST(ManifestBlock, RoundTripsAndIsValidatedAgainstItsGlobalShape) {
+  namespace fm = ferry::manifest;
+  fm::Manifest m;
+  m.bucket_count = 1;
+  m.bucket_bytes = 64;
+  fm::Entry e;
+  e.name = "w";
+  e.dtype = FERRY_DTYPE_F32;
+  e.shape = {4, 4};
+  e.size = 64;
+  fm::Manifest whole = m;
+  whole.tensors.push_back(e);
+  e.block = fm::Block{{8, 4}, {4, 0}};
+  m.tensors.push_back(e);
+  const auto decoded = fm::decode(fm::encode(m));
+  ASSERT_TRUE(decoded.tensors[0].block.has_value());
+  EXPECT_EQ(decoded.tensors[0].block->global_shape, (std::vector<std::uint64_t>{8, 4}));
+  EXPECT_EQ(decoded.tensors[0].block->offsets, (std::vector<std::uint64_t>{4, 0}));
+  EXPECT_NE(fm::signature(m), fm::signature(whole));
+  m.tensors[0].block->offsets = {5, 0};
+  try {
+    fm::validate(m);
+    FAIL() << "no error";
+  } catch (const ferry::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("block [5, +4) on dim 0 lies outside the global shape "
+                                           "[8, 4]"),
+              std::string::npos)
+        << err.what();
+  }
+}

@@ -57,12 +57,38 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   hello.setSenderName(fmt::format("{} pid {}", host, ::getpid()));
-  auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
-  for (unsigned i = 0; i < tensors.size(); ++i) {
-    list[i].setName(tensors[i].name);
-    list[i].setDtype(static_cast<std::uint32_t>(tensors[i].dtype));
-    auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
-    for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+  if (state.sharded()) {
+    // The global tensors this rank holds blocks of, and the blocks (docs/sharded.md).
+    const auto declared = state.declared;
+    auto list = hello.initTensors(static_cast<unsigned>(declared.size()));
+    auto shard = hello.initShard();
+    shard.setRank(options.shard_rank);
+    shard.setWorld(options.shard_world);
+    auto holdings = shard.initHoldings(static_cast<unsigned>(declared.size()));
+    for (unsigned i = 0; i < declared.size(); ++i) {
+      const TensorView& t = declared[i];
+      const auto& global = t.global_shape.empty() ? t.shape : t.global_shape;
+      list[i].setName(t.name);
+      list[i].setDtype(static_cast<std::uint32_t>(t.dtype));
+      auto shape = list[i].initShape(static_cast<unsigned>(global.size()));
+      for (unsigned d = 0; d < global.size(); ++d) shape.set(d, global[d]);
+      holdings[i].setTensor(i);
+      auto offsets = holdings[i].initOffsets(static_cast<unsigned>(t.shape.size()));
+      auto extents = holdings[i].initExtents(static_cast<unsigned>(t.shape.size()));
+      for (unsigned d = 0; d < t.shape.size(); ++d) {
+        offsets.set(d, t.offsets.empty() ? 0 : t.offsets[d]);
+        extents.set(d, t.shape[d]);
+      }
+      holdings[i].setReplica(t.replica);
+    }
+  } else {
+    auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
+    for (unsigned i = 0; i < tensors.size(); ++i) {
+      list[i].setName(tensors[i].name);
+      list[i].setDtype(static_cast<std::uint32_t>(tensors[i].dtype));
+      auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
+      for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+    }
   }
   hello.setConfigJson(options.config_json);
   hello.setTransport(data ? transport.name : std::string("inline"));
@@ -117,6 +143,12 @@ void open_session(SenderState& state, Link& link, std::size_t index,
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: unexpected message", ch.peer(), phase);
   }
   auto w = root.getWelcome();
+  if (state.sharded() && !w.getSharded()) {
+    fail(FERRY_STATUS_INCOMPATIBLE,
+         "receiver {} does not assemble sharded updates (rank {} of {}): it answered the "
+         "handshake as for one sender",
+         address, options.shard_rank, options.shard_world);
+  }
   const std::string chosen = text(w.getTransport());
   if (chosen == "inline") {
     if (data) {

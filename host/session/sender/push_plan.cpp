@@ -109,6 +109,12 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
     e.offset = offset;
     e.size = plan.sizes[index];
     if (!prints.empty()) e.fingerprint = prints[index];
+    if (!t.global_shape.empty()) {
+      manifest::Block block;
+      block.global_shape = t.global_shape;
+      block.offsets = t.offsets.empty() ? std::vector<std::uint64_t>(t.shape.size(), 0) : t.offsets;
+      e.block = std::move(block);
+    }
     m.tensors.push_back(std::move(e));
   }
   return manifest::encode(m);

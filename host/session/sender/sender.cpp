@@ -21,6 +21,55 @@
 
 namespace ferry::session {
 
+namespace {
+
+// The block views of a sharded push: in range and of the tensor's rank.
+void check_shard_views(std::span<const TensorView> tensors, const SenderOptions& options) {
+  if (options.shard_rank >= options.shard_world) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "push: rank {} of a world of {} senders",
+         options.shard_rank, options.shard_world);
+  }
+  for (const auto& t : tensors) {
+    const auto& global = t.global_shape.empty() ? t.shape : t.global_shape;
+    if (global.size() != t.shape.size() ||
+        (!t.offsets.empty() && t.offsets.size() != t.shape.size())) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "push: tensor '{}': a block of {} dims with {} offsets in a global shape of {} dims",
+           t.name, t.shape.size(), t.offsets.size(), global.size());
+    }
+    for (std::size_t d = 0; d < t.shape.size(); ++d) {
+      const std::uint64_t at = t.offsets.empty() ? 0 : t.offsets[d];
+      if (at + t.shape[d] > global[d] || at + t.shape[d] < at) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "push: tensor '{}': the block at offset {} of extent {} on dim {} lies outside "
+             "its global extent {}",
+             t.name, at, t.shape[d], d, global[d]);
+      }
+    }
+  }
+}
+
+// The Refusal a receiver sent before it closed the connection, if one is still to be read
+// (messages before it, such as acks, are skipped).
+std::optional<Error> pending_refusal(Channel& ch, const std::string& address) {
+  try {
+    const auto deadline = deadline_in(std::chrono::milliseconds(200));
+    for (int i = 0; i < 64; ++i) {
+      auto msg = ch.recv(deadline, "refusal");
+      auto root = msg->root();
+      if (root.which() != wire::Message::REFUSAL) continue;
+      auto r = root.getRefusal();
+      return Error(static_cast<ferry_status_code_t>(r.getCode()),
+                   fmt::format("receiver {} refused the update: {}", address,
+                               text(r.getMessage())));
+    }
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 bool PushReport::all_committed() const {
   if (receivers.empty()) return false;
   for (const auto& r : receivers) {
@@ -137,7 +186,16 @@ struct Sender::Impl : SenderState {
     } catch (const Error& e) {
       std::string reason;
       result.code = e.code();
-      if (is_aborted(reason) && e.code() != FERRY_STATUS_CORRUPT_DATA) {
+      // A receiver that refused while this sender was writing (a sharded update aborted by
+      // another rank) closed the connection after its Refusal: the Refusal is the cause.
+      std::optional<Error> refusal;
+      if (e.code() == FERRY_STATUS_PEER_FAILED && link && link->channel) {
+        refusal = pending_refusal(*link->channel, address);
+      }
+      if (refusal) {
+        result.code = refusal->code();
+        result.error = refusal->what();
+      } else if (is_aborted(reason) && e.code() != FERRY_STATUS_CORRUPT_DATA) {
         result.code = FERRY_STATUS_ABORTED;
         result.error = fmt::format("receiver {}: aborted: {}", address, reason);
       } else {
@@ -221,6 +279,25 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   const auto start = Clock::now();
   if (i.options.receivers.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no receivers");
   if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
+  // A sharded push sends the blocks it holds and declares its replicas too (docs/sharded.md).
+  std::vector<TensorView> sent_blocks;
+  if (i.sharded()) {
+    check_shard_views(tensors, i.options);
+    for (const auto& t : tensors) {
+      if (!t.replica) sent_blocks.push_back(t);
+    }
+    i.declared = tensors;
+    tensors = sent_blocks;
+  } else {
+    for (const auto& t : tensors) {
+      if (t.replica || !t.global_shape.empty() || !t.offsets.empty()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "push: tensor '{}' is a block of a global tensor, but the sender is not sharded "
+             "(set its rank and world)",
+             t.name);
+      }
+    }
+  }
   for (const auto& r : i.options.receivers) parse_address(r);
   // From here on this push owns the kept sessions (i.links).
   {

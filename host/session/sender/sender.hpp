@@ -49,6 +49,13 @@ struct TensorView {
   const void* data = nullptr;
   ferry_memory_kind_t memory_kind = FERRY_MEMORY_HOST;
   int device = 0;  // CUDA device ordinal when memory_kind is a device kind
+  // A sharded push (SenderOptions::shard_world > 0; docs/sharded.md): the view is the block of
+  // the global tensor of `global_shape` that starts at `offsets` (its extents are `shape`).
+  // Empty: the whole tensor (global_shape = shape). `replica`: held here, but the lowest rank
+  // holding the same block sends it; declared to the receiver, not sent.
+  std::vector<std::uint64_t> global_shape;
+  std::vector<std::uint64_t> offsets;
+  bool replica = false;
 };
 
 // How far a push has come, for a display (session/sender/push_progress.hpp). `begin` once the
@@ -102,6 +109,11 @@ struct SenderOptions {
   // Test hook: the protocol version the handshake claims; 0: this build's. The tests claim
   // another to see a receiver refuse it.
   std::uint32_t claimed_protocol_version = 0;
+  // A sharded push: this sender is rank `shard_rank` of `shard_world` senders that together
+  // make up each update (docs/sharded.md). Each receiver commits a version only when every rank
+  // delivered the blocks it declared. 0: not sharded. Sharded sessions are never kept.
+  std::uint32_t shard_rank = 0;
+  std::uint32_t shard_world = 0;
 };
 
 struct ReceiverResult {
@@ -118,6 +130,10 @@ struct ReceiverResult {
   std::uint64_t bytes = 0;
   std::uint64_t buckets = 0;
   double seconds = 0;
+  // A sharded push, from the receiver's Committed: the payload bytes each rank moved (by
+  // rank) and the bytes of every tensor once (what the receiver needed).
+  std::vector<std::uint64_t> rank_bytes;
+  std::uint64_t needed_bytes = 0;
 };
 
 struct PushReport {

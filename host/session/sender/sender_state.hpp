@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,14 @@ struct SenderState {
   std::string abort_reason;
 
   // Both the options and the configuration (update.keep_sessions) allow it.
-  bool keep_sessions() const { return options.keep_sessions && config.update.keep_sessions; }
+  // Never for a sharded push (each update is assembled afresh on the receiver).
+  bool keep_sessions() const {
+    return options.keep_sessions && config.update.keep_sessions && options.shard_world == 0;
+  }
+  bool sharded() const { return options.shard_world > 0; }
+  // A sharded push: every view it declares (the blocks it sends and its replicas), in the
+  // Hello's order; set by push() for its duration.
+  std::span<const TensorView> declared;
 
   void set_result(std::size_t i, const ReceiverResult& r) {
     std::lock_guard lock(mutex);

@@ -71,6 +71,10 @@ void commit(Delivery& d) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: committed version {} instead of {}", ch.peer(),
          root.getCommitted().getVersion(), d.version);
   }
+  // A sharded update: what each rank moved and what the receiver needed.
+  d.result.rank_bytes.clear();
+  for (auto b : root.getCommitted().getRankBytes()) d.result.rank_bytes.push_back(b);
+  d.result.needed_bytes = root.getCommitted().getNeededBytes();
 }
 
 }  // namespace

@@ -91,6 +91,23 @@ std::uint64_t validate_entry(const Entry& e, std::size_t i, const Limits& limits
       tensor_fail(e, i, "sharding dim {} >= ndim {}", s.dim, e.shape.size());
     }
   }
+  if (e.block) {
+    const Block& b = *e.block;
+    if (b.global_shape.size() != e.shape.size() || b.offsets.size() != e.shape.size()) {
+      tensor_fail(e, i, "block of {} dims with {} offsets for an entry of {} dims",
+                  b.global_shape.size(), b.offsets.size(), e.shape.size());
+    }
+    for (std::size_t d = 0; d < e.shape.size(); ++d) {
+      const auto block_end = checked_add(b.offsets[d], e.shape[d]);
+      if (!block_end || *block_end > b.global_shape[d]) {
+        tensor_fail(e, i, "block [{}, +{}) on dim {} lies outside the global shape {}",
+                    b.offsets[d], e.shape[d], d, shape_string(b.global_shape));
+      }
+    }
+    if (!byte_size(e.dtype, b.global_shape)) {
+      tensor_fail(e, i, "global shape {} overflows uint64", shape_string(b.global_shape));
+    }
+  }
   return *end;
 }
 
@@ -195,6 +212,16 @@ Manifest read_message(schema::Manifest::Reader root, const Limits& limits) {
       const auto s = t.getSharding();
       e.sharding = Sharding{s.getDim(), s.getIndex(), s.getCount()};
     }
+    if (t.hasBlock()) {
+      const auto b = t.getBlock();
+      if (b.getGlobalShape().size() > limits.max_dims || b.getOffsets().size() > limits.max_dims) {
+        tensor_fail(e, i, "block of more than {} dims", limits.max_dims);
+      }
+      Block block;
+      for (auto v : b.getGlobalShape()) block.global_shape.push_back(v);
+      for (auto v : b.getOffsets()) block.offsets.push_back(v);
+      e.block = std::move(block);
+    }
     out.tensors.push_back(std::move(e));
   }
   return out;
@@ -282,6 +309,15 @@ std::vector<std::uint8_t> encode(const Manifest& m) {
       out.setIndex(e.sharding->index);
       out.setCount(e.sharding->count);
     }
+    if (e.block) {
+      auto out = t.initBlock();
+      auto global = out.initGlobalShape(static_cast<unsigned>(e.block->global_shape.size()));
+      for (unsigned d = 0; d < e.block->global_shape.size(); ++d) {
+        global.set(d, e.block->global_shape[d]);
+      }
+      auto offsets = out.initOffsets(static_cast<unsigned>(e.block->offsets.size()));
+      for (unsigned d = 0; d < e.block->offsets.size(); ++d) offsets.set(d, e.block->offsets[d]);
+    }
   }
   const kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);
   const auto bytes = flat.asBytes();
@@ -338,6 +374,13 @@ std::uint64_t signature(const Manifest& m) {
     h.u64(static_cast<std::uint64_t>(e.dtype));
     h.u64(e.shape.size());
     for (std::uint64_t d : e.shape) h.u64(d);
+    // A block plans differently from a whole tensor of its shape (a whole tensor's signature
+    // is what it was before blocks existed).
+    if (e.block) {
+      h.u64(0xb10cull);
+      for (std::uint64_t d : e.block->global_shape) h.u64(d);
+      for (std::uint64_t d : e.block->offsets) h.u64(d);
+    }
   }
   return h.value();
 }

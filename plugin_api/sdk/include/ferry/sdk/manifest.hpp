@@ -31,6 +31,15 @@ struct Sharding {
   std::uint32_t count = 1;
 };
 
+// A block of a global tensor (a sharded sender's piece): the entry's shape is the block's extent
+// per dimension, `offsets` where it starts in the tensor of `global_shape` (same rank). The
+// bytes are the block's own elements, row-major.
+struct Block {
+  std::vector<std::uint64_t> global_shape;
+  std::vector<std::uint64_t> offsets;
+  friend bool operator==(const Block&, const Block&) = default;
+};
+
 struct Entry {
   std::string name;
   ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
@@ -40,6 +49,7 @@ struct Entry {
   std::optional<std::uint64_t> fingerprint;  // kFingerprintAlgorithm
   std::optional<Quantization> quantization;
   std::optional<Sharding> sharding;
+  std::optional<Block> block;
 };
 
 struct Manifest {
@@ -67,7 +77,8 @@ struct Limits {
 // and for a bucket (bucket_count > 0): bucket_index < bucket_count, entries sorted by offset,
 // non-overlapping, inside bucket_bytes, gaps no larger than max_bucket_gap. Also: names at most
 // max_name_bytes and without NUL bytes, a known quantization scale dtype, sharding index < count
-// and dim < ndim. Throws ferry::Error (CORRUPT_DATA) whose message names the tensor and the rule:
+// and dim < ndim, a block of the entry's rank whose offsets + shape lie inside its global shape.
+// Throws ferry::Error (CORRUPT_DATA) whose message names the tensor and the rule:
 // "manifest: tensor 'x' (index 3): size 12 != product(shape [2, 3]) * 4 = 24".
 void validate(const Manifest& manifest, const Limits& limits = {});
 

@@ -1,0 +1,405 @@
+// session/sharded_update.cpp: one update assembled from the sessions of several sender ranks
+// (see session/sharded_update.hpp).
+#include "session/sharded_update.hpp"
+
+#include <fmt/format.h>
+
+#include "common/log.hpp"
+#include "receiver/receiver.hpp"
+
+namespace ferry::session {
+
+ShardedUpdate::ShardedUpdate(receiver::Receiver& receiver, std::uint32_t world,
+                             std::chrono::milliseconds join_timeout,
+                             std::chrono::milliseconds bucket_timeout)
+    : receiver_(receiver),
+      world_(world),
+      join_timeout_(join_timeout),
+      bucket_timeout_(bucket_timeout),
+      created_(std::chrono::steady_clock::now()),
+      ranks_(world) {}
+
+ShardedUpdate::~ShardedUpdate() {
+  if (worker_.joinable()) worker_.join();
+}
+
+bool ShardedUpdate::accepting() const { return phase_ == Phase::joining && joined_ < world_; }
+
+std::string ShardedUpdate::missing_ranks_locked(bool Rank::*flag) const {
+  std::string out;
+  for (std::uint32_t r = 0; r < world_; ++r) {
+    if (!(ranks_[r].*flag)) out += fmt::format("{}{}", out.empty() ? "" : ", ", r);
+  }
+  return out;
+}
+
+void ShardedUpdate::throw_failure_locked() const {
+  fail(error_code_ == FERRY_STATUS_OK ? FERRY_STATUS_ABORTED : error_code_, "{}", error_);
+}
+
+void ShardedUpdate::fail_locked(std::unique_lock<std::mutex>& lock, ferry_status_code_t code,
+                                std::string message) noexcept {
+  if (phase_ == Phase::failed || phase_ == Phase::done) return;
+  phase_ = Phase::failed;
+  error_code_ = code;
+  try {
+    error_ = fmt::format(
+        "sharded update of {} senders aborted: {} (the receiver keeps version {})", world_,
+        message, receiver_.version().number);
+  } catch (...) {
+    error_ = message;
+  }
+  std::vector<ShardMember*> members;
+  for (const auto& r : ranks_) {
+    if (r.joined && r.join.member != nullptr) members.push_back(r.join.member);
+  }
+  const std::string text = error_;
+  changed_.notify_all();
+  lock.unlock();
+  logger("session")->warn("{}", text);
+  for (auto* m : members) m->stop(code, text);
+  lock.lock();
+}
+
+void ShardedUpdate::add(ShardJoin join, std::unique_lock<std::mutex>& lock) {
+  const std::uint32_t rank = join.rank;
+  if (join.world != world_) {
+    std::string joined;
+    for (std::uint32_t r = 0; r < world_; ++r) {
+      if (ranks_[r].joined) joined += fmt::format("{}{}", joined.empty() ? "" : ", ", r);
+    }
+    const std::string message =
+        fmt::format("rank {} ({}) joined with a world of {} senders, but rank(s) {} declared {}",
+                    rank, join.peer, join.world, joined, world_);
+    fail_locked(lock, FERRY_STATUS_INVALID_ARGUMENT, message);
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}", message);
+  }
+  if (rank >= world_ || ranks_[rank].joined) {
+    const std::string message =
+        rank >= world_
+            ? fmt::format("rank {} ({}) is outside a world of {} senders", rank, join.peer, world_)
+            : fmt::format("rank {} joined twice ({} and {})", rank, ranks_[rank].join.peer,
+                          join.peer);
+    fail_locked(lock, FERRY_STATUS_INVALID_ARGUMENT, message);
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}", message);
+  }
+  ranks_[rank].joined = true;
+  ranks_[rank].join = std::move(join);
+  ++joined_;
+  changed_.notify_all();
+}
+
+void ShardedUpdate::wait_welcomed() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return phase_ != Phase::joining; });
+  if (phase_ == Phase::failed) throw_failure_locked();
+}
+
+void ShardedUpdate::begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
+                          std::uint32_t bucket_count) {
+  std::unique_lock lock(mutex_);
+  if (phase_ == Phase::failed) throw_failure_locked();
+  for (std::uint32_t r = 0; r < world_; ++r) {
+    if (ranks_[r].began && ranks_[r].version != version) {
+      fail_locked(lock, FERRY_STATUS_INVALID_ARGUMENT,
+                  fmt::format("rank {} began version {}, but rank {} began version {}", rank,
+                              version, r, ranks_[r].version));
+      throw_failure_locked();
+    }
+  }
+  Rank& me = ranks_[rank];
+  me.began = true;
+  me.version = version;
+  me.label = label;
+  me.bucket_count = bucket_count;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return phase_ == Phase::running || phase_ == Phase::failed ||
+                                   phase_ == Phase::done; });
+  if (phase_ == Phase::failed) throw_failure_locked();
+}
+
+void ShardedUpdate::wait_applied(std::uint32_t rank, std::uint64_t count) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return ranks_[rank].applied >= count || phase_ == Phase::failed; });
+  if (phase_ == Phase::failed) throw_failure_locked();
+}
+
+void ShardedUpdate::offer(std::uint32_t rank, update::Bucket bucket) {
+  bucket.origin = rank;
+  std::unique_lock lock(mutex_);
+  if (phase_ == Phase::failed) throw_failure_locked();
+  queue_.push_back(std::move(bucket));
+  changed_.notify_all();
+}
+
+ShardOutcome ShardedUpdate::finish(std::uint32_t rank) {
+  std::unique_lock lock(mutex_);
+  ranks_[rank].finished = true;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return phase_ == Phase::done || phase_ == Phase::failed; });
+  if (phase_ == Phase::failed) throw_failure_locked();
+  return *outcome_;
+}
+
+void ShardedUpdate::fail_rank(std::uint32_t rank, ferry_status_code_t code,
+                         const std::string& message) noexcept {
+  std::unique_lock lock(mutex_);
+  std::string text;
+  try {
+    text = fmt::format("rank {}: {}", rank, message);
+  } catch (...) {
+  }
+  fail_locked(lock, code, std::move(text));
+}
+
+void ShardedUpdate::leave() noexcept {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return worker_done_; });
+}
+
+// ---- the worker: joins, holdings and layout, begins, the update loop ------------------------
+
+void ShardedUpdate::work() {
+  std::unique_ptr<receiver::Receiver::StreamingUpdate> update;
+  std::optional<ShardOutcome> outcome;
+  try {
+    std::vector<RankHoldings> holdings;
+    std::string config_json;
+    {
+      std::unique_lock lock(mutex_);
+      const bool all = changed_.wait_until(lock, created_ + join_timeout_, [&] {
+        return joined_ == world_ || phase_ == Phase::failed;
+      });
+      if (phase_ == Phase::failed) throw_failure_locked();
+      if (!all) {
+        fail_locked(lock, FERRY_STATUS_TIMEOUT,
+                    fmt::format("rank(s) {} did not join within {} ms of the first",
+                                missing_ranks_locked(&Rank::joined), join_timeout_.count()));
+        throw_failure_locked();
+      }
+      for (std::uint32_t r = 0; r < world_; ++r) {
+        holdings.push_back({r, ranks_[r].join.holdings});
+        if (config_json.empty()) config_json = ranks_[r].join.config_json;
+      }
+    }
+    layout_ = check_holdings(holdings, world_);
+    std::vector<ferry_tensor_desc_t> catalog;
+    catalog.reserve(layout_.tensors.size());
+    for (const auto& t : layout_.tensors) {
+      ferry_tensor_desc_t d{};
+      d.struct_size = FERRY_STRUCT_SIZE(ferry_tensor_desc_t, shape);
+      d.name = t.name.c_str();
+      d.dtype = t.dtype;
+      d.ndim = static_cast<std::uint32_t>(t.shape.size());
+      for (std::size_t k = 0; k < t.shape.size() && k < FERRY_MAX_DIMS; ++k) d.shape[k] = t.shape[k];
+      catalog.push_back(d);
+    }
+    try {
+      update = receiver_.open_session(catalog, config_json);
+    } catch (const Error& e) {
+      fail(e.code(), "layout check refused: {}", e.what());
+    }
+    signature_ = update->layout_signature();
+    num_params_ = static_cast<std::uint32_t>(update->num_params());
+    std::uint64_t version = 0;
+    std::string label;
+    {
+      std::unique_lock lock(mutex_);
+      if (phase_ == Phase::failed) throw_failure_locked();
+      phase_ = Phase::welcomed;
+      changed_.notify_all();
+      const bool all = changed_.wait_until(
+          lock, std::chrono::steady_clock::now() + bucket_timeout_, [&] {
+            if (phase_ == Phase::failed) return true;
+            for (const auto& r : ranks_) {
+              if (!r.began) return false;
+            }
+            return true;
+          });
+      if (phase_ == Phase::failed) throw_failure_locked();
+      if (!all) {
+        fail_locked(lock, FERRY_STATUS_TIMEOUT,
+                    fmt::format("rank(s) {} did not begin within {} ms",
+                                missing_ranks_locked(&Rank::began), bucket_timeout_.count()));
+        throw_failure_locked();
+      }
+      version = ranks_[0].version;
+      label = ranks_[0].label;
+    }
+    const auto report = update->run(*this, version,
+                                    label.empty() ? std::nullopt
+                                                  : std::optional<std::string>(label));
+    ShardOutcome o;
+    o.version = report.version.number;
+    o.label = report.version.label;
+    o.seconds = report.seconds;
+    o.needed_bytes = layout_.needed_bytes;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& r : ranks_) o.rank_bytes.push_back(r.bytes);
+    }
+    std::string per_rank;
+    for (std::size_t r = 0; r < o.rank_bytes.size(); ++r) {
+      per_rank += fmt::format("{}rank {}: {}", r ? ", " : "", r, o.rank_bytes[r]);
+    }
+    logger("receiver")->info(
+        "update {} ('{}') from {} sender ranks: {} buckets in {:.3f} s; bytes moved per rank "
+        "({}), bytes needed {}",
+        o.version, o.label, world_, report.buckets, report.seconds, per_rank, o.needed_bytes);
+    outcome = std::move(o);
+  } catch (const Error& e) {
+    std::unique_lock lock(mutex_);
+    fail_locked(lock, e.code(), e.what());
+  } catch (const std::exception& e) {
+    std::unique_lock lock(mutex_);
+    fail_locked(lock, FERRY_STATUS_INTERNAL, e.what());
+  }
+  // The update lock goes on the thread that took it, before any sender hears Committed (its
+  // next push must not find the receiver busy).
+  update.reset();
+  std::lock_guard lock(mutex_);
+  if (outcome && phase_ != Phase::failed) {
+    outcome_ = std::move(outcome);
+    phase_ = Phase::done;
+  }
+  worker_done_ = true;
+  changed_.notify_all();
+}
+
+// ---- the bucket source ----------------------------------------------------------------------
+
+void ShardedUpdate::begun() {
+  for (auto& r : ranks_) r.join.member->begun();
+  std::lock_guard lock(mutex_);
+  if (phase_ == Phase::failed) throw_failure_locked();
+  phase_ = Phase::running;
+  changed_.notify_all();
+}
+
+bool ShardedUpdate::next(std::uint32_t, update::Bucket& out) {
+  std::unique_lock lock(mutex_);
+  const auto all_finished = [&] {
+    for (const auto& r : ranks_) {
+      if (!r.finished) return false;
+    }
+    return true;
+  };
+  // Each session has its own bucket deadline; this one only guards against a session that
+  // neither offers nor fails.
+  const bool ready =
+      changed_.wait_until(lock, std::chrono::steady_clock::now() + 2 * bucket_timeout_, [&] {
+        return !queue_.empty() || all_finished() || phase_ == Phase::failed;
+      });
+  if (phase_ == Phase::failed) throw_failure_locked();
+  if (!ready) {
+    fail(FERRY_STATUS_TIMEOUT, "no bucket from rank(s) {} before the deadline",
+         missing_ranks_locked(&Rank::finished));
+  }
+  if (queue_.empty()) return false;
+  out = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void ShardedUpdate::verify(update::Bucket& bucket) {
+  applying_ = bucket.origin;
+  ranks_[bucket.origin].join.member->verify(bucket);
+  std::uint64_t bytes = 0;
+  if (bucket.manifest) {
+    for (const auto& e : bucket.manifest->tensors) bytes += e.size;
+  }
+  std::lock_guard lock(mutex_);
+  ranks_[bucket.origin].bytes += bytes;
+}
+
+void ShardedUpdate::applied(const update::Bucket& bucket) {
+  ranks_[bucket.origin].join.member->applied(bucket);
+  std::lock_guard lock(mutex_);
+  ranks_[bucket.origin].applied += 1;
+  changed_.notify_all();
+}
+
+void ShardedUpdate::apply_failed(const Error& error) noexcept {
+  std::unique_lock lock(mutex_);
+  std::string text;
+  try {
+    text = fmt::format("rank {}: {}", applying_.load(), error.what());
+  } catch (...) {
+  }
+  fail_locked(lock, error.code(), std::move(text));
+}
+
+update::UpdateEnd ShardedUpdate::end() {
+  for (auto& r : ranks_) r.join.member->check_complete();
+  return {};
+}
+
+// ---- the updates being joined -----------------------------------------------------------------
+
+std::shared_ptr<ShardedUpdate> ShardedUpdates::join(ShardJoin join) {
+  std::lock_guard guard(mutex_);
+  bool fresh = false;
+  if (forming_) {
+    std::lock_guard lock(forming_->mutex_);
+    fresh = !forming_->accepting();
+  }
+  if (!forming_ || fresh) {
+    if (join.world == 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "a sharded update of 0 senders");
+    forming_ = std::make_shared<ShardedUpdate>(receiver_, join.world, join_timeout_,
+                                               bucket_timeout_);
+    forming_->worker_ = std::thread([u = forming_.get()] { u->work(); });
+  }
+  std::shared_ptr<ShardedUpdate> u = forming_;
+  std::unique_lock lock(u->mutex_);
+  u->add(std::move(join), lock);
+  if (u->joined_ == u->world_) forming_.reset();
+  return u;
+}
+
+// ---- the wire ---------------------------------------------------------------------------------
+
+std::vector<Holding> read_holdings(wire::ShardHello::Reader shard,
+                                   std::span<const ferry_tensor_desc_t> descs,
+                                   const std::string& where) {
+  const std::uint32_t rank = shard.getRank();
+  if (shard.getWorld() == 0 || rank >= shard.getWorld()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: rank {} of a world of {} senders", where, rank,
+         shard.getWorld());
+  }
+  std::vector<Holding> out;
+  for (auto h : shard.getHoldings()) {
+    if (h.getTensor() >= descs.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: rank {}: a holding of tensor #{} of {}", where, rank,
+           h.getTensor(), descs.size());
+    }
+    const ferry_tensor_desc_t& d = descs[h.getTensor()];
+    Holding held;
+    held.tensor = d.name;
+    held.dtype = d.dtype;
+    held.global_shape.assign(d.shape, d.shape + d.ndim);
+    if (h.getOffsets().size() > FERRY_MAX_DIMS || h.getExtents().size() > FERRY_MAX_DIMS) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: rank {}: tensor '{}': a block of more than {} dims",
+           where, rank, held.tensor, FERRY_MAX_DIMS);
+    }
+    for (auto v : h.getOffsets()) held.offsets.push_back(v);
+    for (auto v : h.getExtents()) held.extents.push_back(v);
+    held.sent = !h.getReplica();
+    out.push_back(std::move(held));
+  }
+  return out;
+}
+
+void send_committed(Channel& channel, const ShardOutcome& o,
+                    std::chrono::steady_clock::time_point deadline) {
+  capnp::MallocMessageBuilder m;
+  auto c = m.initRoot<wire::Message>().initCommitted();
+  c.setVersion(o.version);
+  c.setLabel(o.label);
+  c.setSeconds(o.seconds);
+  auto bytes = c.initRankBytes(static_cast<unsigned>(o.rank_bytes.size()));
+  for (unsigned r = 0; r < o.rank_bytes.size(); ++r) bytes.set(r, o.rank_bytes[r]);
+  c.setNeededBytes(o.needed_bytes);
+  channel.send(m, deadline, "commit (committed)");
+}
+
+}  // namespace ferry::session

@@ -1,0 +1,326 @@
+// tests/session/session_sharded_test.cpp: sharded pushes into real `ferry serve` processes
+// (docs/sharded.md): a checkpoint split over 2 and 4 `ferry push --rank R --world S` processes
+// (dim-0 row ranges and whole tensors per rank) lands bit-identical to the unsharded push; in-
+// process senders with explicit blocks (column blocks, replicas); a rank killed mid-push, blocks
+// that overlap or leave a gap, and ranks that disagree on the version abort the update, naming
+// the rank and the tensor, and the receiver keeps its previous version.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include "config/config.hpp"
+#include "registry/registry.hpp"
+#include "session_fixture.hpp"
+
+namespace ferry::test {
+namespace {
+
+class SessionSharded : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
+  static void TearDownTestSuite() { versions_.reset(); }
+
+  // `world` `ferry push --rank r` processes of v2 into `to`, run side by side; their results.
+  static std::vector<ChildResult> push_ranks(const std::string& to, unsigned world,
+                                             const std::string& shard_by,
+                                             const std::string& transport = "inline",
+                                             std::map<unsigned, std::vector<std::string>> extra = {}) {
+    std::vector<std::unique_ptr<PushProcess>> pushes;
+    for (unsigned r = 0; r < world; ++r) {
+      std::vector<std::string> args = {"--log-level", "warn", "push", "--to", to,
+                                       "--transport", transport, "--model-path",
+                                       versions_->v2_path(), "--version", "2",
+                                       "--bucket-bytes", "512", "--no-progress",
+                                       "--rank", std::to_string(r), "--world",
+                                       std::to_string(world), "--shard-by", shard_by,
+                                       "--bucket-timeout-ms", "5000", "--commit-timeout-ms",
+                                       "5000"};
+      for (const auto& a : extra[r]) args.push_back(a);
+      pushes.push_back(std::make_unique<PushProcess>(args, std::map<std::string, std::string>{}));
+    }
+    std::vector<ChildResult> results(world);
+    for (unsigned r = 0; r < world; ++r) {
+      if (!pushes[r]->wait(60, results[r])) pushes[r]->kill_now();
+    }
+    return results;
+  }
+
+  // The fingerprints of a receiver that got v2 from one unsharded `ferry push`.
+  static std::map<std::string, std::string> unsharded_v2(unsigned tp_rank = 0,
+                                                         unsigned tp_size = 1) {
+    ServeProcess serve(receiver_options(versions_->v1_path(), tp_rank, tp_size));
+    const auto push = run_ferry({"--log-level", "warn", "push", "--to", address_of(serve),
+                                 "--transport", "inline", "--model-path", versions_->v2_path(),
+                                 "--version", "2", "--bucket-bytes", "512", "--no-progress"});
+    EXPECT_TRUE(push.exited && push.status == 0) << push.output;
+    EXPECT_EQ(version_of(serve), 2);
+    return serve.fingerprints();
+  }
+
+  static void expect_unchanged(const ServeProcess& serve) {
+    EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20))
+        << serve.get("/health").text << serve.log();
+    EXPECT_EQ(version_of(serve), 1);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  }
+
+  static std::unique_ptr<TwoVersions> versions_;
+};
+std::unique_ptr<TwoVersions> SessionSharded::versions_;
+
+// One in-process rank: its views (blocks), pushed to `to` as `version`.
+struct Rank {
+  std::vector<session::TensorView> views;
+  std::vector<std::vector<std::uint8_t>> copies;  // contiguous copies of strided blocks
+  session::PushReport report;
+};
+
+// The block of rows [begin, end) of a tensor (contiguous in place).
+session::TensorView rows_of(const Tensor& t, std::uint64_t begin, std::uint64_t end) {
+  std::uint64_t row_bytes = t.bytes.size() / t.shape[0];
+  session::TensorView v{t.name, t.dtype, t.shape, t.bytes.data() + begin * row_bytes,
+                        FERRY_MEMORY_HOST, 0};
+  v.global_shape = t.shape;
+  v.offsets.assign(t.shape.size(), 0);
+  v.offsets[0] = begin;
+  v.shape[0] = end - begin;
+  return v;
+}
+
+// The block of columns [begin, end) of a 2-D tensor, copied into `rank.copies`.
+session::TensorView cols_of(Rank& rank, const Tensor& t, std::uint64_t begin, std::uint64_t end) {
+  const std::uint64_t rows = t.shape[0], cols = t.shape[1];
+  const std::uint64_t elem = t.bytes.size() / (rows * cols);
+  auto& copy = rank.copies.emplace_back((end - begin) * rows * elem);
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    std::memcpy(copy.data() + r * (end - begin) * elem, t.bytes.data() + (r * cols + begin) * elem,
+                (end - begin) * elem);
+  }
+  session::TensorView v{t.name, t.dtype, {rows, end - begin}, copy.data(), FERRY_MEMORY_HOST, 0};
+  v.global_shape = t.shape;
+  v.offsets = {0, begin};
+  return v;
+}
+
+session::TensorView whole(const Tensor& t, bool replica = false) {
+  session::TensorView v{t.name, t.dtype, t.shape, t.bytes.data(), FERRY_MEMORY_HOST, 0};
+  v.global_shape = t.shape;
+  v.replica = replica;
+  return v;
+}
+
+// Pushes every rank of `ranks` (rank r: ranks[r]) side by side, each as version versions[r].
+void push_in_process(std::vector<Rank>& ranks, const std::string& to,
+                     std::vector<std::uint64_t> versions = {}) {
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] {
+      config::Config config;
+      registry::Registry registry({});
+      session::SenderOptions options;
+      options.receivers = {to};
+      options.transport = "inline";
+      options.bucket_bytes = 512;
+      options.bucket_timeout = std::chrono::milliseconds(5000);
+      options.commit_timeout = std::chrono::milliseconds(5000);
+      options.shard_rank = static_cast<std::uint32_t>(r);
+      options.shard_world = static_cast<std::uint32_t>(ranks.size());
+      session::Sender sender(config, registry, options);
+      ranks[r].report = sender.push(ranks[r].views, versions.empty() ? 2 : versions[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::string all_output(const std::vector<ChildResult>& results) {
+  std::string out;
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    out += fmt::format("--- rank {} ({}, {}):\n{}\n", r, results[r].exited ? "exit" : "signal",
+                       results[r].status, results[r].output);
+  }
+  return out;
+}
+
+TEST_F(SessionSharded, DimZeroSplitOverTwoPushProcessesIsBitIdenticalToTheUnshardedPush) {
+  const auto reference = unsharded_v2();
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  const auto results = push_ranks(address_of(serve), 2, "dim0");
+  for (const auto& r : results) ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
+  EXPECT_EQ(version_of(serve), 2);
+  EXPECT_EQ(serve.fingerprints(), reference);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  // The report: bytes moved per rank, all of them once: the bytes needed.
+  const std::string needed = std::to_string(versions_->v2.total_bytes());
+  EXPECT_NE(results[0].output.find(needed + " moved, " + needed + " needed"), std::string::npos)
+      << results[0].output;
+}
+
+TEST_F(SessionSharded, TensorSplitOverFourPushProcessesIsBitIdenticalToTheUnshardedPush) {
+  const auto reference = unsharded_v2();
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  const auto results = push_ranks(address_of(serve), 4, "tensor");
+  for (const auto& r : results) ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
+  EXPECT_EQ(version_of(serve), 2);
+  EXPECT_EQ(serve.fingerprints(), reference);
+}
+
+TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceivers) {
+  ServeProcess a(receiver_options(versions_->v1_path(), 0, 2));
+  ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
+  const auto results = push_ranks(address_of(a) + "," + address_of(b), 4, "dim0");
+  for (const auto& r : results) ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
+  EXPECT_EQ(version_of(a), 2);
+  EXPECT_EQ(version_of(b), 2);
+  EXPECT_EQ(a.fingerprints(), expected_fingerprints(versions_->v2, 0, 2));
+  EXPECT_EQ(b.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
+}
+
+TEST_F(SessionSharded, DimZeroSplitOverUcx) {
+  if (std::getenv("FERRY_TEST_HAVE_UCX") == nullptr) GTEST_SKIP() << "the ucx plugin is not built";
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  const auto results = push_ranks(address_of(serve), 2, "dim0", "ucx");
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
+    EXPECT_NE(r.output.find("via ucx"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+TEST_F(SessionSharded, RankKilledMidPushLeavesThePreviousVersionAndTheErrorNamesTheRank) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  const auto results =
+      push_ranks(address_of(serve), 2, "dim0", "inline", {{1, {"--test-exit-after-bucket", "1"}}});
+  EXPECT_FALSE(results[1].exited) << all_output(results);  // killed itself
+  EXPECT_TRUE(results[0].exited && results[0].status == 1) << all_output(results);
+  EXPECT_NE(results[0].output.find("rank 1"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("keeps version 1"), std::string::npos) << results[0].output;
+  expect_unchanged(serve);
+  // The next sharded push of the same version commits.
+  const auto again = push_ranks(address_of(serve), 2, "dim0");
+  for (const auto& r : again) ASSERT_TRUE(r.exited && r.status == 0) << all_output(again);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+TEST_F(SessionSharded, ColumnBlocksAndReplicasFromInProcessSenders) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  std::uint64_t rank0_bytes = 0, rank1_bytes = 0;
+  for (const auto& t : versions_->v2.tensors) {
+    if (t.shape.size() == 2) {
+      // Column blocks: strided in the global tensor.
+      const std::uint64_t half = t.shape[1] / 2;
+      ranks[0].views.push_back(cols_of(ranks[0], t, 0, half));
+      ranks[1].views.push_back(cols_of(ranks[1], t, half, t.shape[1]));
+      rank0_bytes += t.bytes.size() * half / t.shape[1];
+      rank1_bytes += t.bytes.size() - t.bytes.size() * half / t.shape[1];
+    } else {
+      // Replicated: both hold it, rank 0 (the lowest) sends it.
+      ranks[0].views.push_back(whole(t));
+      ranks[1].views.push_back(whole(t, /*replica=*/true));
+      rank0_bytes += t.bytes.size();
+    }
+  }
+  push_in_process(ranks, address_of(serve));
+  for (const auto& r : ranks) {
+    ASSERT_TRUE(r.report.all_committed()) << r.report.receivers[0].error;
+  }
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  const auto& result = ranks[1].report.receivers[0];
+  ASSERT_EQ(result.rank_bytes.size(), 2u);
+  EXPECT_EQ(result.rank_bytes[0], rank0_bytes);
+  EXPECT_EQ(result.rank_bytes[1], rank1_bytes);  // replicas were not sent
+  EXPECT_EQ(result.needed_bytes, versions_->v2.total_bytes());
+  EXPECT_EQ(result.rank_bytes[0] + result.rank_bytes[1], result.needed_bytes);
+}
+
+TEST_F(SessionSharded, OverlappingBlocksAreRefusedNamingTheRanksAndTheTensor) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  const Tensor& embed = versions_->v2.at("model.embed_tokens.weight");
+  for (const auto& t : versions_->v2.tensors) {
+    if (t.name == embed.name) {
+      ranks[0].views.push_back(rows_of(t, 0, 9));
+      ranks[1].views.push_back(rows_of(t, 8, t.shape[0]));
+    } else {
+      ranks[0].views.push_back(whole(t));
+    }
+  }
+  push_in_process(ranks, address_of(serve));
+  for (const auto& r : ranks) {
+    ASSERT_FALSE(r.report.all_committed());
+    const std::string& error = r.report.receivers[0].error;
+    EXPECT_NE(error.find("'model.embed_tokens.weight'"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 0 [0:9, 0:8] and rank 1 [8:16, 0:8] overlap"), std::string::npos)
+        << error;
+  }
+  expect_unchanged(serve);
+}
+
+TEST_F(SessionSharded, ABlockNobodySendsIsRefusedNamingTheTensorAndAnElement) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  for (const auto& t : versions_->v2.tensors) {
+    if (t.name == "model.embed_tokens.weight") {
+      ranks[0].views.push_back(rows_of(t, 0, 6));
+      ranks[1].views.push_back(rows_of(t, 7, t.shape[0]));  // row 6 missing
+    } else {
+      ranks[1].views.push_back(whole(t));
+    }
+  }
+  push_in_process(ranks, address_of(serve));
+  for (const auto& r : ranks) {
+    ASSERT_FALSE(r.report.all_committed());
+    const std::string& error = r.report.receivers[0].error;
+    EXPECT_NE(error.find("tensor 'model.embed_tokens.weight' [16, 8]: the senders' blocks cover "
+                         "120 of its 128 elements; no rank sends element [6, 0]"),
+              std::string::npos)
+        << error;
+  }
+  expect_unchanged(serve);
+}
+
+TEST_F(SessionSharded, AReplicatedBlockSentTwiceIsRefused) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  for (const auto& t : versions_->v2.tensors) {
+    ranks[0].views.push_back(whole(t));
+    ranks[1].views.push_back(whole(t, t.name != "model.norm.weight"));
+  }
+  push_in_process(ranks, address_of(serve));
+  for (const auto& r : ranks) {
+    ASSERT_FALSE(r.report.all_committed());
+    const std::string& error = r.report.receivers[0].error;
+    EXPECT_NE(error.find("tensor 'model.norm.weight': the blocks of rank 0 [0:8] and rank 1 "
+                         "[0:8] overlap"),
+              std::string::npos)
+        << error;
+  }
+  expect_unchanged(serve);
+}
+
+TEST_F(SessionSharded, RanksThatBeginDifferentVersionsAbortTheUpdate) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  for (const auto& t : versions_->v2.tensors) {
+    ranks[0].views.push_back(rows_of(t, 0, t.shape[0] / 2));
+    ranks[1].views.push_back(rows_of(t, t.shape[0] / 2, t.shape[0]));
+  }
+  push_in_process(ranks, address_of(serve), {2, 3});
+  for (const auto& r : ranks) {
+    ASSERT_FALSE(r.report.all_committed());
+    const std::string& error = r.report.receivers[0].error;
+    EXPECT_TRUE(error.find("rank 1 began version 3, but rank 0 began version 2") !=
+                    std::string::npos ||
+                error.find("rank 0 began version 2, but rank 1 began version 3") !=
+                    std::string::npos)
+        << error;
+  }
+  expect_unchanged(serve);
+}
+
+}  // namespace
+}  // namespace ferry::test
