@@ -80,6 +80,10 @@ ferry::receiver::Receiver& ferry::capi::receiver_with_layout(ferry_receiver_t* h
   return *handle->receiver;
 }
 
+ferry::receiver::Receiver& ferry::capi::receiver_of(ferry_receiver_t* handle) {
+  return *handle->receiver;
+}
+
 extern "C" {
 
 FERRY_API ferry_error_t* ferry_receiver_create(const ferry_config_source_t* config,

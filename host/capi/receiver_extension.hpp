@@ -24,4 +24,8 @@ std::shared_ptr<void> receiver_nccl_groups(
 // Defined in receiver.cpp.
 receiver::Receiver& receiver_with_layout(ferry_receiver_t* handle);
 
+// The handle's receiver without fixing the layout (engine callbacks may be set before the
+// parameters are all registered). Defined in receiver.cpp.
+receiver::Receiver& receiver_of(ferry_receiver_t* handle);
+
 }  // namespace ferry::capi

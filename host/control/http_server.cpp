@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/log.hpp"
+#include "control/handlers.hpp"
 #include "control/http_listener.hpp"
 #include "control/requests.hpp"
 #include "receiver/receiver.hpp"
@@ -21,109 +22,15 @@ namespace {
 
 using nlohmann::json;
 
-int http_status(ferry_status_code_t code) {
-  switch (code) {
-    case FERRY_STATUS_INVALID_ARGUMENT:
-    case FERRY_STATUS_CORRUPT_DATA:
-    case FERRY_STATUS_INCOMPATIBLE: return 400;
-    case FERRY_STATUS_NOT_FOUND: return 404;
-    case FERRY_STATUS_FAILED_PRECONDITION:
-    case FERRY_STATUS_ABORTED: return 409;
-    case FERRY_STATUS_UNIMPLEMENTED: return 501;
-    case FERRY_STATUS_PEER_FAILED: return 502;
-    case FERRY_STATUS_TIMEOUT: return 504;
-    case FERRY_STATUS_OUT_OF_MEMORY: return 507;
-    case FERRY_STATUS_OK:
-    case FERRY_STATUS_IO:
-    case FERRY_STATUS_INTERNAL:
-    case FERRY_STATUS_END_OF_STREAM: return 500;
+// `allowed`: one method or several, ", " between them ("GET, POST").
+bool method_allowed(std::string_view allowed, std::string_view method) {
+  while (!allowed.empty()) {
+    const auto comma = allowed.find(", ");
+    if (allowed.substr(0, comma) == method) return true;
+    if (comma == std::string_view::npos) break;
+    allowed.remove_prefix(comma + 2);
   }
-  return 500;
-}
-
-HttpResponse reply(int status, const json& body) {
-  HttpResponse res;
-  res.status = status;
-  res.body = body.dump();
-  return res;
-}
-
-// Every error answer, whatever produced it: {"success": false, "message", "code"}.
-HttpResponse error_reply(int status, const std::string& code, const std::string& message) {
-  return reply(status, json{{"success", false}, {"message", message}, {"code", code}});
-}
-
-HttpResponse reply_error(ferry_status_code_t code, const std::string& message) {
-  return error_reply(http_status(code), status_name(code), message);
-}
-
-// Parses the request body as a JSON object; an empty body is an empty object.
-json parse_body(const HttpRequest& req) {
-  if (req.body.empty()) return json::object();
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) fail(FERRY_STATUS_INVALID_ARGUMENT, "request body is not valid JSON");
-  if (!body.is_object()) fail(FERRY_STATUS_INVALID_ARGUMENT, "request body must be a JSON object");
-  return body;
-}
-
-template <typename T>
-T field(const json& body, const char* key, T fallback) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return fallback;
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // nlohmann converts 3.7 to 3 silently: an integer field takes integers only.
-    if (!it->is_number_integer()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer (got {} {})", key,
-           it->type_name(), it->dump());
-    }
-    const bool fits = it->is_number_unsigned()
-                          ? it->get<std::uint64_t>() <=
-                                static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                          : std::is_signed_v<T> || it->get<std::int64_t>() >= 0;
-    if (!fits) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is out of range ({})", key, it->dump());
-    }
-  }
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' has the wrong type ({})", key, it->type_name());
-  }
-}
-
-std::string required_string(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' (non-empty string) is required", key);
-  }
-  return it->get<std::string>();
-}
-
-// SGLang accepts the weight version as a string; numbers are accepted and stringified.
-std::optional<std::string> optional_label(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_number_integer()) return std::to_string(it->get<long long>());
-  fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a string", key);
-}
-
-std::vector<std::string> tags_field(const json& body) {
-  auto it = body.find("tags");
-  if (it == body.end() || it->is_null()) return {};
-  if (!it->is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
-  std::vector<std::string> tags;
-  for (const auto& t : *it) {
-    if (!t.is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
-    tags.push_back(t.get<std::string>());
-  }
-  return tags;
-}
-
-json report_json(const receiver::UpdateReport& r) {
-  return json{{"weight_version", r.version.label}, {"version", r.version.number},
-              {"bytes", r.bytes},  {"tensors", r.tensors}, {"buckets", r.buckets},
-              {"seconds", r.seconds}};
+  return false;
 }
 
 bool token_matches(const std::string& header, const std::string& token) {
@@ -136,17 +43,24 @@ bool token_matches(const std::string& header, const std::string& token) {
   return diff == 0;
 }
 
-// What a route's handler may use: the receiver, the server's options and the NCCL groups.
-struct Context {
-  receiver::Receiver& receiver;
-  const ServerOptions& options;
-  receiver::WeightUpdateGroups& groups;
-};
+// An update with SGLang's effects around it (receiver/engine_control.hpp: abort_all_requests,
+// flush_cache, post-load processing outside a weight-update session).
+template <typename F>
+receiver::UpdateReport with_effects(Context& c, const receiver::UpdateEffects& effects, F&& run) {
+  receiver::UpdateReport report;
+  c.receiver.engine_control().run_update(effects, [&] { report = run(); });
+  return report;
+}
 
 HttpResponse update_from_disk(Context& c, const HttpRequest& req) {
-  json body = parse_body(req);
-  auto report = c.receiver.update_from_disk(required_string(body, "model_path"),
-                                            optional_label(body, "weight_version"));
+  const auto request = control::parse_disk_update(parse_body(req));
+  auto report = with_effects(c, request.effects, [&] {
+    return c.receiver.update_from_disk(request.model_path, request.weight_version);
+  });
+  {
+    const std::lock_guard lock(c.state.mutex);
+    c.state.model_path = request.model_path;
+  }
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated from disk";
@@ -163,7 +77,10 @@ HttpResponse init_group(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse update_from_distributed(Context& c, const HttpRequest& req) {
-  auto report = c.groups.update(control::parse_distributed_update(parse_body(req)));
+  const json body = parse_body(req);
+  const auto request = control::parse_distributed_update(body);
+  const auto effects = control::parse_update_effects(body, "update_weights_from_distributed");
+  auto report = with_effects(c, effects, [&] { return c.groups.update(request); });
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated by broadcast";
@@ -181,8 +98,11 @@ HttpResponse destroy_group(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse update_from_ipc(Context& c, const HttpRequest& req) {
-  auto report =
-      receiver::update_weights_from_ipc(c.receiver, control::parse_ipc_update(parse_body(req)));
+  const json body = parse_body(req);
+  const auto request = control::parse_ipc_update(body);
+  const auto effects = control::parse_update_effects(body, "update_weights_from_ipc");
+  auto report = with_effects(
+      c, effects, [&] { return receiver::update_weights_from_ipc(c.receiver, request); });
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated from checkpoint-engine";
@@ -211,38 +131,6 @@ HttpResponse update_weight_version(Context& c, const HttpRequest& req) {
 HttpResponse weight_version(Context& c, const HttpRequest&) {
   auto v = c.receiver.version();
   return reply(200, json{{"weight_version", v.label}, {"version", v.number}});
-}
-
-HttpResponse release_or_resume(Context& c, const HttpRequest& req, bool release) {
-  json body = parse_body(req);
-  auto tags = tags_field(body);
-  if (release) {
-    c.receiver.release(tags);
-  } else {
-    c.receiver.resume(tags);
-  }
-  json state = json::array();
-  for (const auto& t : c.receiver.memory_state()) {
-    state.push_back(json{{"tag", t.tag}, {"bytes", t.bytes}, {"released", t.released},
-                         {"policy", t.policy}, {"contents_valid", t.contents_valid}});
-  }
-  return reply(200, json{{"success", true},
-                         {"message", release ? "memory released" : "memory resumed"},
-                         {"memory", state}});
-}
-
-HttpResponse release_memory(Context& c, const HttpRequest& req) {
-  return release_or_resume(c, req, true);
-}
-
-HttpResponse resume_memory(Context& c, const HttpRequest& req) {
-  return release_or_resume(c, req, false);
-}
-
-HttpResponse model_info(Context& c, const HttpRequest&) {
-  auto v = c.receiver.version();
-  const std::uint64_t count = c.receiver.layout().size();
-  return reply(200, json{{"weight_version", v.label}, {"num_parameters", count}});
 }
 
 HttpResponse fingerprints(Context& c, const HttpRequest&) {
@@ -284,6 +172,9 @@ HttpResponse session_info(Context& c, const HttpRequest&) {
 // on the readers'.
 enum class Runs { io, worker };
 
+constexpr const char* kSglang = "SGLang";
+constexpr const char* kFerry = "ferry";
+
 struct Entry {
   Route route;
   Runs runs;
@@ -293,35 +184,53 @@ struct Entry {
 // The one table of routes: what docs/http-api.md lists (a test checks both), how each is
 // dispatched and what answers it.
 const std::vector<Entry> kTable = {
-    {{"POST", "/update_weights_from_disk", true, "reload weights from a safetensors path"},
+    {{"POST", "/update_weights_from_disk", true, "reload weights from a safetensors path", kSglang},
      Runs::worker, update_from_disk},
-    {{"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)"},
+    {{"POST", "/init_weights_update_group", true, "join an NCCL weight-update group (rank 0: trainer)", kSglang},
      Runs::worker, init_group},
-    {{"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast"},
+    {{"POST", "/update_weights_from_distributed", true, "receive one update by NCCL broadcast", kSglang},
      Runs::worker, update_from_distributed},
-    {{"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group"},
+    {{"POST", "/destroy_weights_update_group", true, "leave and destroy an NCCL weight-update group", kSglang},
      Runs::worker, destroy_group},
-    {{"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer"},
+    {{"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer", kSglang},
      Runs::worker, update_from_ipc},
-    {{"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor"},
+    {{"POST", "/begin_weight_update", true, "open a weight-update session", kSglang},
+     Runs::worker, begin_weight_update},
+    {{"POST", "/end_weight_update", true, "close the weight-update session: the engine's post-load processing", kSglang},
+     Runs::worker, end_weight_update},
+    {{"POST", "/pause_generation", true, "pause the engine's generation", kSglang},
+     Runs::worker, pause_generation},
+    {{"POST", "/continue_generation", true, "resume the engine's generation", kSglang},
+     Runs::worker, continue_generation},
+    {{"GET, POST", "/flush_cache", true, "flush the engine's caches", kSglang},
+     Runs::worker, flush_cache},
+    {{"POST", "/weights_checker", true, "checksum, snapshot, compare or reset the published weights", kSglang},
+     Runs::worker, weights_checker},
+    {{"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor", kSglang},
      Runs::worker, weights_by_name},
-    {{"POST", "/update_weight_version", true, "set the weight_version label"},
+    {{"POST", "/update_weight_version", true, "set the weight_version label", kSglang},
      Runs::worker, update_weight_version},
-    {{"GET", "/get_weight_version", false, "the published weight version"},
+    {{"GET", "/get_weight_version", false, "the published weight version", kSglang},
      Runs::io, weight_version},
-    {{"POST", "/release_memory_occupation", true, "release memory of the given tags"},
+    {{"POST", "/release_memory_occupation", true, "release memory of the given tags", kSglang},
      Runs::worker, release_memory},
-    {{"POST", "/resume_memory_occupation", true, "resume memory of the given tags"},
+    {{"POST", "/resume_memory_occupation", true, "resume memory of the given tags", kSglang},
      Runs::worker, resume_memory},
-    {{"GET", "/get_model_info", false, "model family, layout, parallelism and version"},
+    {{"GET", "/model_info", false, "model path, weight version, parameter count", kSglang},
      Runs::io, model_info},
-    {{"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)"},
+    {{"GET", "/get_model_info", false, "the older name of /model_info", kSglang},
+     Runs::io, model_info},
+    {{"GET", "/server_info", false, "the receiver's configuration and state", kSglang},
+     Runs::io, server_info},
+    {{"GET", "/get_server_info", false, "the older name of /server_info", kSglang},
+     Runs::io, server_info},
+    {{"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)", kFerry},
      Runs::worker, fingerprints},
-    {{"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise"},
+    {{"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise", kSglang},
      Runs::io, health},
-    {{"GET", "/metrics", false, "Prometheus text metrics"},
+    {{"GET", "/metrics", false, "Prometheus text metrics", kFerry},
      Runs::io, metrics},
-    {{"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)"},
+    {{"GET", "/ferry/session", false, "where senders open a session (docs/session-protocol.md)", kFerry},
      Runs::io, session_info},
 };
 
@@ -340,7 +249,8 @@ struct ControlServer::Impl {
   receiver::Receiver& receiver;
   ServerOptions options;
   receiver::WeightUpdateGroups groups{receiver};  // NCCL groups (group/receiver_groups.hpp)
-  Context context{receiver, options, groups};
+  ServerState state;
+  Context context{receiver, options, groups, state};
   std::map<std::string, std::pair<const Entry*, HttpHandler>> handlers;  // by path
   HttpListener listener;
   int bound_port = -1;
@@ -367,7 +277,7 @@ struct ControlServer::Impl {
     }
     const Entry& entry = *it->second.first;
     const Route& r = entry.route;
-    if (head.method != r.method) {
+    if (!method_allowed(r.method, head.method)) {
       d.answer = error_reply(405, status_name(FERRY_STATUS_INVALID_ARGUMENT),
                              fmt::format("{} takes {}, not {}", r.path, r.method, head.method));
       d.answer->headers.emplace_back("Allow", r.method);

@@ -16,10 +16,11 @@ class Receiver;
 namespace ferry::control {
 
 struct Route {
-  const char* method;  // "GET" or "POST"
+  const char* method;  // "GET", "POST", or both ("GET, POST")
   const char* path;
   bool mutating;       // needs the token when one is configured
   const char* summary;
+  const char* source;  // "SGLang" (its name and fields) or "ferry" (ferry's own)
 };
 
 // Every route the server serves (docs/http-api.md lists the same; a test checks both).

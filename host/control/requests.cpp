@@ -153,10 +153,19 @@ receiver::DistributedUpdate parse_distributed_update(const json& body) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
     }
   }
-  for (const char* flag : {"flush_cache", "abort_all_requests"}) {
+  for (const char* flag : {"flush_cache", "abort_all_requests", "torch_empty_cache"}) {
     if (auto it = body.find(flag); it != body.end() && !it->is_null() && !it->is_boolean()) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
     }
+  }
+  if (auto it = body.find("load_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'load_format' must be a string");
+    // SGLang's "flattened_bucket" broadcasts the whole list as one unaligned byte tensor; ferry's
+    // group receives its own bucket layout (bucket_bytes), so that broadcast would be misread.
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "update_weights_from_distributed: load_format '{}' is not supported: ferry's group "
+         "receives rank 0's bucketed layout (leave load_format out)",
+         it->get<std::string>());
   }
   if (auto it = body.find("bucket_bytes"); it != body.end() && !it->is_null()) {
     update.bucket_bytes = unsigned_field(body, "bucket_bytes", nccl::kMaxBucketBytes);
@@ -210,6 +219,116 @@ receiver::IpcUpdateRequest parse_ipc_update(const json& body) {
     request.timeout_s = t->get<double>();
   }
   return request;
+}
+
+namespace {
+
+bool optional_bool(const json& body, const char* key, bool fallback, const char* route) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a boolean", route, key);
+  return it->get<bool>();
+}
+
+std::optional<std::string> optional_string(const json& body, const char* key, const char* route) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a string", route, key);
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+receiver::UpdateEffects parse_update_effects(const json& body, const char* route) {
+  receiver::UpdateEffects e;
+  e.flush_cache = optional_bool(body, "flush_cache", true, route);
+  e.torch_empty_cache = optional_bool(body, "torch_empty_cache", false, route);
+  e.abort_all_requests = optional_bool(body, "abort_all_requests", false, route);
+  return e;
+}
+
+DiskUpdateRequest parse_disk_update(const json& body) {
+  static constexpr const char* kRoute = "update_weights_from_disk";
+  DiskUpdateRequest r;
+  auto it = body.find("model_path");
+  if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'model_path' (non-empty string) is required");
+  }
+  r.model_path = it->get<std::string>();
+  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
+    if (v->is_string()) {
+      r.weight_version = v->get<std::string>();
+    } else if (v->is_number_integer()) {
+      r.weight_version = std::to_string(v->get<long long>());
+    } else {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
+    }
+  }
+  if (auto f = optional_string(body, "load_format", kRoute);
+      f && *f != "auto" && *f != "safetensors") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: load_format '{}' is not one ferry loads (null, 'auto' or 'safetensors': ferry reads "
+         "safetensors checkpoints)",
+         kRoute, *f);
+  }
+  r.effects = parse_update_effects(body, kRoute);
+  r.effects.keep_pause = optional_bool(body, "keep_pause", false, kRoute);
+  optional_bool(body, "is_async", false, kRoute);
+  optional_bool(body, "recapture_cuda_graph", false, kRoute);
+  if (auto t = body.find("token_step"); t != body.end() && !t->is_null() && !t->is_number_integer()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'token_step' must be an integer", kRoute);
+  }
+  if (auto m = body.find("manifest"); m != body.end() && !m->is_null()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: field 'manifest' (a partial load of named tensors) is not supported: ferry loads "
+         "the whole checkpoint at model_path",
+         kRoute);
+  }
+  return r;
+}
+
+receiver::PauseMode parse_pause_mode(const json& body) {
+  const auto mode = optional_string(body, "mode", "pause_generation").value_or("abort");
+  if (mode == "abort") return receiver::PauseMode::abort;
+  if (mode == "retract") return receiver::PauseMode::retract;
+  if (mode == "in_place") return receiver::PauseMode::in_place;
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "pause_generation: mode '{}' is not one of abort, retract, in_place", mode);
+}
+
+bool parse_continue_empty_cache(const json& body) {
+  return optional_bool(body, "torch_empty_cache", true, "continue_generation");
+}
+
+std::string parse_selector(const json& body) {
+  return optional_string(body, "selector", "begin_weight_update").value_or("all");
+}
+
+WeightsCheckRequest parse_weights_check(const json& body) {
+  static constexpr const char* kRoute = "weights_checker";
+  WeightsCheckRequest r;
+  r.action = optional_string(body, "action", kRoute).value_or("checksum");
+  if (r.action != "checksum" && r.action != "snapshot" && r.action != "reset_tensors" &&
+      r.action != "compare") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: action '{}' is not one of checksum, snapshot, reset_tensors, compare", kRoute,
+         r.action);
+  }
+  optional_bool(body, "allow_quant_error", false, kRoute);
+  if (auto it = body.find("skip_tensor_list"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'skip_tensor_list' must be a list of strings",
+           kRoute);
+    }
+    for (const auto& s : *it) {
+      if (!s.is_string() || s.get<std::string>().empty()) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT,
+             "{}: field 'skip_tensor_list' must be a list of non-empty strings", kRoute);
+      }
+      r.skip_tensor_list.push_back(s.get<std::string>());
+    }
+  }
+  return r;
 }
 
 }  // namespace ferry::control

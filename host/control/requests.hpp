@@ -9,9 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "group/receiver_groups.hpp"
+#include "receiver/engine_control.hpp"
 #include "receiver/receiver_ckpt.hpp"
 
 namespace ferry::control {
@@ -39,5 +42,39 @@ receiver::DistributedUpdate parse_distributed_update(const nlohmann::json& body)
 // torch_empty_cache, abort_all_requests (booleans), weight_version (string or integer),
 // timeout_s.
 receiver::IpcUpdateRequest parse_ipc_update(const nlohmann::json& body);
+
+// The SGLang fields around an update (disk, distributed, tensor, IPC): flush_cache (default
+// true), torch_empty_cache, abort_all_requests (booleans, default false). `route` names the
+// route in errors.
+receiver::UpdateEffects parse_update_effects(const nlohmann::json& body, const char* route);
+
+struct DiskUpdateRequest {
+  std::string model_path;
+  std::optional<std::string> weight_version;
+  receiver::UpdateEffects effects;
+};
+
+// POST /update_weights_from_disk: model_path (required), weight_version, load_format (null,
+// "auto" or "safetensors"; any other is refused naming it), the update effects, keep_pause,
+// is_async (the answer comes after the update either way), recapture_cuda_graph (ferry writes
+// in place: captured addresses stay valid), token_step (integer, a sampling label ferry has no
+// use for) and manifest (refused unless null: ferry loads whole checkpoints).
+DiskUpdateRequest parse_disk_update(const nlohmann::json& body);
+
+// POST /pause_generation: mode "abort" (the default), "retract" or "in_place".
+receiver::PauseMode parse_pause_mode(const nlohmann::json& body);
+// POST /continue_generation: torch_empty_cache (default true, SGLang's).
+bool parse_continue_empty_cache(const nlohmann::json& body);
+// POST /begin_weight_update: selector (default "all"; EngineControl::begin_update checks it).
+std::string parse_selector(const nlohmann::json& body);
+
+struct WeightsCheckRequest {
+  std::string action;  // checksum, snapshot, reset_tensors, compare
+  std::vector<std::string> skip_tensor_list;  // substrings: tensors whose name contains one
+};
+// POST /weights_checker: action (default "checksum"), allow_quant_error (boolean; ferry's
+// comparison is bit-exact either way, since it has no quantized weights to tolerate),
+// skip_tensor_list (list of strings).
+WeightsCheckRequest parse_weights_check(const nlohmann::json& body);
 
 }  // namespace ferry::control

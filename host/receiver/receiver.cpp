@@ -223,6 +223,8 @@ void Receiver::set_release_hook(std::function<void(const std::string& reason)> h
   state_->release_hook = std::move(hook);
 }
 
+EngineControl& Receiver::engine_control() const { return state_->engine_control; }
+
 std::vector<TagState> Receiver::memory_state() const {
   std::vector<TagState> out;
   if (!state_->has_layout.load(std::memory_order_acquire)) return out;

@@ -10,6 +10,7 @@
 #include <ferry/plugin.h>
 
 #include "order/stream_order.hpp"
+#include "receiver/engine_control.hpp"
 #include "update/bucket_source.hpp"
 #include "update/update_engine.hpp"
 
@@ -201,6 +202,11 @@ class Receiver {
 
   // Fingerprints (docs/fingerprint.md) of every parameter, by parameter name.
   std::map<std::string, std::uint64_t> fingerprints() const;
+
+  // The engine around this receiver: its callbacks (pause, resume, flush caches, post-load
+  // processing, engine memory tags) and the state of pause and the weight-update session that
+  // the control API's SGLang routes drive. Valid as long as the receiver.
+  EngineControl& engine_control() const;
 
   // Prometheus text exposition of counters and state.
   std::string metrics_text() const;

@@ -51,6 +51,7 @@ std::string read_config_json(const std::filesystem::path& checkpoint);
 struct Receiver::State {
   config::Config config;
   const registry::Registry& registry;
+  EngineControl engine_control;  // the engine around the receiver (engine_control.hpp)
   std::mutex update_mutex;  // one mutating operation at a time
   std::atomic<bool> busy{false};
   std::atomic<const char*> activity{""};  // "loading" / "updating" while busy

@@ -128,6 +128,24 @@ class ReceiverResult(ctypes.Structure):
     ]
 
 
+PAUSE_MODES = ("abort", "retract", "in_place")  # ferry_pause_mode_t, in order
+
+PauseCallback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_uint64))
+FlagCallback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+PlainCallback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+MemoryCallback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.c_int)
+
+
+class EngineCallbacks(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("user_data", ctypes.c_void_p),
+                ("pause", PauseCallback), ("resume", FlagCallback),
+                ("flush_cache", FlagCallback), ("post_load", PlainCallback),
+                ("memory", MemoryCallback), ("memory_tags", ctypes.POINTER(ctypes.c_char_p)),
+                ("num_memory_tags", ctypes.c_size_t)]
+
+
 def struct_size(struct_type):
     """FERRY_STRUCT_SIZE(type, last_field): the size up to the end of the last field."""
     name, field_type = struct_type._fields_[-1][:2]
@@ -137,7 +155,7 @@ def struct_size(struct_type):
 # ---- loading -------------------------------------------------------------------------------
 
 API_MAJOR = 1
-API_MINOR = 3
+API_MINOR = 4
 
 _lock = threading.Lock()
 _lib = None
@@ -187,6 +205,8 @@ _FUNCTIONS = {
                                         ctypes.POINTER(ctypes.c_uint64)]),
     "ferry_fingerprints_free": (None, [_p]),
     "ferry_receiver_destroy": (None, [_p]),
+    "ferry_error_create": (_err, [ctypes.c_int, ctypes.c_char_p]),
+    "ferry_receiver_set_engine_callbacks": (_err, [_p, ctypes.POINTER(EngineCallbacks)]),
     "ferry_receiver_update_weights_from_ipc": (_err, [_p, ctypes.c_char_p,
                                                       ctypes.POINTER(ctypes.c_uint64)]),
 }

@@ -4,8 +4,11 @@ import ctypes
 from collections import namedtuple
 
 from ._handle import OwnedHandle
-from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, check, config_source, lib,
-                       override_key, take_string)
+from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, PAUSE_MODES,
+                       EngineCallbacks, FlagCallback, MemoryCallback, PauseCallback,
+                       PlainCallback, check, config_source, lib, override_key, struct_size,
+                       take_string)
+from .errors import INTERNAL, Error
 from ._tensors import TensorView, _is_torch_tensor, named_items, stream_handles
 
 Version = namedtuple("Version", ["number", "label"])
@@ -49,6 +52,7 @@ class Receiver(OwnedHandle):
         self._handle = handle
         self._engine_stream_given = False  # by the caller (else torch's, found by register)
         self._torch_engine_streams = set()
+        self._engine_callbacks = None  # the ctypes objects the library calls (kept alive)
         if engine_stream is not None:
             self.set_engine_stream(engine_stream)
 
@@ -167,6 +171,68 @@ class Receiver(OwnedHandle):
         encoded = [t.encode() for t in (tags or [])]
         array = (ctypes.c_char_p * max(1, len(encoded)))(*encoded)
         check(fn(self._handle, array, len(encoded)))
+
+    def set_engine_callbacks(self, pause=None, resume=None, flush_cache=None, post_load=None,
+                             memory=None, memory_tags=()):
+        """What the engine does when the control API's SGLang routes ask (docs/http-api.md,
+        "Engine routes"); each is optional and replaces any set before:
+
+        - pause(mode) for /pause_generation (mode "abort", "retract" or "in_place"): returns the
+          number of requests it paused or aborted (None: 0);
+        - resume(torch_empty_cache) for /continue_generation, when generation was paused;
+        - flush_cache(torch_empty_cache) for /flush_cache and after an update that asked for it;
+        - post_load() at /end_weight_update, or after an update made outside a weight-update
+          session (SGLang's post-load processing of new weights);
+        - memory(tags, release) for /release_memory_occupation (release True) and
+          /resume_memory_occupation of the engine's `memory_tags` (e.g. ["kv_cache"]).
+
+        They run on the control API's threads, one at a time, and must not call this receiver.
+        An exception in one fails the request that ran it, with the exception's text."""
+        self._require_open()
+        c = lib()
+
+        def guarded(fn, what):
+            def call(*args):
+                try:
+                    fn(*args)
+                    return None
+                except Error as e:  # keep a ferry error's code
+                    return c.ferry_error_create(e.code, f"{what}: {e.message}".encode())
+                except BaseException as e:  # noqa: BLE001 - reported, never swallowed
+                    return c.ferry_error_create(
+                        INTERNAL, f"{what}: {type(e).__name__}: {e}".encode())
+            return call
+
+        cb = EngineCallbacks()
+        cb.struct_size = struct_size(EngineCallbacks)
+        keep = []
+        if pause is not None:
+            def on_pause(_user, mode, count):
+                n = pause(PAUSE_MODES[mode])
+                count[0] = int(n or 0)
+            cb.pause = PauseCallback(guarded(on_pause, "pause"))
+            keep.append(cb.pause)
+        if resume is not None:
+            cb.resume = FlagCallback(guarded(lambda _u, e: resume(bool(e)), "resume"))
+            keep.append(cb.resume)
+        if flush_cache is not None:
+            cb.flush_cache = FlagCallback(guarded(lambda _u, e: flush_cache(bool(e)),
+                                                  "flush_cache"))
+            keep.append(cb.flush_cache)
+        if post_load is not None:
+            cb.post_load = PlainCallback(guarded(lambda _u: post_load(), "post_load"))
+            keep.append(cb.post_load)
+        if memory is not None:
+            def on_memory(_user, tags, count, release):
+                memory([tags[i].decode() for i in range(count)], bool(release))
+            cb.memory = MemoryCallback(guarded(on_memory, "memory"))
+            keep.append(cb.memory)
+        encoded = [t.encode() for t in memory_tags]
+        tags = (ctypes.c_char_p * max(1, len(encoded)))(*encoded)
+        cb.memory_tags = tags
+        cb.num_memory_tags = len(encoded)
+        check(c.ferry_receiver_set_engine_callbacks(self._handle, ctypes.byref(cb)))
+        self._engine_callbacks = (cb, keep, tags)
 
     # NCCL weight-update groups (ferry/nccl.py; SGLang's names and fields).
     def init_weights_update_group(self, master_address, master_port, rank_offset, world_size,

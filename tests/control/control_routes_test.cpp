@@ -1,9 +1,11 @@
 // The HTTP control API of a real `ferry serve`: every route of ferry::control::routes() is
 // checked for its authentication (mutating routes need the token, read-only ones never do) and
-// against docs/http-api.md; JSON errors for bad requests and unknown routes; metrics after an
-// update; a clean exit on SIGTERM.
+// against docs/http-api.md (method, source, mutating flag, and no row for a route not served);
+// JSON errors for bad requests and unknown routes; metrics after an update; a clean exit on
+// SIGTERM.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -117,12 +119,32 @@ TEST_F(ControlApi, DocumentationListsEveryRouteWithItsMethodAndMutatingFlag) {
     const std::string cell = std::string("`") + route.path + "`";
     const std::string* row = nullptr;
     for (const auto& line : lines) {
-      if (line.starts_with("|") && line.find(cell) != std::string::npos) row = &line;
+      // The row whose second cell (the path) is this route's.
+      const auto first = line.find(" | ");
+      if (line.starts_with("|") && first != std::string::npos &&
+          line.compare(first + 3, cell.size() + 2, cell + " |") == 0) {
+        row = &line;
+      }
     }
     ASSERT_NE(row, nullptr) << "docs/http-api.md has no table row for " << route.path;
-    EXPECT_TRUE(row->starts_with(std::string("| ") + route.method + " |")) << *row;
-    EXPECT_NE(row->find(route.mutating ? "| yes |" : "| no |"), std::string::npos) << *row;
+    EXPECT_TRUE(row->starts_with(std::string("| ") + route.method + " | " + cell + " | " +
+                                 route.source + " | " + (route.mutating ? "yes" : "no") + " |"))
+        << *row;
   }
+  // And the other way: every route the table lists is served (no row for a route that is not).
+  std::size_t rows = 0;
+  for (const auto& line : lines) {
+    const auto open = line.find("| `/");
+    if (!line.starts_with("| GET") && !line.starts_with("| POST")) continue;
+    if (open == std::string::npos) continue;
+    const auto close = line.find('`', open + 3);
+    const std::string path = line.substr(open + 3, close - open - 3);
+    ++rows;
+    const bool served = std::any_of(control::routes().begin(), control::routes().end(),
+                                    [&](const control::Route& r) { return path == r.path; });
+    EXPECT_TRUE(served) << "docs/http-api.md lists " << path << ", which the server does not serve";
+  }
+  EXPECT_EQ(rows, control::routes().size());
 }
 
 TEST_F(ControlApi, MalformedJsonBodyIs400WithAMessage) {

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 3
+#define FERRY_API_MINOR 4
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -338,6 +338,51 @@ FERRY_API void ferry_fingerprints_free(ferry_fingerprints_t* fingerprints);
 /* Stops serving and frees the receiver. Registered parameter memory is left as it is (the engine
  * owns it). NULL is a no-op. */
 FERRY_API void ferry_receiver_destroy(ferry_receiver_t* receiver);
+
+/* API 1.4: an error object made by the caller, for a callback that reports a failure to ferry
+ * (ferry takes ownership of an error a callback returns). message NULL: "". Any thread. */
+FERRY_API ferry_error_t* ferry_error_create(ferry_status_code_t code, const char* message);
+
+/* SGLang's /pause_generation modes. */
+typedef enum ferry_pause_mode {
+  FERRY_PAUSE_ABORT = 0,    /* abort the running requests */
+  FERRY_PAUSE_RETRACT = 1,  /* move them back to the waiting queue (their KV cache may go) */
+  FERRY_PAUSE_IN_PLACE = 2  /* keep them where they are, KV cache included */
+} ferry_pause_mode_t;
+
+/* API 1.4: what the engine around an embedded receiver does when the control API's SGLang routes
+ * ask (docs/http-api.md, "Engine routes"): /pause_generation, /continue_generation, /flush_cache,
+ * the post-load processing at /end_weight_update (or after an update made outside a weight-update
+ * session), and release/resume of the engine's memory tags (e.g. "kv_cache").
+ *
+ * Every callback is optional (NULL: the request is answered without the engine, as `ferry serve`
+ * answers it). A callback returns NULL on success, or an error from ferry_error_create whose
+ * message becomes the request's answer (the error is owned and freed by ferry): a failure is never
+ * swallowed. Callbacks run on the control API's worker threads, one at a time, and must not call
+ * ferry_receiver_* functions. user_data is passed back unchanged and must stay valid until the
+ * callbacks are replaced or the receiver is destroyed; memory_tags is copied. */
+typedef struct ferry_engine_callbacks {
+  size_t struct_size; /* FERRY_STRUCT_SIZE(ferry_engine_callbacks_t, num_memory_tags) */
+  void* user_data;
+  /* *num_paused_requests (never NULL) starts at 0: how many requests were paused or aborted. */
+  ferry_error_t* (*pause)(void* user_data, ferry_pause_mode_t mode,
+                          uint64_t* num_paused_requests);
+  ferry_error_t* (*resume)(void* user_data, int torch_empty_cache);
+  ferry_error_t* (*flush_cache)(void* user_data, int torch_empty_cache);
+  ferry_error_t* (*post_load)(void* user_data);
+  /* release 1: release the memory of `tags` (a subset of memory_tags); 0: resume it. */
+  ferry_error_t* (*memory)(void* user_data, const char* const* tags, size_t num_tags,
+                           int release);
+  /* The memory tags the engine owns (never "weights" or "staging", ferry's). Copied. */
+  const char* const* memory_tags;
+  size_t num_memory_tags;
+} ferry_engine_callbacks_t;
+
+/* API 1.4: sets (replaces) the engine callbacks; NULL removes them. FAILED_PRECONDITION while
+ * generation is paused or a weight-update session is open; INVALID_ARGUMENT for a bad struct_size,
+ * memory tags without a memory callback, or a store tag among them. Any thread. */
+FERRY_API ferry_error_t* ferry_receiver_set_engine_callbacks(
+    ferry_receiver_t* receiver, const ferry_engine_callbacks_t* callbacks);
 
 /* ------------------------------------------------------------------------------------------ */
 /* NCCL weight-update groups (SGLang's init_weights_update_group,                              */
