@@ -14,8 +14,6 @@ namespace ferry::ckpt_engine {
 namespace {
 
 constexpr std::string_view kRebuild = "torch.multiprocessing.reductions.rebuild_cuda_tensor";
-constexpr std::size_t kRebuildArgs = 15;
-constexpr std::size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 constexpr std::size_t kMaxNameBytes = 4096;
 
 template <typename... Args>
@@ -30,115 +28,45 @@ std::uint64_t non_negative(const Value& v, std::string_view field) {
   return static_cast<std::uint64_t>(v.integer);
 }
 
-bool boolean(const Value& v, std::string_view field) {
-  if (!v.is(ValueKind::boolean)) bad("{} must be a bool, got {}", field, describe(v));
-  return v.boolean;
-}
-
-const std::string& bytes(const Value& v, std::string_view field) {
-  if (!v.is(ValueKind::bytes)) bad("{} must be bytes, got {}", field, describe(v));
-  return v.text;
-}
-
 // torch.Size(tuple) as pickled (REDUCE of torch.Size), or a plain tuple/list of ints (the worker
 // accepts those too).
 std::vector<std::uint64_t> dims(const Value& v, std::string_view field) {
-  const Value* seq = &v;
-  if (v.is(ValueKind::call)) {
-    if (v.text != "torch.Size" || v.items.size() != 1) {
-      bad("{} must be torch.Size(tuple), got {}", field, describe(v));
-    }
-    seq = v.items[0].get();
+  try {
+    return torch_reductions::torch_dims(v, field);
+  } catch (const Error& e) {
+    bad("{}", e.what());
   }
-  if (!seq->is(ValueKind::tuple) && !seq->is(ValueKind::list)) {
-    bad("{} must be a torch.Size, tuple or list of ints, got {}", field, describe(*seq));
-  }
-  if (seq->items.size() > FERRY_MAX_DIMS) {
-    bad("{} has {} dims; at most {} are supported", field, seq->items.size(), FERRY_MAX_DIMS);
-  }
-  std::vector<std::uint64_t> out;
-  out.reserve(seq->items.size());
-  for (const auto& d : seq->items) out.push_back(non_negative(*d, field));
-  return out;
 }
 
 // "torch.bfloat16" -> FERRY_DTYPE_BF16. `owner` names the tensor in messages.
 ferry_dtype_t torch_dtype(const Value& v, std::string_view owner) {
-  constexpr std::string_view kPrefix = "torch.";
-  if (!v.is(ValueKind::global) || !v.text.starts_with(kPrefix)) {
-    bad("{}: dtype must be a torch dtype, got {}", owner, describe(v));
+  try {
+    return torch_reductions::torch_dtype(v, owner);
+  } catch (const Error& e) {
+    bad("{}", e.what());
   }
-  const std::string_view name = std::string_view(v.text).substr(kPrefix.size());
-  const auto dtype = dtype_from_name(name);
-  // dtype_from_name also knows the safetensors spelling; only lower-case torch names count here.
-  if (!dtype || name.empty() || !(name[0] >= 'a' && name[0] <= 'z')) {
-    bad("{}: dtype {} is not supported by ferry", owner, v.text);
-  }
-  return *dtype;
 }
 
 IpcBufferHandle ipc_handle_from_args(const Value& args) {
-  if (args.items.size() != kRebuildArgs) {
-    bad("rebuild_cuda_tensor takes {} arguments, got {}", kRebuildArgs, args.items.size());
-  }
-  const auto& a = args.items;
-  IpcBufferHandle h;
-
-  if (!a[0]->is(ValueKind::global) ||
-      (a[0]->text != "torch.Tensor" && a[0]->text != "torch.nn.parameter.Parameter")) {
-    bad("IPC handle: tensor class must be torch.Tensor, got {}", describe(*a[0]));
-  }
-  h.tensor_class = a[0]->text;
-  h.size = dims(*a[1], "IPC handle tensor_size");
-  h.stride = dims(*a[2], "IPC handle tensor_stride");
-  h.tensor_offset = non_negative(*a[3], "IPC handle tensor_offset");
-  if (!a[4]->is(ValueKind::global) || a[4]->text.find("Storage") == std::string::npos) {
-    bad("IPC handle: storage class must be a torch storage class, got {}", describe(*a[4]));
-  }
-  h.storage_class = a[4]->text;
-  h.dtype = torch_dtype(*a[5], "IPC handle");
-  if (!a[6]->is(ValueKind::integer)) bad("IPC handle: device must be an int, got {}", describe(*a[6]));
-  h.device = a[6]->integer;
-  h.storage_handle = bytes(*a[7], "IPC handle storage_handle");
-  h.storage_size_bytes = non_negative(*a[8], "IPC handle storage_size_bytes");
-  h.storage_offset_bytes = non_negative(*a[9], "IPC handle storage_offset_bytes");
-  h.requires_grad = boolean(*a[10], "IPC handle requires_grad");
-  h.ref_counter_handle = bytes(*a[11], "IPC handle ref_counter_handle");
-  h.ref_counter_offset = non_negative(*a[12], "IPC handle ref_counter_offset");
-  if (!a[13]->is(ValueKind::none)) h.event_handle = bytes(*a[13], "IPC handle event_handle");
-  h.event_sync_required = boolean(*a[14], "IPC handle event_sync_required");
-
   // The shared buffer is torch.empty(2 * bucket_size, dtype=torch.uint8): a flat byte tensor.
-  if (h.dtype != FERRY_DTYPE_U8) bad("IPC handle: the buffer must be torch.uint8, got {}", a[5]->text);
+  if (args.items.size() > 5 && args.items[5]->is(ValueKind::global) &&
+      args.items[5]->text != "torch.uint8") {
+    bad("IPC handle: the buffer must be torch.uint8, got {}", args.items[5]->text);
+  }
+  IpcBufferHandle h;
+  try {
+    static_cast<torch_reductions::CudaIpcTensor&>(h) =
+        torch_reductions::decode_cuda_ipc_tensor(args, "IPC handle");
+  } catch (const Error& e) {
+    bad("{}", e.what());
+  }
+  if (!h.device_uuid.empty()) bad("IPC handle: device must be an int, got '{}'", h.device_uuid);
+  if (h.dtype != FERRY_DTYPE_U8) {
+    bad("IPC handle: the buffer must be torch.uint8, got {}", args.items[5]->text);
+  }
   if (h.size.size() != 1 || h.stride != std::vector<std::uint64_t>{1}) {
     bad("IPC handle: the buffer must be 1-D and contiguous, got size {} stride {}",
         shape_string(h.size), shape_string(h.stride));
-  }
-  const auto end = checked_add(h.tensor_offset, h.size[0]);
-  if (!end || *end > h.storage_size_bytes) {
-    bad("IPC handle: tensor of {} bytes at storage offset {} does not fit its storage of {} bytes",
-        h.size[0], h.tensor_offset, h.storage_size_bytes);
-  }
-  if (h.storage_handle.empty() ||
-      (h.event_handle.has_value() && h.event_handle->size() != kIpcHandleBytes)) {
-    bad("IPC handle: storage handle of {} bytes / event handle of {} bytes is malformed",
-        h.storage_handle.size(), h.event_handle ? h.event_handle->size() : 0);
-  }
-
-  const auto& s = h.storage_handle;
-  if (s.size() == kIpcHandleBytes) {
-    h.handle_format = CudaHandleFormat::legacy_ipc_mem_handle;
-    std::copy(s.begin(), s.end(), h.ipc_mem_handle.begin());
-  } else if (s.size() == kIpcHandleBytes + 2 && s[1] == 'c') {
-    h.handle_format = CudaHandleFormat::cuda_malloc;
-    h.handle_version = static_cast<std::uint8_t>(s[0]);
-    std::copy(s.begin() + 2, s.end(), h.ipc_mem_handle.begin());
-  } else if (s.size() > 2 && s[1] == 'e') {
-    h.handle_format = CudaHandleFormat::expandable_segment;
-    h.handle_version = static_cast<std::uint8_t>(s[0]);
-  } else {
-    bad("IPC handle: storage handle of {} bytes is neither a cudaIpcMemHandle_t nor a versioned "
-        "torch handle ('c' or 'e')", s.size());
   }
   return h;
 }

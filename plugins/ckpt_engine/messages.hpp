@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ferry/formats/pickle_reader.hpp>
+#include <ferry/formats/torch_reductions.hpp>
 
 #include <ferry/plugin.h>
 
@@ -20,38 +21,12 @@
 
 namespace ferry::ckpt_engine {
 
-// How torch serialized the CUDA allocation's handle (storage_handle).
-enum class CudaHandleFormat : std::uint8_t {
-  legacy_ipc_mem_handle,  // 64 raw bytes of cudaIpcMemHandle_t (older torch)
-  cuda_malloc,            // version byte, 'c', 64 bytes of cudaIpcMemHandle_t
-  expandable_segment,     // version byte, 'e', then torch's expandable-segment data (fd based)
-};
+using torch_reductions::CudaHandleFormat;
 
 // The first message: torch.multiprocessing.reductions.reduce_tensor() of the sender's shared
-// double buffer, i.e. (rebuild_cuda_tensor, args) with the 15 arguments of rebuild_cuda_tensor.
-// Units: size/stride/tensor_offset in elements (bytes here, the buffer is uint8); every
-// *_bytes and *_offset field in bytes.
-struct IpcBufferHandle {
-  std::string tensor_class;           // "torch.Tensor" (or "torch.nn.parameter.Parameter")
-  std::vector<std::uint64_t> size;    // tensor.size(); checkpoint-engine sends [2 * bucket_size]
-  std::vector<std::uint64_t> stride;  // tensor.stride(); [1]
-  std::uint64_t tensor_offset = 0;    // tensor.storage_offset()
-  std::string storage_class;          // "torch.storage.TypedStorage"
-  ferry_dtype_t dtype = FERRY_DTYPE_INVALID;  // always U8 (the worker asserts torch.uint8)
-  std::int64_t device = 0;            // the sender's device index; a worker substitutes its own
-  std::string storage_handle;         // raw bytes as torch wrote them
-  CudaHandleFormat handle_format = CudaHandleFormat::legacy_ipc_mem_handle;
-  std::uint8_t handle_version = 0;    // torch's SHAREABLE_HANDLE_VERSION; 0 for the legacy form
-  // The cudaIpcMemHandle_t bytes (legacy and cuda_malloc formats); zero for expandable segments.
-  std::array<std::uint8_t, 64> ipc_mem_handle{};
-  std::uint64_t storage_size_bytes = 0;    // size of the storage
-  std::uint64_t storage_offset_bytes = 0;  // where the storage starts in the cudaMalloc block
-  bool requires_grad = false;
-  std::string ref_counter_handle;          // shared-memory file name of torch's IPC ref counter
-  std::uint64_t ref_counter_offset = 0;
-  std::optional<std::string> event_handle;  // cudaIpcEventHandle_t bytes (64), when sent
-  bool event_sync_required = false;
-
+// double buffer, i.e. (rebuild_cuda_tensor, args) with the 15 arguments of rebuild_cuda_tensor
+// (decoded by <ferry/formats/torch_reductions.hpp>), checked to be a flat torch.uint8 buffer.
+struct IpcBufferHandle : torch_reductions::CudaIpcTensor {
   // Bytes of the buffer the buckets index into (size[0] * 1 byte).
   std::uint64_t buffer_bytes() const noexcept { return size.empty() ? 0 : size[0]; }
 };

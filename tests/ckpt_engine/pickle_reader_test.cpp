@@ -130,7 +130,8 @@ TEST(PickleReaderHostile, SubprocessAndOtherModulesAreRefused) {
   const std::vector<std::pair<std::string, std::string>> globals = {
       {"subprocess", "Popen"}, {"subprocess", "check_output"}, {"torch", "load"},
       {"torch._utils", "_rebuild_tensor"}, {"numpy", "frombuffer"}, {"collections", "OrderedDict"},
-      {"copyreg", "_reconstructor"}, {"torch.multiprocessing.reductions", "rebuild_storage_fd"}};
+      {"copyreg", "_reconstructor"}, {"torch.multiprocessing.reductions", "rebuild_storage_empty"},
+      {"torch.multiprocessing.reductions", "rebuild_event"}, {"multiprocessing.connection", "Client"}};
   for (const auto& [module, name] : globals) {
     PickleBytes p;
     p.global(module, name).op(')').reduce().stop();

@@ -171,6 +171,18 @@ constexpr std::array kAllowed = {
     AllowedEntry{"torch", "float8_e4m3fnuz", GlobalUse::marker},
     AllowedEntry{"torch", "float8_e5m2fnuz", GlobalUse::marker},
     AllowedEntry{"torch", "float8_e8m0fnu", GlobalUse::marker},
+    // SGLang's MultiprocessingSerializer (update_weights_from_tensor): its patched CUDA rebuild
+    // (the device as a UUID), CPU tensors (rebuild_tensor over a typed storage; the storage in a
+    // shared-memory file, or by file descriptor, which the decoder refuses naming why), and the
+    // metadata of a flattened bucket (a dataclass: NEWOBJ, then BUILD with its fields).
+    AllowedEntry{"sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified", GlobalUse::callable},
+    AllowedEntry{"torch.multiprocessing.reductions", "rebuild_tensor", GlobalUse::callable},
+    AllowedEntry{"torch.multiprocessing.reductions", "rebuild_typed_storage", GlobalUse::callable},
+    AllowedEntry{"torch.multiprocessing.reductions", "rebuild_storage_filename", GlobalUse::callable},
+    AllowedEntry{"torch.multiprocessing.reductions", "rebuild_storage_fd", GlobalUse::callable},
+    AllowedEntry{"multiprocessing.resource_sharer", "DupFd", GlobalUse::callable_state},
+    AllowedEntry{"sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
+                 GlobalUse::callable_state},
     // The ParameterServer's abort message is a pickled RuntimeError.
     AllowedEntry{"builtins", "RuntimeError", GlobalUse::callable_state},
     AllowedEntry{"builtins", "Exception", GlobalUse::callable_state},
@@ -178,7 +190,7 @@ constexpr std::array kAllowed = {
     AllowedEntry{"__builtin__", "Exception", GlobalUse::callable_state},
 };
 
-// Longest module or attribute name accepted (the longest allowed one is 32 characters).
+// Longest module or attribute name accepted (the longest allowed one is 36 characters).
 constexpr std::size_t kMaxGlobalName = 128;
 
 bool valid_utf8(std::string_view s) noexcept {
