@@ -28,7 +28,8 @@ ferry_push_report_t* new_report(const std::vector<ferry::session::ReceiverResult
   auto report = std::make_unique<ferry_push_report_t>();
   for (const auto& r : results) {
     report->receivers.push_back({r.address, r.committed, r.error, r.bytes, r.buckets, r.seconds,
-                                 r.transport, r.direct, r.writer_fingerprints, r.reused_session});
+                                 r.transport, r.direct, r.writer_fingerprints, r.reused_session,
+                                 r.rank_bytes, r.needed_bytes});
   }
   return report.release();
 }
@@ -40,6 +41,62 @@ std::chrono::milliseconds timeout_or(std::int64_t ms, std::chrono::milliseconds 
                 function, what, ms);
   }
   return ms == 0 ? fallback : std::chrono::milliseconds(ms);
+}
+
+// One push (sharded when `shard` is given) from the C API's arguments.
+void push_views(ferry_sender_t* sender, const ferry_push_args_t* args,
+                const ferry_sharded_push_args_t* shard, ferry_push_report_t** report,
+                const char* kFn) {
+  const auto a = ferry::capi::read_struct(
+      args, FERRY_STRUCT_SIZE(ferry_push_args_t, label), kFn, "args");
+  if (a.num_tensors == 0) {
+    ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no tensors (num_tensors is 0)", kFn);
+  }
+  const auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
+  std::vector<ferry::session::TensorView> views;
+  views.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    views.push_back({in.name, in.dtype, in.shape, in.data, in.memory_kind, in.device});
+  }
+  std::optional<ferry::session::ShardSpec> spec;
+  if (shard != nullptr) {
+    if (shard->world == 0 || shard->rank >= shard->world) {
+      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: rank {} of a world of {} senders", kFn,
+                  shard->rank, shard->world);
+    }
+    spec = ferry::session::ShardSpec{shard->rank, shard->world};
+    for (std::size_t k = 0; shard->blocks != nullptr && k < views.size(); ++k) {
+      const ferry_block_t* given = shard->blocks[k];
+      if (given == nullptr) continue;
+      const auto block = ferry::capi::read_struct(
+          given, FERRY_STRUCT_SIZE(ferry_block_t, replica), kFn, "args->blocks[k]");
+      auto& v = views[k];
+      const std::size_t ndim = v.shape.size();
+      if (ndim > 0 && (block.global_shape == nullptr || block.offsets == nullptr)) {
+        ferry::fail(FERRY_STATUS_INVALID_ARGUMENT,
+                    "{}: tensor {} '{}': its block needs global_shape and offsets ({} each)", kFn,
+                    k, v.name, ndim);
+      }
+      v.global_shape.assign(block.global_shape, block.global_shape + ndim);
+      v.offsets.assign(block.offsets, block.offsets + ndim);
+      v.replica = block.replica != 0;
+    }
+  }
+  std::optional<std::string> label;
+  if (a.label != nullptr) label = a.label;
+  // Fields past the caller's struct_size read as zero: FERRY_ORDER_SYNC_DEVICES, no handles.
+  const ferry::order::StreamOrder producers = ferry::order::checked_order(
+      a.order, a.order_handles, a.num_order_handles, "ferry_sender_push: args->order");
+  const ferry::session::PushReport pushed =
+      sender->sender->push(views, a.version, label, producers, spec);
+  if (report != nullptr) {
+    ferry_push_report_t* r = new_report(pushed.receivers);
+    r->version = pushed.version;
+    r->bytes = pushed.bytes;
+    r->seconds = pushed.seconds;
+    r->producer_wait_seconds = pushed.producer_wait_seconds;
+    *report = r;
+  }
 }
 
 }  // namespace
@@ -99,32 +156,21 @@ FERRY_API ferry_error_t* ferry_sender_push(ferry_sender_t* sender, const ferry_p
   return ferry::capi::guard(kFn, [&] {
     if (report != nullptr) *report = nullptr;
     ferry::capi::require(sender, kFn, "sender");
+    push_views(sender, args, nullptr, report, kFn);
+  });
+}
+
+FERRY_API ferry_error_t* ferry_sender_push_sharded(ferry_sender_t* sender,
+                                                   const ferry_sharded_push_args_t* args,
+                                                   ferry_push_report_t** report) {
+  static constexpr const char* kFn = "ferry_sender_push_sharded";
+  return ferry::capi::guard(kFn, [&] {
+    if (report != nullptr) *report = nullptr;
+    ferry::capi::require(sender, kFn, "sender");
     const auto a = ferry::capi::read_struct(
-        args, FERRY_STRUCT_SIZE(ferry_push_args_t, label), kFn, "args");
-    if (a.num_tensors == 0) {
-      ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no tensors (num_tensors is 0)", kFn);
-    }
-    const auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
-    std::vector<ferry::session::TensorView> views;
-    views.reserve(inputs.size());
-    for (const auto& in : inputs) {
-      views.push_back({in.name, in.dtype, in.shape, in.data, in.memory_kind, in.device});
-    }
-    std::optional<std::string> label;
-    if (a.label != nullptr) label = a.label;
-    // Fields past the caller's struct_size read as zero: FERRY_ORDER_SYNC_DEVICES, no handles.
-    const ferry::order::StreamOrder producers = ferry::order::checked_order(
-        a.order, a.order_handles, a.num_order_handles, "ferry_sender_push: args->order");
-    const ferry::session::PushReport pushed =
-        sender->sender->push(views, a.version, label, producers);
-    if (report != nullptr) {
-      ferry_push_report_t* r = new_report(pushed.receivers);
-      r->version = pushed.version;
-      r->bytes = pushed.bytes;
-      r->seconds = pushed.seconds;
-      r->producer_wait_seconds = pushed.producer_wait_seconds;
-      *report = r;
-    }
+        args, FERRY_STRUCT_SIZE(ferry_sharded_push_args_t, blocks), kFn, "args");
+    ferry::capi::require(a.push, kFn, "args->push");
+    push_views(sender, a.push, &a, report, kFn);
   });
 }
 

@@ -14,6 +14,7 @@ from .errors import (AbortedError, CorruptDataError, Error, FailedPreconditionEr
 from .nccl import NcclGroup
 from .receiver import Health, Receiver, Version
 from .sender import PushReport, ReceiverOutcome, Sender
+from .sharding import Block
 
 __version__ = "0.1.0"
 
@@ -29,7 +30,7 @@ def api_version():
 
 
 __all__ = [
-    "AbortedError", "CorruptDataError", "Error", "FailedPreconditionError", "Health",
+    "AbortedError", "Block", "CorruptDataError", "Error", "FailedPreconditionError", "Health",
     "IncompatibleError", "InternalError", "InvalidArgumentError", "IoError", "NcclGroup",
     "NotFoundError",
     "OutOfMemoryError", "PeerFailedError", "PushError", "PushReport", "Receiver",

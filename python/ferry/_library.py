@@ -125,6 +125,29 @@ class ReceiverResult(ctypes.Structure):
         ("direct", ctypes.c_int),
         ("writer_fingerprints", ctypes.c_int),
         ("reused_session", ctypes.c_int),
+        # API 1.5: a sharded push's bytes needed and bytes moved per rank
+        ("needed_bytes", ctypes.c_uint64),
+        ("num_ranks", ctypes.c_size_t),
+        ("rank_bytes", ctypes.POINTER(ctypes.c_uint64)),
+    ]
+
+
+class Block(ctypes.Structure):  # ferry_block_t (API 1.5)
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("global_shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("offsets", ctypes.POINTER(ctypes.c_uint64)),
+        ("replica", ctypes.c_int),
+    ]
+
+
+class ShardedPushArgs(ctypes.Structure):  # ferry_sharded_push_args_t (API 1.5)
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("push", ctypes.POINTER(PushArgs)),
+        ("rank", ctypes.c_uint32),
+        ("world", ctypes.c_uint32),
+        ("blocks", ctypes.POINTER(ctypes.c_void_p)),
     ]
 
 
@@ -155,7 +178,7 @@ def struct_size(struct_type):
 # ---- loading -------------------------------------------------------------------------------
 
 API_MAJOR = 1
-API_MINOR = 4
+API_MINOR = 5
 
 _lock = threading.Lock()
 _lib = None
@@ -174,6 +197,8 @@ _FUNCTIONS = {
     "ferry_string_free": (None, [ctypes.c_void_p]),
     "ferry_sender_create": (_err, [ctypes.POINTER(SenderCreateArgs), ctypes.POINTER(_p)]),
     "ferry_sender_push": (_err, [_p, ctypes.POINTER(PushArgs), ctypes.POINTER(_p)]),
+    "ferry_sender_push_sharded": (_err, [_p, ctypes.POINTER(ShardedPushArgs),
+                                         ctypes.POINTER(_p)]),
     "ferry_sender_status": (_err, [_p, ctypes.POINTER(_p)]),
     "ferry_sender_abort": (_err, [_p, ctypes.c_char_p]),
     "ferry_sender_destroy": (None, [_p]),

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 from . import errors
 from ._handle import OwnedHandle
-from ._library import (PushArgs, ReceiverResult, SenderCreateArgs, config_source, lib,
-                       override_key, struct_size)
+from ._library import (Block as _CBlock, PushArgs, ReceiverResult, SenderCreateArgs,
+                       ShardedPushArgs, config_source, lib, override_key, struct_size)
 from ._library import check as _raise_if
-from ._tensors import Producers, Views
+from ._tensors import Producers, Views, named_items
+from .sharding import Block, dtensor_block, dtensor_rank_world, is_dtensor
 
 
 @dataclass
@@ -27,6 +28,10 @@ class ReceiverOutcome:
     direct: bool = False  # straight into the receiver's parameters (not through staging slots)
     writer_fingerprints: bool = False  # the copies fingerprinted what they wrote
     reused_session: bool = False  # through the session kept from the previous push
+    # A sharded push: the bytes each rank moved to this receiver (by rank) and the bytes of
+    # every tensor once (what the receiver needed).
+    rank_bytes: list = field(default_factory=list)
+    needed_bytes: int = 0
 
 
 @dataclass
@@ -64,13 +69,78 @@ def _read_report(handle):
                 buckets=out.buckets, seconds=out.seconds,
                 transport=(out.transport or b"").decode(), direct=bool(out.direct),
                 writer_fingerprints=bool(out.writer_fingerprints),
-                reused_session=bool(out.reused_session)))
+                reused_session=bool(out.reused_session),
+                rank_bytes=[out.rank_bytes[k] for k in range(out.num_ranks)],
+                needed_bytes=out.needed_bytes))
         return PushReport(version=c.ferry_push_report_version(handle),
                           bytes=c.ferry_push_report_bytes(handle),
                           seconds=c.ferry_push_report_seconds(handle), receivers=receivers,
                           producer_wait_seconds=c.ferry_push_report_producer_wait_seconds(handle))
     finally:
         c.ferry_push_report_free(handle)
+
+
+def _sharded_items(named_tensors, rank, world):
+    """(name, tensor) pairs for the views, one Block or None per pair, and the rank and world
+    (None, None: not a sharded push)."""
+    items, blocks = [], []
+    sharded = rank is not None or world is not None
+    mesh_rank = None
+    for item in named_items(named_tensors):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"expected (name, tensor) pairs, got {type(item).__name__}")
+        name, value = item
+        if is_dtensor(value):
+            sharded = True
+            here = dtensor_rank_world(value)
+            if mesh_rank is not None and here != mesh_rank:
+                raise errors.InvalidArgumentError(
+                    errors.INVALID_ARGUMENT,
+                    f"tensor '{name}': its mesh puts this process at rank {here[0]} of "
+                    f"{here[1]}, another tensor's at {mesh_rank[0]} of {mesh_rank[1]}")
+            mesh_rank = here
+            value = dtensor_block(name, value)
+            if value is None:
+                continue  # an empty shard: nothing held
+        if isinstance(value, Block):
+            sharded = True
+            items.append((name, value.tensor))
+            blocks.append(value)
+        else:
+            items.append((name, value))
+            blocks.append(None)
+    if not sharded:
+        return items, blocks, None, None
+    if rank is None or world is None:
+        if mesh_rank is None:
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT,
+                "a sharded push (ferry.sharding.Block) needs rank= and world=")
+        rank = mesh_rank[0] if rank is None else rank
+        world = mesh_rank[1] if world is None else world
+    return items, blocks, int(rank), int(world)
+
+
+def _block_structs(blocks):
+    """The ferry_block_t pointers (NULL for a whole tensor) and what keeps them alive."""
+    keep, pointers = [], []
+    for b in blocks:
+        if b is None:
+            pointers.append(None)
+            continue
+        n = len(b.global_shape)
+        shape = (ctypes.c_uint64 * max(1, n))(*b.global_shape)
+        offsets = (ctypes.c_uint64 * max(1, n))(*b.offsets)
+        s = _CBlock()
+        s.struct_size = struct_size(_CBlock)
+        s.global_shape = shape
+        s.offsets = offsets
+        s.replica = 1 if b.replica else 0
+        keep += [shape, offsets, s]
+        pointers.append(ctypes.addressof(s))
+    array = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+    keep.append(array)
+    return array, keep
 
 
 def _progress_mode(progress):
@@ -212,7 +282,8 @@ class Sender(OwnedHandle):
         del keep
         self._handle = handle
 
-    def push(self, named_tensors, version, label=None, check=True, stream=None):
+    def push(self, named_tensors, version, label=None, check=True, stream=None, *, rank=None,
+             world=None):
         """Pushes `named_tensors` (a mapping such as a state_dict, or (name, tensor) pairs) as
         update `version`; each receiver commits it or keeps its previous version. Tensors are
         read in place and must not change until push returns. Returns a PushReport; raises
@@ -223,10 +294,18 @@ class Sender(OwnedHandle):
         the work queued on the tensors is done. By default that is the DLPack stream protocol
         (for PyTorch tensors: torch's current stream of each device). `stream` names the
         producer's CUDA stream(s) instead (a torch.cuda.Stream, a cudaStream_t int, or a list),
-        or "none" when the caller synchronised itself."""
+        or "none" when the caller synchronised itself.
+
+        Sharded trainers (docs/sharded.md): each rank pushes what it holds, as blocks of the
+        global tensors: torch DTensors (Shard(d) / Replicate placements: rank and world come from
+        their mesh) or ferry.sharding.Block(tensor, global_shape, offsets) with `rank` and
+        `world` given. Each receiver commits the version once every rank's blocks arrived and
+        tile every tensor exactly once; the report's receivers carry `rank_bytes` (bytes moved
+        per rank) and `needed_bytes`."""
         self._require_open()
+        items, blocks, rank, world = _sharded_items(named_tensors, rank, world)
         producers = Producers(stream)
-        with Views(named_tensors, writable=False, producers=producers) as views:
+        with Views(items, writable=False, producers=producers) as views:
             pointers = views.pointers()
             args = PushArgs()
             args.struct_size = struct_size(PushArgs)
@@ -242,8 +321,20 @@ class Sender(OwnedHandle):
                 total = None if None in sizes else sum(sizes) * len(self.receivers)
                 poller = _ProgressPoller(self, self._progress, total)
             try:
-                _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
-                                                  ctypes.byref(report)))
+                if world is None:
+                    _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
+                                                      ctypes.byref(report)))
+                else:
+                    structs, keep = _block_structs(blocks)
+                    sharded = ShardedPushArgs()
+                    sharded.struct_size = struct_size(ShardedPushArgs)
+                    sharded.push = ctypes.pointer(args)
+                    sharded.rank = rank
+                    sharded.world = world
+                    sharded.blocks = structs
+                    _raise_if(lib().ferry_sender_push_sharded(
+                        self._handle, ctypes.byref(sharded), ctypes.byref(report)))
+                    del keep
             finally:
                 if poller is not None:
                     poller.finish()

@@ -62,8 +62,8 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
     const auto declared = state.declared;
     auto list = hello.initTensors(static_cast<unsigned>(declared.size()));
     auto shard = hello.initShard();
-    shard.setRank(options.shard_rank);
-    shard.setWorld(options.shard_world);
+    shard.setRank(state.shard.rank);
+    shard.setWorld(state.shard.world);
     auto holdings = shard.initHoldings(static_cast<unsigned>(declared.size()));
     for (unsigned i = 0; i < declared.size(); ++i) {
       const TensorView& t = declared[i];
@@ -147,7 +147,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
     fail(FERRY_STATUS_INCOMPATIBLE,
          "receiver {} does not assemble sharded updates (rank {} of {}): it answered the "
          "handshake as for one sender",
-         address, options.shard_rank, options.shard_world);
+         address, state.shard.rank, state.shard.world);
   }
   const std::string chosen = text(w.getTransport());
   if (chosen == "inline") {

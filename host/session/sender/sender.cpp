@@ -24,10 +24,10 @@ namespace ferry::session {
 namespace {
 
 // The block views of a sharded push: in range and of the tensor's rank.
-void check_shard_views(std::span<const TensorView> tensors, const SenderOptions& options) {
-  if (options.shard_rank >= options.shard_world) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "push: rank {} of a world of {} senders",
-         options.shard_rank, options.shard_world);
+void check_shard_views(std::span<const TensorView> tensors, const ShardSpec& shard) {
+  if (shard.rank >= shard.world) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "push: rank {} of a world of {} senders", shard.rank,
+         shard.world);
   }
   for (const auto& t : tensors) {
     const auto& global = t.global_shape.empty() ? t.shape : t.global_shape;
@@ -124,6 +124,8 @@ struct Sender::Impl : SenderState {
       std::string why;
       if (link->closed) {
         why = link->closed_why;
+      } else if (sharded()) {
+        why = "a sharded push opens sessions of its own";
       } else if (!link->fits(tensors, plan, catalog_same)) {
         why = "another set of tensors, bucket capacity or device";
       }
@@ -273,7 +275,8 @@ Sender::~Sender() = default;
 
 PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t version,
                         const std::optional<std::string>& label,
-                        const order::StreamOrder& producers) {
+                        const order::StreamOrder& producers,
+                        const std::optional<ShardSpec>& shard) {
   auto& i = *impl_;
   i.wait_teardowns();  // the previous push's
   const auto start = Clock::now();
@@ -281,8 +284,13 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   if (tensors.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "push: no tensors");
   // A sharded push sends the blocks it holds and declares its replicas too (docs/sharded.md).
   std::vector<TensorView> sent_blocks;
+  {
+    std::lock_guard lock(i.mutex);
+    if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
+    i.shard = shard.value_or(ShardSpec{i.options.shard_rank, i.options.shard_world});
+  }
   if (i.sharded()) {
-    check_shard_views(tensors, i.options);
+    check_shard_views(tensors, i.shard);
     for (const auto& t : tensors) {
       if (!t.replica) sent_blocks.push_back(t);
     }

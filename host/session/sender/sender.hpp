@@ -116,6 +116,12 @@ struct SenderOptions {
   std::uint32_t shard_world = 0;
 };
 
+// One push of a sharded trainer: this sender is rank `rank` of `world` (docs/sharded.md).
+struct ShardSpec {
+  std::uint32_t rank = 0;
+  std::uint32_t world = 0;
+};
+
 struct ReceiverResult {
   std::string address;  // as given in SenderOptions::receivers
   bool committed = false;
@@ -160,9 +166,12 @@ class Sender {
   // a tensor is on), so a fingerprint certifies final bytes. Throws ferry::Error only for bad
   // arguments (empty or duplicate names, bad dtype/shape, no receivers) and a failed wait for
   // the producers (nothing was sent then); per-receiver failures are in the report.
+  // `shard`: this push is one rank's of a sharded update (overrides SenderOptions::shard_rank
+  // and shard_world); the tensors are then blocks (TensorView::global_shape, offsets, replica).
   PushReport push(std::span<const TensorView> tensors, std::uint64_t version,
                   const std::optional<std::string>& label = std::nullopt,
-                  const order::StreamOrder& producers = {});
+                  const order::StreamOrder& producers = {},
+                  const std::optional<ShardSpec>& shard = std::nullopt);
 
   // Aborts a running push (any thread). No-op when none runs.
   void abort(const std::string& reason);

@@ -54,9 +54,11 @@ struct SenderState {
   // Both the options and the configuration (update.keep_sessions) allow it.
   // Never for a sharded push (each update is assembled afresh on the receiver).
   bool keep_sessions() const {
-    return options.keep_sessions && config.update.keep_sessions && options.shard_world == 0;
+    return options.keep_sessions && config.update.keep_sessions && shard.world == 0;
   }
-  bool sharded() const { return options.shard_world > 0; }
+  // The running push's rank and world (world 0: not sharded); set by push().
+  ShardSpec shard;
+  bool sharded() const { return shard.world > 0; }
   // A sharded push: every view it declares (the blocks it sends and its replicas), in the
   // Hello's order; set by push() for its duration.
   std::span<const TensorView> declared;

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 4
+#define FERRY_API_MINOR 5
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -214,6 +214,39 @@ typedef struct ferry_push_args {
 FERRY_API ferry_error_t* ferry_sender_push(ferry_sender_t* sender, const ferry_push_args_t* args,
                                            ferry_push_report_t** report);
 
+/* API 1.5: sharded pushes (docs/sharded.md). The block of one global tensor that a sender rank
+ * holds: the ferry_tensor_t given with it (its shape is the block's extent per dimension, its
+ * memory the block's own compact row-major elements) starts at `offsets` in the tensor of
+ * `global_shape`; both have the tensor's ndim entries. */
+typedef struct ferry_block {
+  size_t struct_size;
+  const uint64_t* global_shape;
+  const uint64_t* offsets;
+  int replica; /* 1: held here, but sent by the lowest rank holding the same block: declared to
+                  the receivers, not sent */
+} ferry_block_t;
+
+typedef struct ferry_sharded_push_args {
+  size_t struct_size;
+  const ferry_push_args_t* push; /* the tensors (blocks), version, label and order */
+  uint32_t rank;                 /* this sender's rank, < world */
+  uint32_t world;                /* how many sender ranks make up the update */
+  /* push->num_tensors pointers, one per tensor in order: its block, or NULL for the whole
+   * tensor (held by this rank alone) */
+  const ferry_block_t* const* blocks;
+} ferry_sharded_push_args_t;
+
+/* API 1.5: pushes this rank's part of a sharded update: each receiver assembles version
+ * push->version from the sessions of all `world` ranks and commits it only when the ranks'
+ * blocks tile every tensor exactly once and every block arrived verified; otherwise (a rank that
+ * dies or misses its deadline, overlapping or missing blocks, ranks disagreeing on the version
+ * or a tensor's shape) every rank's report names the rank and the tensor, and the receiver keeps
+ * its previous version. Errors and threading as ferry_sender_push; INVALID_ARGUMENT for a block
+ * outside its global shape or rank >= world. Sharded pushes never keep their sessions. */
+FERRY_API ferry_error_t* ferry_sender_push_sharded(ferry_sender_t* sender,
+                                                   const ferry_sharded_push_args_t* args,
+                                                   ferry_push_report_t** report);
+
 /* The per-receiver state of the last (or the running) push, as a report whose version and totals
  * are zero. *report freed with ferry_push_report_free. Any thread. */
 FERRY_API ferry_error_t* ferry_sender_status(ferry_sender_t* sender, ferry_push_report_t** report);
@@ -243,6 +276,12 @@ typedef struct ferry_receiver_result {
   int writer_fingerprints; /* out: 1 when the copies fingerprinted what they wrote */
   int reused_session;      /* out: 1 when the push went through the session kept from the
                               previous push (no handshake), 0 when it opened one */
+  /* API 1.5, a sharded push (zero / NULL otherwise): the payload bytes each rank moved to this
+   * receiver (num_ranks entries, by rank; owned by the report) and the bytes of every tensor once
+   * (what the receiver needed). */
+  uint64_t needed_bytes;   /* out */
+  size_t num_ranks;        /* out */
+  const uint64_t* rank_bytes; /* out */
 } ferry_receiver_result_t;
 
 /* Report accessors. Any thread; the report is immutable. */
