@@ -1,9 +1,10 @@
 // tests/session/session_sharded_test.cpp: sharded pushes into real `ferry serve` processes
 // (docs/sharded.md): a checkpoint split over 2 and 4 `ferry push --rank R --world S` processes
 // (dim-0 row ranges and whole tensors per rank) lands bit-identical to the unsharded push; in-
-// process senders with explicit blocks (column blocks, replicas); a rank killed mid-push, blocks
-// that overlap or leave a gap, and ranks that disagree on the version abort the update, naming
-// the rank and the tensor, and the receiver keeps its previous version.
+// process senders with explicit blocks (column blocks, replicas); a rank killed mid-push, a rank
+// that stalls past the deadline or never joins, blocks that overlap or leave a gap, and ranks
+// that disagree on the version or a tensor's shape abort the update, naming the rank and the
+// tensor, and the receiver keeps its previous version.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -28,7 +29,8 @@ class SessionSharded : public ::testing::Test {
   static std::vector<ChildResult> push_ranks(const std::string& to, unsigned world,
                                              const std::string& shard_by,
                                              const std::string& transport = "inline",
-                                             std::map<unsigned, std::vector<std::string>> extra = {}) {
+                                             std::map<unsigned, std::vector<std::string>> extra = {},
+                                             double others_deadline_s = 60) {
     std::vector<std::unique_ptr<PushProcess>> pushes;
     for (unsigned r = 0; r < world; ++r) {
       std::vector<std::string> args = {"--log-level", "warn", "push", "--to", to,
@@ -44,7 +46,8 @@ class SessionSharded : public ::testing::Test {
     }
     std::vector<ChildResult> results(world);
     for (unsigned r = 0; r < world; ++r) {
-      if (!pushes[r]->wait(60, results[r])) pushes[r]->kill_now();
+      // Rank 0 first; a rank made to stall is killed once rank 0 has its answer.
+      if (!pushes[r]->wait(r == 0 ? 60 : others_deadline_s, results[r])) pushes[r]->kill_now();
     }
     return results;
   }
@@ -203,6 +206,55 @@ TEST_F(SessionSharded, RankKilledMidPushLeavesThePreviousVersionAndTheErrorNames
   const auto again = push_ranks(address_of(serve), 2, "dim0");
   for (const auto& r : again) ASSERT_TRUE(r.exited && r.status == 0) << all_output(again);
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+TEST_F(SessionSharded, ARankThatStallsPastTheDeadlineAbortsTheUpdateNamingIt) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));  // 3 s bucket deadline
+  const auto results = push_ranks(address_of(serve), 2, "dim0", "inline",
+                                  {{1, {"--test-stall-after-bucket", "1"}}}, 2);
+  EXPECT_TRUE(results[0].exited && results[0].status == 1) << all_output(results);
+  EXPECT_NE(results[0].output.find("rank 1"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("deadline"), std::string::npos) << results[0].output;
+  expect_unchanged(serve);
+}
+
+TEST_F(SessionSharded, ARankThatNeverJoinsAbortsTheUpdateNamingIt) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(1);
+  for (const auto& t : versions_->v2.tensors) ranks[0].views.push_back(whole(t));
+  // Rank 0 of a world of 2; rank 1 never comes.
+  config::Config config;
+  registry::Registry registry({});
+  session::SenderOptions options;
+  options.receivers = {address_of(serve)};
+  options.transport = "inline";
+  options.connect_timeout = std::chrono::milliseconds(20000);
+  session::Sender sender(config, registry, options);
+  const auto report = sender.push(ranks[0].views, 2, std::nullopt, {}, session::ShardSpec{0, 2});
+  ASSERT_FALSE(report.all_committed());
+  EXPECT_NE(report.receivers[0].error.find("rank(s) 1 did not join"), std::string::npos)
+      << report.receivers[0].error;
+  expect_unchanged(serve);
+}
+
+TEST_F(SessionSharded, RanksThatDisagreeOnATensorsShapeAbortTheUpdate) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  std::vector<Rank> ranks(2);
+  const Tensor& norm = versions_->v2.at("model.norm.weight");
+  for (const auto& t : versions_->v2.tensors) ranks[0].views.push_back(whole(t));
+  session::TensorView other = whole(norm, /*replica=*/true);
+  other.global_shape = {16};
+  ranks[1].views.push_back(other);
+  push_in_process(ranks, address_of(serve));
+  for (const auto& r : ranks) {
+    ASSERT_FALSE(r.report.all_committed());
+    const std::string& error = r.report.receivers[0].error;
+    EXPECT_NE(error.find("ranks 0 and 1 disagree on tensor 'model.norm.weight': F32 [8] against "
+                         "F32 [16]"),
+              std::string::npos)
+        << error;
+  }
+  expect_unchanged(serve);
 }
 
 TEST_F(SessionSharded, ColumnBlocksAndReplicasFromInProcessSenders) {
