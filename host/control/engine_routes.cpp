@@ -80,7 +80,21 @@ HttpResponse begin_weight_update(Context& c, const HttpRequest& req) {
 HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
   parse_body(req);  // a malformed body is still 400
   auto& engine = c.receiver.engine_control();
-  const std::uint64_t updates = engine.state().updates_in_session;
+  std::uint64_t updates = engine.state().updates_in_session;
+  // The tensors /update_weights_from_tensor staged in the session are one update, committed
+  // first; when that fails the session still closes and the answer is the commit's error.
+  try {
+    if (commit_pending_tensors(c)) ++updates;
+  } catch (const Error& e) {
+    try {
+      engine.end_update();
+    } catch (const Error&) {
+    }
+    throw Error(e.code(), fmt::format("end_weight_update: the tensors staged in the session "
+                                      "failed to commit (the session is closed, the published "
+                                      "version stays): {}",
+                                      e.what()));
+  }
   engine.end_update();
   return reply(200, json{{"success", true},
                          {"message", fmt::format("weight-update session ended after {} updates",

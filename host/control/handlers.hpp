@@ -20,6 +20,7 @@
 
 #include "control/http_listener.hpp"
 #include "control/http_server.hpp"
+#include "control/tensor_update.hpp"
 #include "group/receiver_groups.hpp"
 #include "receiver/receiver.hpp"
 
@@ -34,6 +35,8 @@ struct ServerState {
   std::optional<std::map<std::string, std::uint64_t>> snapshot;
   std::string snapshot_version;
   std::string model_path;
+  std::mutex tensor_mutex;  // /update_weights_from_tensor's staged tensors
+  PendingTensorUpdate tensors;
 };
 
 // What a route's handler may use: the receiver, the server's options, the NCCL groups and the
@@ -95,5 +98,8 @@ HttpResponse server_info(Context& c, const HttpRequest& req);
 HttpResponse weights_checker(Context& c, const HttpRequest& req);
 HttpResponse release_memory(Context& c, const HttpRequest& req);
 HttpResponse resume_memory(Context& c, const HttpRequest& req);
+// control/tensor_update.cpp: the route, and the commit of what a session staged.
+HttpResponse update_from_tensor(Context& c, const HttpRequest& req);
+std::optional<receiver::UpdateReport> commit_pending_tensors(Context& c);
 
 }  // namespace ferry::control

@@ -194,6 +194,8 @@ const std::vector<Entry> kTable = {
      Runs::worker, destroy_group},
     {{"POST", "/update_weights_from_ipc", true, "receive one update from a checkpoint-engine ParameterServer", kSglang},
      Runs::worker, update_from_ipc},
+    {{"POST", "/update_weights_from_tensor", true, "receive tensors from the trainer's process (CUDA IPC, shared memory)", kSglang},
+     Runs::worker, update_from_tensor},
     {{"POST", "/begin_weight_update", true, "open a weight-update session", kSglang},
      Runs::worker, begin_weight_update},
     {{"POST", "/end_weight_update", true, "close the weight-update session: the engine's post-load processing", kSglang},

@@ -89,9 +89,11 @@ TEST_F(ControlApi, MutatingRoutesNeedTheTokenAndReadOnlyRoutesNever) {
       EXPECT_NE(allowed.status, 401) << allowed.text;
       const std::string path = route.path;
       if (path == "/init_weights_update_group" || path == "/update_weights_from_distributed" ||
-          path == "/destroy_weights_update_group" || path == "/update_weights_from_ipc") {
+          path == "/destroy_weights_update_group" || path == "/update_weights_from_ipc" ||
+          path == "/update_weights_from_tensor") {
         // An empty body lacks the group's required fields (400) or names no group (404);
-        // tests/nccl covers these routes with real requests (tests/ckpt_engine the IPC one).
+        // tests/nccl covers these routes with real requests (tests/ckpt_engine the IPC one,
+        // python/tests/test_update_from_tensor.py the tensor one).
         EXPECT_TRUE(allowed.status == 400 || allowed.status == 404) << allowed.text;
       } else {
         EXPECT_EQ(allowed.status, 200) << allowed.text;
