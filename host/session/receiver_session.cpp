@@ -325,7 +325,7 @@ class Session final : public update::BucketSource, public ShardMember {
                                             region_keys_.size()));
   }
 
-  // Direct delivery (DESIGN.md, "Two ways to deliver"): offered when the data path puts into
+  // Direct delivery (docs/architecture.md, "Two ways to deliver"): offered when the data path puts into
   // device memory and every tensor's plan is one whole copy into a device parameter; the memory
   // blocks holding those parameters are shared with the sender. Anything less: staged.
   void offer_direct(const std::string& delivery, std::span<const ferry_tensor_desc_t> descs) {
