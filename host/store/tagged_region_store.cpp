@@ -260,7 +260,7 @@ const ParamInfo& TaggedRegionStore::checked_access_locked(std::size_t index, std
 void TaggedRegionStore::write(std::size_t index, std::uint64_t offset,
                               std::span<const std::byte> bytes) {
   std::unique_lock lock(mutex_);
-  wait_refresh_locked(lock);
+  wait_refresh_for_writes_locked(lock);
   const ParamInfo& p = checked_access_locked(index, offset, bytes.size(), "write to");
   if (!bytes.empty()) copy_bytes(p.data + offset, bytes.data(), bytes.size());
 }
@@ -402,7 +402,7 @@ std::vector<TagState> TaggedRegionStore::memory_state() const {
 
 void TaggedRegionStore::begin_writes(std::span<const std::string> tags, const std::string& writer) {
   std::unique_lock lock(mutex_);
-  wait_refresh_locked(lock);
+  wait_refresh_for_writes_locked(lock);
   const auto names = unique_tags(tags);
   for (const auto& name : names) {
     const Tag& t = tag_locked(name);
@@ -566,6 +566,16 @@ void TaggedRegionStore::wait_refresh_locked(std::unique_lock<std::mutex>& lock) 
   // The worker records its outcome and wakes us under the lock, and takes the lock no more:
   // joining it here cannot wait for us.
   if (refresh_thread_.joinable()) refresh_thread_.join();
+}
+
+void TaggedRegionStore::wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock) {
+  // A pre-empted refresh still copies the batch it began (at most kRefreshBatchBytes). In GPU
+  // memory that copy is a DMA read nothing on the host orders against the update's writes, and
+  // the mirror never claims what it copied: the writes need not wait (on an H200 the wait would
+  // add up to ~1 ms to every update that pre-empts). In host memory it is a memcpy reading what
+  // the writer's thread writes, a data race: the writes wait for it.
+  if (region_kind_ == FERRY_MEMORY_CUDA && refresh_.running && refresh_preempted_.load()) return;
+  wait_refresh_locked(lock);
 }
 
 void TaggedRegionStore::preempt_mirror_refresh(const std::string& reason) {

@@ -177,6 +177,9 @@ class TaggedRegionStore : public WeightStore {
   };
   // Waits (releasing `lock` meanwhile) until no refresh runs, then joins its thread.
   void wait_refresh_locked(std::unique_lock<std::mutex>& lock);
+  // For writes into the weights: as wait_refresh_locked, except in GPU memory, where the batch
+  // a pre-empted refresh still copies is not waited for (the .cpp says why).
+  void wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock);
   // Copies (without the lock), then records the outcome under it and wakes the waiters.
   void run_refresh(Refresh& refresh) noexcept;
 

@@ -229,8 +229,9 @@ class WeightStore {
   // Pre-empts a running background refresh (config memory.mirror_refresh = "background": an
   // update that begins before the mirror caught up): no further copy starts and the refresh ends
   // as failed with `reason` (the mirror holds no committed version until the next refresh).
-  // begin_writes and write still wait for the worker to end, which is then at most the one batch
-  // of kRefreshBatchBytes in flight: it reads the weights, so a write must not overlap it.
+  // The one batch of kRefreshBatchBytes in flight still reads the weights: in host memory
+  // begin_writes and write wait for it; in GPU memory they do not (a DMA read into mirror slots
+  // nobody claims). Everything that reads or writes the mirror waits for the worker to end.
   // Returns at once; a no-op when no refresh runs.
   virtual void preempt_mirror_refresh(const std::string& reason) = 0;
   // Waits until no refresh runs; returns the state then.
