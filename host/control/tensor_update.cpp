@@ -42,6 +42,15 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
            "update_weights_from_tensor: tensor '{}' was sent already in this update", t.name);
     }
   }
+  // Every received CUDA tensor's reference goes back to the trainer once, copied or not.
+  struct Release {
+    const TensorUpdateRequest& r;
+    ~Release() {
+      for (const auto& s : r.sources) receiver::release_shared_tensor(s);
+    }
+  } release{request};
+  // Places first (buckets grow), then one open per source copying all of its pieces.
+  std::vector<std::pair<std::size_t, std::uint64_t>> places;  // bucket, offset
   for (const auto& t : request.tensors) {
     std::uint64_t offset = 0;
     if (!buckets_.empty()) offset = sdk::bucket_align_up(buckets_.back().data.size());
@@ -51,8 +60,6 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     }
     auto& b = buckets_.back();
     b.data.resize(offset + t.bytes);
-    receiver::copy_shared_tensor(request.sources[t.source], t.byte_offset, t.bytes,
-                                 b.data.data() + offset);
     manifest::Entry e;
     e.name = t.name;
     e.dtype = t.dtype;
@@ -61,6 +68,16 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     e.size = t.bytes;
     b.entries.push_back(std::move(e));
     names_.insert(t.name);
+    places.emplace_back(buckets_.size() - 1, offset);
+  }
+  std::vector<std::vector<receiver::SharedTensorRange>> ranges(request.sources.size());
+  for (std::size_t i = 0; i < request.tensors.size(); ++i) {
+    const auto& t = request.tensors[i];
+    ranges[t.source].push_back(
+        {t.byte_offset, t.bytes, buckets_[places[i].first].data.data() + places[i].second});
+  }
+  for (std::size_t s = 0; s < request.sources.size(); ++s) {
+    receiver::copy_shared_tensor(request.sources[s], ranges[s]);
   }
   if (request.weight_version) label_ = request.weight_version;
   return request.tensors.size();

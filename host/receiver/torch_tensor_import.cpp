@@ -44,9 +44,9 @@ void check_range(const torch_reductions::Tensor& t, std::uint64_t storage_bytes,
 }
 
 void copy_from_file(const torch_reductions::Tensor& t, const SharedMemoryFile& f,
-                    std::uint64_t byte_offset, std::uint64_t bytes, void* dst) {
-  check_range(t, f.size_bytes, byte_offset, bytes);
-  if (bytes == 0) return;
+                    std::span<const SharedTensorRange> ranges) {
+  for (const auto& r : ranges) check_range(t, f.size_bytes, r.byte_offset, r.bytes);
+  if (ranges.empty()) return;
   const int fd = shm_open(f.name.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
     fail(errno == ENOENT ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO,
@@ -69,10 +69,9 @@ void copy_from_file(const torch_reductions::Tensor& t, const SharedMemoryFile& f
     fail(FERRY_STATUS_IO, "shared tensor: mmap('{}', {} bytes): {}", f.name, f.size_bytes,
          std::strerror(errno));
   }
-  std::memcpy(dst,
-              static_cast<const std::byte*>(map) + kShmHeaderBytes +
-                  t.offset * dtype_size(t.dtype) + byte_offset,
-              bytes);
+  const auto* data =
+      static_cast<const std::byte*>(map) + kShmHeaderBytes + t.offset * dtype_size(t.dtype);
+  for (const auto& r : ranges) std::memcpy(r.dst, data + r.byte_offset, r.bytes);
   munmap(map, mapped);
 }
 
@@ -101,8 +100,8 @@ int local_device(const CudaIpcTensor& h) {
 #endif
 
 void copy_from_cuda(const torch_reductions::Tensor& t, const CudaIpcTensor& h,
-                    std::uint64_t byte_offset, std::uint64_t bytes, void* dst) {
-  check_range(t, h.storage_size_bytes, byte_offset, bytes);
+                    std::span<const SharedTensorRange> ranges) {
+  for (const auto& r : ranges) check_range(t, h.storage_size_bytes, r.byte_offset, r.bytes);
 #if FERRY_HAVE_CUDA
   if (h.handle_format == torch_reductions::CudaHandleFormat::expandable_segment) {
     fail(FERRY_STATUS_UNIMPLEMENTED,
@@ -131,10 +130,11 @@ void copy_from_cuda(const torch_reductions::Tensor& t, const CudaIpcTensor& h,
     if (e == cudaSuccess) e = cudaEventSynchronize(event);
     if (event != nullptr) cudaEventDestroy(event);
   }
-  if (e == cudaSuccess && bytes > 0) {
-    const auto* src = static_cast<const std::byte*>(base) + h.storage_offset_bytes +
-                      t.offset * dtype_size(t.dtype) + byte_offset;
-    e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  const auto* src =
+      static_cast<const std::byte*>(base) + h.storage_offset_bytes + t.offset * dtype_size(t.dtype);
+  for (const auto& r : ranges) {
+    if (e != cudaSuccess) break;
+    if (r.bytes > 0) e = cudaMemcpy(r.dst, src + r.byte_offset, r.bytes, cudaMemcpyDeviceToHost);
   }
   cudaIpcCloseMemHandle(base);
   cudaSetDevice(previous);
@@ -142,9 +142,7 @@ void copy_from_cuda(const torch_reductions::Tensor& t, const CudaIpcTensor& h,
 #else
   (void)t;
   (void)h;
-  (void)byte_offset;
-  (void)bytes;
-  (void)dst;
+  (void)ranges;
   fail(FERRY_STATUS_UNIMPLEMENTED,
        "shared CUDA tensor: this ferry was built without CUDA; CUDA tensors cannot be imported");
 #endif
@@ -152,12 +150,18 @@ void copy_from_cuda(const torch_reductions::Tensor& t, const CudaIpcTensor& h,
 
 }  // namespace
 
-void copy_shared_tensor(const torch_reductions::Tensor& tensor, std::uint64_t byte_offset,
-                        std::uint64_t bytes, void* dst) {
+void copy_shared_tensor(const torch_reductions::Tensor& tensor,
+                        std::span<const SharedTensorRange> ranges) {
   if (const auto* f = std::get_if<SharedMemoryFile>(&tensor.storage)) {
-    copy_from_file(tensor, *f, byte_offset, bytes, dst);
+    copy_from_file(tensor, *f, ranges);
   } else {
-    copy_from_cuda(tensor, std::get<CudaIpcTensor>(tensor.storage), byte_offset, bytes, dst);
+    copy_from_cuda(tensor, std::get<CudaIpcTensor>(tensor.storage), ranges);
+  }
+}
+
+void release_shared_tensor(const torch_reductions::Tensor& tensor) noexcept {
+  if (const auto* h = std::get_if<CudaIpcTensor>(&tensor.storage)) {
+    torch_reductions::release_cuda_ipc_reference(h->ref_counter_handle, h->ref_counter_offset);
   }
 }
 

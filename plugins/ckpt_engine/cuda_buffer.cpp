@@ -2,6 +2,7 @@
 // (cuda_buffer.hpp), and its refusal when the build has no CUDA.
 #include "ckpt_engine/cuda_buffer.hpp"
 
+#include <ferry/formats/torch_reductions.hpp>
 #include <ferry/sdk/error.hpp>
 
 #include <cstdint>
@@ -10,10 +11,6 @@
 
 #if FERRY_CKPT_ENGINE_CUDA
 #include <cuda_runtime.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #endif
 
 namespace ferry::ckpt_engine {
@@ -27,25 +24,6 @@ void check_cuda(cudaError_t e, const char* what) {
     fail(e == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_IO,
          "checkpoint-engine buffer: {}: {}", what, cudaGetErrorString(e));
   }
-}
-
-// torch's producer keeps the shared block alive while a counter in a shared-memory file of
-// int64 slots is non-zero; a consumer decrements its slot when it drops the storage. Doing the
-// same lets the ParameterServer's ipc_collect() free the buffer after every update.
-void release_torch_reference(const std::string& file, std::uint64_t slot) noexcept {
-  if (file.empty()) return;
-  const int fd = shm_open(file.c_str(), O_RDWR, 0);
-  if (fd < 0) return;  // the producer removed it already: nothing is held
-  struct stat st {};
-  const std::uint64_t need = (slot + 1) * sizeof(std::int64_t);
-  if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= need) {
-    void* p = mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED) {
-      __atomic_fetch_sub(static_cast<std::int64_t*>(p) + slot, 1, __ATOMIC_SEQ_CST);
-      munmap(p, need);
-    }
-  }
-  close(fd);
 }
 
 class CudaIpcOpener final : public SharedBufferOpener {
@@ -94,7 +72,8 @@ class CudaIpcOpener final : public SharedBufferOpener {
     cudaSetDevice(device_);
     cudaIpcCloseMemHandle(base_);
     base_ = nullptr;
-    release_torch_reference(ref_file_, ref_slot_);
+    // Lets the ParameterServer's ipc_collect() free the buffer after every update.
+    torch_reductions::release_cuda_ipc_reference(ref_file_, ref_slot_);
     ref_file_.clear();
   }
 

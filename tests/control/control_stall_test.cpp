@@ -60,7 +60,8 @@ TEST(ControlStall, ReadsAndChangesAnswerWhileAnUpdateHoldsTheLock) {
   }
   std::this_thread::sleep_for(200ms);  // every read is waiting for the lock
 
-  for (const char* path : {"/health", "/metrics", "/get_weight_version", "/get_model_info"}) {
+  for (const char* path : {"/health", "/metrics", "/get_weight_version", "/get_model_info",
+                           "/model_info", "/server_info"}) {
     SCOPED_TRACE(path);
     RawConnection c(server.port());
     const auto start = Clock::now();

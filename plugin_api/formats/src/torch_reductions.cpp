@@ -5,6 +5,11 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace ferry::torch_reductions {
@@ -184,6 +189,22 @@ CudaIpcTensor decode_cuda_ipc_tensor(const Value& args, std::string_view owner) 
         s.size());
   }
   return h;
+}
+
+void release_cuda_ipc_reference(const std::string& file, std::uint64_t slot) noexcept {
+  if (file.empty() || slot > (std::uint64_t{1} << 40)) return;
+  const int fd = shm_open(file.c_str(), O_RDWR, 0);
+  if (fd < 0) return;  // the producer removed it already: nothing is held
+  struct stat st {};
+  const std::uint64_t need = (slot + 1) * sizeof(std::int64_t);
+  if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= need) {
+    void* p = mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      __atomic_fetch_sub(static_cast<std::int64_t*>(p) + slot, 1, __ATOMIC_SEQ_CST);
+      munmap(p, need);
+    }
+  }
+  close(fd);
 }
 
 bool Tensor::contiguous() const noexcept {

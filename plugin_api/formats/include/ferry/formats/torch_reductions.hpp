@@ -101,6 +101,14 @@ struct Tensor {
 // descriptor strategy and anything else are refused naming why.
 Tensor decode_tensor(const Value& value, std::string_view owner);
 
+// What a consumer of a CUDA tensor owes its producer once it is done with the storage: torch's
+// producer keeps the shared block alive while a counter in a shared-memory file of int64 slots
+// (ref_counter_handle, slot ref_counter_offset) is non-zero, and each consumer decrements its
+// slot when it drops the storage (what torch's own rebuild does). Call it once per received
+// tensor. A file that is gone already (the producer removed it) holds nothing. Never throws.
+void release_cuda_ipc_reference(const std::string& ref_counter_handle,
+                                std::uint64_t ref_counter_offset) noexcept;
+
 // "torch.bfloat16" -> FERRY_DTYPE_BF16; refused (naming `owner`) for a dtype ferry lacks.
 ferry_dtype_t torch_dtype(const Value& value, std::string_view owner);
 
