@@ -159,3 +159,17 @@ def test_callbacks_cannot_change_inside_a_session(embedded):
     receiver.set_engine_callbacks()  # no callbacks: answered like ferry serve
     status, body = _post(receiver.address, "/pause_generation", {})
     assert status == 200 and body["num_paused_requests"] == 0, body
+
+
+def test_bad_engine_callbacks_are_refused(ferry_module):
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    with ferry.Receiver() as receiver:
+        receiver.register_params({"a": np.zeros(4, np.float32)})
+        with pytest.raises(ferry.Error) as no_memory:
+            receiver.set_engine_callbacks(memory_tags=["kv_cache"])
+        assert "without a memory callback" in str(no_memory.value)
+        with pytest.raises(ferry.Error) as store_tag:
+            receiver.set_engine_callbacks(memory=lambda tags, release: None,
+                                          memory_tags=["weights"])
+        assert "ferry's store tags" in str(store_tag.value)
