@@ -26,9 +26,12 @@ void rethrow(ferry_error_t* error) {
 
 ferry_pause_mode_t c_mode(ferry::receiver::PauseMode mode) {
   switch (mode) {
-    case ferry::receiver::PauseMode::abort: return FERRY_PAUSE_ABORT;
-    case ferry::receiver::PauseMode::retract: return FERRY_PAUSE_RETRACT;
-    case ferry::receiver::PauseMode::in_place: return FERRY_PAUSE_IN_PLACE;
+    case ferry::receiver::PauseMode::abort:
+      return FERRY_PAUSE_ABORT;
+    case ferry::receiver::PauseMode::retract:
+      return FERRY_PAUSE_RETRACT;
+    case ferry::receiver::PauseMode::in_place:
+      return FERRY_PAUSE_IN_PLACE;
   }
   return FERRY_PAUSE_ABORT;
 }
@@ -67,7 +70,9 @@ FERRY_API ferry_error_t* ferry_receiver_set_engine_callbacks(
         out.resume = [f = c.resume, user](bool empty) { rethrow(f(user, empty ? 1 : 0)); };
       }
       if (c.flush_cache != nullptr) {
-        out.flush_cache = [f = c.flush_cache, user](bool empty) { rethrow(f(user, empty ? 1 : 0)); };
+        out.flush_cache = [f = c.flush_cache, user](bool empty) {
+          rethrow(f(user, empty ? 1 : 0));
+        };
       }
       if (c.post_load != nullptr) {
         out.post_load = [f = c.post_load, user] { rethrow(f(user)); };

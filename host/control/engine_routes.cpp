@@ -3,11 +3,11 @@
 // /weights_checker and the memory tags (ferry's store tags and the engine's, such as kv_cache).
 // `ferry serve` has no engine: these answer from the receiver's state (docs/http-api.md,
 // "Engine routes").
+#include <fmt/ranges.h>
+#include <xxhash.h>
 #include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/manifest.hpp>
-#include <fmt/ranges.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -23,15 +23,18 @@ namespace {
 
 // SGLang's memory tags that belong to an engine, never to ferry's store. `ferry serve` holds
 // neither: releasing them releases nothing and says so.
-bool is_engine_side_tag(const std::string& tag) { return tag == "kv_cache" || tag == "cuda_graph"; }
+bool is_engine_side_tag(const std::string& tag) {
+  return tag == "kv_cache" || tag == "cuda_graph";
+}
 
 json engine_json(const receiver::EngineControl& e) {
   const auto s = e.state();
-  return json{{"registered", e.has_engine()},
-              {"paused", s.paused},
-              {"pause_mode", s.pause_mode ? json(receiver::pause_mode_name(*s.pause_mode)) : json()},
-              {"weight_update_session", s.session_open},
-              {"selector", s.session_open ? json(s.selector) : json()}};
+  return json{
+      {"registered", e.has_engine()},
+      {"paused", s.paused},
+      {"pause_mode", s.pause_mode ? json(receiver::pause_mode_name(*s.pause_mode)) : json()},
+      {"weight_update_session", s.session_open},
+      {"selector", s.session_open ? json(s.selector) : json()}};
 }
 
 }  // namespace
@@ -63,18 +66,19 @@ HttpResponse continue_generation(Context& c, const HttpRequest& req) {
 
 HttpResponse flush_cache(Context& c, const HttpRequest&) {
   const bool flushed = c.receiver.engine_control().flush_cache(false);
-  return reply(200, json{{"success", true},
-                         {"message", flushed ? "Cache flushed."
-                                             : "no engine cache to flush (ferry serve holds none)"}});
+  return reply(200,
+               json{{"success", true},
+                    {"message", flushed ? "Cache flushed."
+                                        : "no engine cache to flush (ferry serve holds none)"}});
 }
 
 HttpResponse begin_weight_update(Context& c, const HttpRequest& req) {
   const std::string selector = parse_selector(parse_body(req));
   c.receiver.engine_control().begin_update(selector);
-  return reply(200, json{{"success", true},
-                         {"message", fmt::format("weight-update session begun (selector '{}')",
-                                                 selector)},
-                         {"selector", selector}});
+  return reply(
+      200, json{{"success", true},
+                {"message", fmt::format("weight-update session begun (selector '{}')", selector)},
+                {"selector", selector}});
 }
 
 HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
@@ -96,11 +100,11 @@ HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
                                       e.what()));
   }
   engine.end_update();
-  return reply(200, json{{"success", true},
-                         {"message", fmt::format("weight-update session ended after {} updates",
-                                                 updates)},
-                         {"num_updates", updates},
-                         {"weight_version", c.receiver.version().label}});
+  return reply(
+      200, json{{"success", true},
+                {"message", fmt::format("weight-update session ended after {} updates", updates)},
+                {"num_updates", updates},
+                {"weight_version", c.receiver.version().label}});
 }
 
 HttpResponse model_info(Context& c, const HttpRequest&) {
@@ -223,9 +227,14 @@ HttpResponse weights_checker(Context& c, const HttpRequest& req) {
     const json rank = {
         {"checksums", checksums},
         {"per_gpu_checksum", fmt::format("{:016x}", XXH64(joined.data(), joined.size(), 0))},
-        {"parallelism_info",
-         json{{"tp_rank", r.tp_rank}, {"tp_size", r.tp_size}, {"dp_rank", 0}, {"dp_size", 1},
-              {"pp_rank", 0}, {"pp_size", 1}, {"rank", r.tp_rank}, {"size", r.tp_size}}}};
+        {"parallelism_info", json{{"tp_rank", r.tp_rank},
+                                  {"tp_size", r.tp_size},
+                                  {"dp_rank", 0},
+                                  {"dp_size", 1},
+                                  {"pp_rank", 0},
+                                  {"pp_size", 1},
+                                  {"rank", r.tp_rank},
+                                  {"size", r.tp_size}}}};
     return reply(200, json{{"success", true},
                            {"message", fmt::format("checksum of {} tensors", prints.size())},
                            {"ranks", json::array({rank})},
@@ -326,8 +335,11 @@ HttpResponse memory_route(Context& c, const HttpRequest& req, bool release) {
   if (!release) engine.memory(engine_chosen, false);
   json state = json::array();
   for (const auto& t : c.receiver.memory_state()) {
-    state.push_back(json{{"tag", t.tag}, {"bytes", t.bytes}, {"released", t.released},
-                         {"policy", t.policy}, {"contents_valid", t.contents_valid}});
+    state.push_back(json{{"tag", t.tag},
+                         {"bytes", t.bytes},
+                         {"released", t.released},
+                         {"policy", t.policy},
+                         {"contents_valid", t.contents_valid}});
   }
   std::string message = release ? "memory released" : "memory resumed";
   if (!not_held.empty()) {

@@ -9,18 +9,26 @@ int http_status(ferry_status_code_t code) {
   switch (code) {
     case FERRY_STATUS_INVALID_ARGUMENT:
     case FERRY_STATUS_CORRUPT_DATA:
-    case FERRY_STATUS_INCOMPATIBLE: return 400;
-    case FERRY_STATUS_NOT_FOUND: return 404;
+    case FERRY_STATUS_INCOMPATIBLE:
+      return 400;
+    case FERRY_STATUS_NOT_FOUND:
+      return 404;
     case FERRY_STATUS_FAILED_PRECONDITION:
-    case FERRY_STATUS_ABORTED: return 409;
-    case FERRY_STATUS_UNIMPLEMENTED: return 501;
-    case FERRY_STATUS_PEER_FAILED: return 502;
-    case FERRY_STATUS_TIMEOUT: return 504;
-    case FERRY_STATUS_OUT_OF_MEMORY: return 507;
+    case FERRY_STATUS_ABORTED:
+      return 409;
+    case FERRY_STATUS_UNIMPLEMENTED:
+      return 501;
+    case FERRY_STATUS_PEER_FAILED:
+      return 502;
+    case FERRY_STATUS_TIMEOUT:
+      return 504;
+    case FERRY_STATUS_OUT_OF_MEMORY:
+      return 507;
     case FERRY_STATUS_OK:
     case FERRY_STATUS_IO:
     case FERRY_STATUS_INTERNAL:
-    case FERRY_STATUS_END_OF_STREAM: return 500;
+    case FERRY_STATUS_END_OF_STREAM:
+      return 500;
   }
   return 500;
 }
@@ -70,18 +78,23 @@ std::optional<std::string> optional_label(const json& body, const char* key) {
 std::vector<std::string> tags_field(const json& body) {
   auto it = body.find("tags");
   if (it == body.end() || it->is_null()) return {};
-  if (!it->is_array()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
+  if (!it->is_array())
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
   std::vector<std::string> tags;
   for (const auto& t : *it) {
-    if (!t.is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
+    if (!t.is_string())
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'tags' must be a list of strings");
     tags.push_back(t.get<std::string>());
   }
   return tags;
 }
 
 json report_json(const receiver::UpdateReport& r) {
-  return json{{"weight_version", r.version.label}, {"version", r.version.number},
-              {"bytes", r.bytes},  {"tensors", r.tensors}, {"buckets", r.buckets},
+  return json{{"weight_version", r.version.label},
+              {"version", r.version.number},
+              {"bytes", r.bytes},
+              {"tensors", r.tensors},
+              {"buckets", r.buckets},
               {"seconds", r.seconds}};
 }
 

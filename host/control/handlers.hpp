@@ -71,10 +71,10 @@ T field(const json& body, const char* key, T fallback) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer (got {} {})", key,
            it->type_name(), it->dump());
     }
-    const bool fits = it->is_number_unsigned()
-                          ? it->get<std::uint64_t>() <=
-                                static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                          : std::is_signed_v<T> || it->get<std::int64_t>() >= 0;
+    const bool fits =
+        it->is_number_unsigned()
+            ? it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+            : std::is_signed_v<T> || it->get<std::int64_t>() >= 0;
     if (!fits) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' is out of range ({})", key, it->dump());
     }
@@ -85,7 +85,6 @@ T field(const json& body, const char* key, T fallback) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' has the wrong type ({})", key, it->type_name());
   }
 }
-
 
 // The engine routes (control/engine_routes.cpp).
 HttpResponse pause_generation(Context& c, const HttpRequest& req);

@@ -37,8 +37,7 @@ std::string string_field(const json& body, const char* key) {
 
 std::uint64_t unsigned_field(const json& body, const char* key, std::uint64_t max) {
   const json& v = required(body, key);
-  if (!v.is_number_integer() || v.get<long long>() < 0 ||
-      v.get<unsigned long long>() > max) {
+  if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<unsigned long long>() > max) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be an integer from 0 to {}", key, max);
   }
   return v.get<std::uint64_t>();
@@ -94,8 +93,7 @@ std::vector<std::vector<std::uint64_t>> shape_list(const json& body) {
     for (std::size_t d = 0; d < v[i].size(); ++d) {
       const json& dim = v[i][d];
       if (!dim.is_number_integer() || dim.get<long long>() < 0) {
-        fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}][{}] must be a non-negative integer", i,
-             d);
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "shapes[{}][{}] must be a non-negative integer", i, d);
       }
       shape.push_back(dim.get<std::uint64_t>());
     }
@@ -106,7 +104,9 @@ std::vector<std::vector<std::uint64_t>> shape_list(const json& body) {
 
 }  // namespace
 
-std::string parse_group_name(const json& body) { return group_name_field(body); }
+std::string parse_group_name(const json& body) {
+  return group_name_field(body);
+}
 
 std::chrono::milliseconds parse_destroy_timeout(const json& body) {
   if (auto t = optional_seconds(body, "timeout_s")) return to_ms(*t);
@@ -159,7 +159,8 @@ receiver::DistributedUpdate parse_distributed_update(const json& body) {
     }
   }
   if (auto it = body.find("load_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'load_format' must be a string");
+    if (!it->is_string())
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'load_format' must be a string");
     // SGLang's "flattened_bucket" broadcasts the whole list as one unaligned byte tensor; ferry's
     // group receives its own bucket layout (bucket_bytes), so that broadcast would be misread.
     fail(FERRY_STATUS_INVALID_ARGUMENT,
@@ -183,15 +184,16 @@ receiver::IpcUpdateRequest parse_ipc_update(const json& body) {
   }
   if (!it->is_object() || it->empty()) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
-                "field 'zmq_handles' must be a non-empty object of GPU UUID -> ZMQ address");
+         "field 'zmq_handles' must be a non-empty object of GPU UUID -> ZMQ address");
   }
   for (const auto& [uuid, address] : it->items()) {
     if (uuid.empty() || !address.is_string() || address.get<std::string>().empty()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-                  "zmq_handles['{}'] must be a non-empty address string", uuid);
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "zmq_handles['{}'] must be a non-empty address string",
+           uuid);
     }
     // The address reaches ZeroMQ as a C string: a NUL would cut it short (another socket).
-    receiver::refuse_nul(address.get_ref<const std::string&>(), fmt::format("zmq_handles['{}']", uuid));
+    receiver::refuse_nul(address.get_ref<const std::string&>(),
+                         fmt::format("zmq_handles['{}']", uuid));
     request.zmq_handles[uuid] = address.get<std::string>();
   }
   for (const char* flag : {"flush_cache", "torch_empty_cache", "abort_all_requests"}) {
@@ -214,7 +216,7 @@ receiver::IpcUpdateRequest parse_ipc_update(const json& body) {
   if (auto t = body.find("timeout_s"); t != body.end() && !t->is_null()) {
     if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
       fail(FERRY_STATUS_INVALID_ARGUMENT,
-                  "field 'timeout_s' must be a number of seconds in (0, 86400]");
+           "field 'timeout_s' must be a number of seconds in (0, 86400]");
     }
     request.timeout_s = t->get<double>();
   }
@@ -226,14 +228,16 @@ namespace {
 bool optional_bool(const json& body, const char* key, bool fallback, const char* route) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a boolean", route, key);
+  if (!it->is_boolean())
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a boolean", route, key);
   return it->get<bool>();
 }
 
 std::optional<std::string> optional_string(const json& body, const char* key, const char* route) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a string", route, key);
+  if (!it->is_string())
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field '{}' must be a string", route, key);
   return it->get<std::string>();
 }
 
@@ -275,7 +279,8 @@ DiskUpdateRequest parse_disk_update(const json& body) {
   r.effects.keep_pause = optional_bool(body, "keep_pause", false, kRoute);
   optional_bool(body, "is_async", false, kRoute);
   optional_bool(body, "recapture_cuda_graph", false, kRoute);
-  if (auto t = body.find("token_step"); t != body.end() && !t->is_null() && !t->is_number_integer()) {
+  if (auto t = body.find("token_step");
+      t != body.end() && !t->is_null() && !t->is_number_integer()) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'token_step' must be an integer", kRoute);
   }
   if (auto m = body.find("manifest"); m != body.end() && !m->is_null()) {

@@ -69,7 +69,7 @@ bool parse_continue_empty_cache(const nlohmann::json& body);
 std::string parse_selector(const nlohmann::json& body);
 
 struct WeightsCheckRequest {
-  std::string action;  // checksum, snapshot, reset_tensors, compare
+  std::string action;                         // checksum, snapshot, reset_tensors, compare
   std::vector<std::string> skip_tensor_list;  // substrings: tensors whose name contains one
 };
 // POST /weights_checker: action (default "checksum"), allow_quant_error (boolean; ferry's

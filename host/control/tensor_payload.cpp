@@ -95,12 +95,14 @@ void decode_flattened(const Value& root, TensorUpdateRequest& out) {
   for (std::size_t i = 0; i < meta->items.size(); ++i) {
     const Value& m = *meta->items[i];
     const std::string owner = fmt::format("metadata[{}]", i);
-    if (!m.is(ValueKind::call) || m.text != "sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata" ||
+    if (!m.is(ValueKind::call) ||
+        m.text != "sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata" ||
         !m.items.empty() || m.state == nullptr || !m.state->is(ValueKind::dict)) {
       bad("{} must be a FlattenedTensorMetadata, got {}", owner, describe(m));
     }
     const Value& s = *m.state;
-    if (s.dict_size() != 6) bad("{}: a FlattenedTensorMetadata has 6 fields, got {}", owner, s.dict_size());
+    if (s.dict_size() != 6)
+      bad("{}: a FlattenedTensorMetadata has 6 fields, got {}", owner, s.dict_size());
     const Value* name = s.dict_get("name");
     const Value* shape = s.dict_get("shape");
     const Value* dtype = s.dict_get("dtype");
@@ -120,8 +122,8 @@ void decode_flattened(const Value& root, TensorUpdateRequest& out) {
     if (!size || end < start || end - start != *size || numel != *size || end > total) {
       bad("{}: bytes [{}, {}) (numel {}) do not hold a {} tensor of shape {} ({} bytes) inside "
           "the flattened tensor of {} bytes",
-          who, start, end, numel, dtype_name(p.dtype), shape_string(p.shape),
-          size.value_or(0), total);
+          who, start, end, numel, dtype_name(p.dtype), shape_string(p.shape), size.value_or(0),
+          total);
     }
     p.source = src;
     p.byte_offset = start;
@@ -217,7 +219,8 @@ TensorUpdateRequest parse_tensor_update(const json& body, std::uint32_t tp_rank,
   }
   if (auto d = body.find("disable_draft_model"); d != body.end() && !d->is_null()) {
     if (!d->is_boolean()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'disable_draft_model' must be a boolean", kRoute);
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'disable_draft_model' must be a boolean",
+           kRoute);
     }
   }
   if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {

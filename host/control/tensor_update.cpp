@@ -117,7 +117,8 @@ void PendingTensorUpdate::discard() {
 
 HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
   const auto& rc = c.receiver.receiver_config();
-  const auto request = parse_tensor_update(parse_body(req), rc.receiver.tp_rank, rc.receiver.tp_size);
+  const auto request =
+      parse_tensor_update(parse_body(req), rc.receiver.tp_rank, rc.receiver.tp_size);
   const auto catalog = c.receiver.checkpoint_catalog();
   if (catalog.empty()) {
     fail(FERRY_STATUS_FAILED_PRECONDITION,
@@ -138,16 +139,16 @@ HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
   }
   const bool in_session = c.receiver.engine_control().state().session_open;
   if (in_session || !pending.covers(catalog)) {
-    return reply(200, json{{"success", true},
-                           {"message", fmt::format("staged {} tensors ({} of {} pending; the "
-                                                   "update commits {})",
-                                                   request.tensors.size(), pending.size(),
-                                                   catalog.size(),
-                                                   in_session ? "at end_weight_update"
-                                                              : "with the last tensor")},
-                           {"committed", false},
-                           {"num_staged", request.tensors.size()},
-                           {"num_pending", pending.size()}});
+    return reply(
+        200,
+        json{{"success", true},
+             {"message", fmt::format("staged {} tensors ({} of {} pending; the "
+                                     "update commits {})",
+                                     request.tensors.size(), pending.size(), catalog.size(),
+                                     in_session ? "at end_weight_update" : "with the last tensor")},
+             {"committed", false},
+             {"num_staged", request.tensors.size()},
+             {"num_pending", pending.size()}});
   }
   receiver::UpdateReport report;
   c.receiver.engine_control().run_update(request.effects, [&] {
@@ -180,8 +181,8 @@ std::optional<receiver::UpdateReport> commit_pending_tensors(Context& c) {
     c.state.tensors.discard();
     const std::size_t shown = std::min<std::size_t>(missing.size(), 8);
     fail(FERRY_STATUS_FAILED_PRECONDITION,
-         "{} of {} checkpoint tensors were never sent ({}{}); nothing was written",
-         missing.size(), catalog.size(),
+         "{} of {} checkpoint tensors were never sent ({}{}); nothing was written", missing.size(),
+         catalog.size(),
          fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
          missing.size() > shown ? ", ..." : "");
   }

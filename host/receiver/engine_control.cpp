@@ -2,8 +2,8 @@
 // pause, flush and the weight-update session (see engine_control.hpp).
 #include "receiver/engine_control.hpp"
 
-#include <ferry/sdk/error.hpp>
 #include <fmt/ranges.h>
+#include <ferry/sdk/error.hpp>
 
 #include <algorithm>
 #include <exception>
@@ -13,9 +13,12 @@ namespace ferry::receiver {
 
 const char* pause_mode_name(PauseMode mode) {
   switch (mode) {
-    case PauseMode::abort: return "abort";
-    case PauseMode::retract: return "retract";
-    case PauseMode::in_place: return "in_place";
+    case PauseMode::abort:
+      return "abort";
+    case PauseMode::retract:
+      return "retract";
+    case PauseMode::in_place:
+      return "in_place";
   }
   return "abort";
 }

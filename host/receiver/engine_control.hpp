@@ -43,10 +43,10 @@ struct EngineCallbacks {
 
 // Around one weight update (the SGLang request fields of that update).
 struct UpdateEffects {
-  bool flush_cache = true;           // flush the engine's caches after a committed update
-  bool torch_empty_cache = false;    // passed to flush_cache
-  bool abort_all_requests = false;   // pause(abort) before the update
-  bool keep_pause = false;           // after abort_all_requests: stay paused (disk updates)
+  bool flush_cache = true;          // flush the engine's caches after a committed update
+  bool torch_empty_cache = false;   // passed to flush_cache
+  bool abort_all_requests = false;  // pause(abort) before the update
+  bool keep_pause = false;          // after abort_all_requests: stay paused (disk updates)
 };
 
 class EngineControl {
@@ -77,7 +77,7 @@ class EngineControl {
     bool paused = false;
     std::optional<PauseMode> pause_mode;
     bool session_open = false;
-    std::string selector;           // of the open session
+    std::string selector;  // of the open session
     std::uint64_t updates_in_session = 0;
   };
   State state() const;

@@ -3,9 +3,9 @@
 // IPC reduction (fixture) decodes; SGLang's patched rebuild carries the device as a UUID; a
 // tensor that does not fit its storage is refused; the consumer's release decrements exactly its
 // slot of torch's reference-count file (and a missing file is no error).
+#include <gtest/gtest.h>
 #include <ferry/formats/torch_reductions.hpp>
 #include <ferry/sdk/error.hpp>
-#include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -59,9 +59,9 @@ TEST(TorchReductions, RealTorch211CudaReductionDecodes) {
 }
 
 TEST(TorchReductions, SglangPatchedRebuildNamesTheDeviceByUuid) {
-  const auto bytes = cuda_call("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified",
-                               [](PickleBytes& p) { p.str("GPU-0a1b2c3d-0000-1111-2222-333344445555"); },
-                               64);
+  const auto bytes = cuda_call(
+      "sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified",
+      [](PickleBytes& p) { p.str("GPU-0a1b2c3d-0000-1111-2222-333344445555"); }, 64);
   const auto t = decode_tensor(*read_pickle(bytes), "w");
   const auto& h = std::get<CudaIpcTensor>(t.storage);
   EXPECT_EQ(h.device, -1);
@@ -74,8 +74,9 @@ TEST(TorchReductions, SglangPatchedRebuildNamesTheDeviceByUuid) {
 }
 
 TEST(TorchReductions, ATensorLargerThanItsStorageIsRefused) {
-  const auto bytes = cuda_call("torch.multiprocessing.reductions", "rebuild_cuda_tensor",
-                               [](PickleBytes& p) { p.integer(0); }, 63);
+  const auto bytes = cuda_call(
+      "torch.multiprocessing.reductions", "rebuild_cuda_tensor",
+      [](PickleBytes& p) { p.integer(0); }, 63);
   try {
     decode_tensor(*read_pickle(bytes), "w");
     ADD_FAILURE() << "accepted";

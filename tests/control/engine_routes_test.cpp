@@ -18,8 +18,8 @@ class EngineRoutes : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = std::make_unique<TempDir>();
-    checkpoint_ = std::make_unique<Checkpoint>(
-        make_dense_checkpoint(DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 7));
+    checkpoint_ = std::make_unique<Checkpoint>(make_dense_checkpoint(
+        DenseShape{}, [](const std::string&) { return FERRY_DTYPE_F32; }, 7));
     write_checkpoint(dir_->path() / "model", *checkpoint_, 1);
     ServeOptions o;
     o.model_path = model_path();
@@ -73,8 +73,8 @@ TEST_F(EngineRoutes, WeightUpdateSessionKeepsItsRules) {
   ASSERT_EQ(post("/begin_weight_update").status, 200);  // selector "all"
   EXPECT_EQ(post("/begin_weight_update", json{{"selector", "target"}}).status, 409);
   EXPECT_EQ(post("/release_memory_occupation", json{{"tags", {"weights"}}}).status, 409);
-  Reply up = post("/update_weights_from_disk", json{{"model_path", model_path()},
-                                                      {"weight_version", "in-session"}});
+  Reply up = post("/update_weights_from_disk",
+                  json{{"model_path", model_path()}, {"weight_version", "in-session"}});
   ASSERT_EQ(up.status, 200) << up.text;
   Reply end = post("/end_weight_update");
   ASSERT_EQ(end.status, 200) << end.text;
@@ -141,29 +141,36 @@ TEST_F(EngineRoutes, WeightsCheckerSnapshotResetCompare) {
 }
 
 TEST_F(EngineRoutes, UpdateFieldsFerryCannotHonourAre400NamingThem) {
-  Reply fmt = post("/update_weights_from_disk",
-                   json{{"model_path", model_path()}, {"load_format", "pt"}});
+  Reply fmt =
+      post("/update_weights_from_disk", json{{"model_path", model_path()}, {"load_format", "pt"}});
   EXPECT_EQ(fmt.status, 400);
   EXPECT_NE(fmt.text.find("load_format 'pt'"), std::string::npos) << fmt.text;
   Reply manifest = post("/update_weights_from_disk",
                         json{{"model_path", model_path()}, {"manifest", json::object()}});
   EXPECT_EQ(manifest.status, 400);
   EXPECT_NE(manifest.text.find("'manifest'"), std::string::npos) << manifest.text;
-  Reply flag = post("/update_weights_from_disk",
-                    json{{"model_path", model_path()}, {"flush_cache", "yes"}});
+  Reply flag =
+      post("/update_weights_from_disk", json{{"model_path", model_path()}, {"flush_cache", "yes"}});
   EXPECT_EQ(flag.status, 400);
   EXPECT_NE(flag.text.find("'flush_cache'"), std::string::npos) << flag.text;
-  Reply bucket = post("/update_weights_from_distributed",
-                      json{{"names", {"a"}}, {"dtypes", {"float32"}}, {"shapes", {{2}}},
-                           {"load_format", "flattened_bucket"}});
+  Reply bucket =
+      post("/update_weights_from_distributed", json{{"names", {"a"}},
+                                                    {"dtypes", {"float32"}},
+                                                    {"shapes", {{2}}},
+                                                    {"load_format", "flattened_bucket"}});
   EXPECT_EQ(bucket.status, 400);
   EXPECT_NE(bucket.text.find("load_format 'flattened_bucket'"), std::string::npos) << bucket.text;
   // What SGLang's clients send by default is accepted.
-  Reply ok = post("/update_weights_from_disk",
-                  json{{"model_path", model_path()}, {"load_format", "auto"}, {"flush_cache", true},
-                       {"abort_all_requests", false}, {"is_async", false},
-                       {"torch_empty_cache", false}, {"keep_pause", false},
-                       {"recapture_cuda_graph", false}, {"token_step", 0}, {"manifest", nullptr}});
+  Reply ok = post("/update_weights_from_disk", json{{"model_path", model_path()},
+                                                    {"load_format", "auto"},
+                                                    {"flush_cache", true},
+                                                    {"abort_all_requests", false},
+                                                    {"is_async", false},
+                                                    {"torch_empty_cache", false},
+                                                    {"keep_pause", false},
+                                                    {"recapture_cuda_graph", false},
+                                                    {"token_step", 0},
+                                                    {"manifest", nullptr}});
   EXPECT_EQ(ok.status, 200) << ok.text;
   EXPECT_EQ(ok.body["num_paused_requests"], 0);
 }

@@ -24,7 +24,8 @@ constexpr std::size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 
 template <typename... Args>
 [[noreturn]] void bad(std::string_view owner, fmt::format_string<Args...> format, Args&&... args) {
-  fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}", owner, fmt::format(format, std::forward<Args>(args)...));
+  fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}", owner,
+       fmt::format(format, std::forward<Args>(args)...));
 }
 
 std::uint64_t non_negative(const Value& v, std::string_view owner, std::string_view field) {
@@ -64,8 +65,8 @@ std::optional<std::uint64_t> extent(const std::vector<std::uint64_t>& shape,
 
 // The tensor [offset, offset + extent) elements of `esize` bytes lies inside `storage_bytes`.
 void check_inside(std::string_view owner, const std::vector<std::uint64_t>& shape,
-                  const std::vector<std::uint64_t>& stride, std::uint64_t offset,
-                  std::size_t esize, std::uint64_t storage_bytes) {
+                  const std::vector<std::uint64_t>& stride, std::uint64_t offset, std::size_t esize,
+                  std::uint64_t storage_bytes) {
   if (shape.size() != stride.size()) {
     bad(owner, "size has {} dims but stride {}", shape.size(), stride.size());
   }
@@ -73,8 +74,9 @@ void check_inside(std::string_view owner, const std::vector<std::uint64_t>& shap
   const auto end = n ? checked_add(offset, *n) : std::nullopt;
   const auto end_bytes = end ? checked_mul(*end, esize) : std::nullopt;
   if (!end_bytes || (*n > 0 && *end_bytes > storage_bytes)) {
-    bad(owner, "a tensor of size {} stride {} at element offset {} does not fit its storage of {} "
-               "bytes",
+    bad(owner,
+        "a tensor of size {} stride {} at element offset {} does not fit its storage of {} "
+        "bytes",
         shape_string(shape), shape_string(stride), offset, storage_bytes);
   }
 }
@@ -104,8 +106,8 @@ std::vector<std::uint64_t> torch_dims(const Value& v, std::string_view field) {
     seq = v.items[0].get();
   }
   if (!seq->is(ValueKind::tuple) && !seq->is(ValueKind::list)) {
-    fail(FERRY_STATUS_CORRUPT_DATA, "{} must be a torch.Size, tuple or list of ints, got {}",
-         field, describe(*seq));
+    fail(FERRY_STATUS_CORRUPT_DATA, "{} must be a torch.Size, tuple or list of ints, got {}", field,
+         describe(*seq));
   }
   if (seq->items.size() > FERRY_MAX_DIMS) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{} has {} dims; at most {} are supported", field,
@@ -184,8 +186,9 @@ CudaIpcTensor decode_cuda_ipc_tensor(const Value& args, std::string_view owner) 
     h.handle_format = CudaHandleFormat::expandable_segment;
     h.handle_version = static_cast<std::uint8_t>(s[0]);
   } else {
-    bad(owner, "storage handle of {} bytes is neither a cudaIpcMemHandle_t nor a versioned torch "
-               "handle ('c' or 'e')",
+    bad(owner,
+        "storage handle of {} bytes is neither a cudaIpcMemHandle_t nor a versioned torch "
+        "handle ('c' or 'e')",
         s.size());
   }
   return h;
@@ -221,7 +224,8 @@ std::uint64_t Tensor::bytes() const noexcept {
 }
 
 Tensor decode_tensor(const Value& v, std::string_view owner) {
-  if (!v.is(ValueKind::call)) bad(owner, "a tensor must be a torch rebuild call, got {}", describe(v));
+  if (!v.is(ValueKind::call))
+    bad(owner, "a tensor must be a torch rebuild call, got {}", describe(v));
   Tensor t;
   if (is_cuda_rebuild(v.text)) {
     auto cuda = decode_cuda_ipc_tensor(v, owner);
@@ -232,8 +236,9 @@ Tensor decode_tensor(const Value& v, std::string_view owner) {
     t.storage = std::move(cuda);
   } else if (v.text == std::string(kReductions) + "rebuild_tensor") {
     if (v.items.size() != 3) bad(owner, "rebuild_tensor takes 3 arguments, got {}", v.items.size());
-    if (!v.items[0]->is(ValueKind::global) || (v.items[0]->text != "torch.Tensor" &&
-                                               v.items[0]->text != "torch.nn.parameter.Parameter")) {
+    if (!v.items[0]->is(ValueKind::global) ||
+        (v.items[0]->text != "torch.Tensor" &&
+         v.items[0]->text != "torch.nn.parameter.Parameter")) {
       bad(owner, "tensor class must be torch.Tensor, got {}", describe(*v.items[0]));
     }
     const Value& typed = *v.items[1];
@@ -246,16 +251,18 @@ Tensor decode_tensor(const Value& v, std::string_view owner) {
     t.dtype = torch_dtype(*typed.items[1], owner);
     const Value& untyped = *typed.items[0];
     if (is_call(untyped, std::string(kReductions) + "rebuild_storage_fd")) {
-      bad(owner, "a CPU tensor shared by file descriptor (torch's default sharing strategy on "
-                 "Linux) cannot be opened by another process: its descriptor is handed out by "
-                 "the sender's multiprocessing resource sharer to processes of its own family "
-                 "only. Call torch.multiprocessing.set_sharing_strategy('file_system') in the "
-                 "trainer, or send CUDA tensors");
+      bad(owner,
+          "a CPU tensor shared by file descriptor (torch's default sharing strategy on "
+          "Linux) cannot be opened by another process: its descriptor is handed out by "
+          "the sender's multiprocessing resource sharer to processes of its own family "
+          "only. Call torch.multiprocessing.set_sharing_strategy('file_system') in the "
+          "trainer, or send CUDA tensors");
     }
     if (!is_call(untyped, std::string(kReductions) + "rebuild_storage_filename") ||
         untyped.items.size() != 4) {
-      bad(owner, "the untyped storage must be rebuild_storage_filename(cls, manager, name, size), "
-                 "got {}",
+      bad(owner,
+          "the untyped storage must be rebuild_storage_filename(cls, manager, name, size), "
+          "got {}",
           describe(untyped));
     }
     SharedMemoryFile file;
@@ -264,8 +271,8 @@ Tensor decode_tensor(const Value& v, std::string_view owner) {
     file.size_bytes = non_negative(*untyped.items[3], owner, "shared memory size");
     // A POSIX shared-memory name: one leading '/', no other slash, no NUL, not "." or "..".
     if (file.name.size() < 2 || file.name.size() > 255 || file.name[0] != '/' ||
-        file.name.find('/', 1) != std::string::npos ||
-        file.name.find('\0') != std::string::npos || file.name == "/." || file.name == "/..") {
+        file.name.find('/', 1) != std::string::npos || file.name.find('\0') != std::string::npos ||
+        file.name == "/." || file.name == "/..") {
       bad(owner, "shared memory name '{}' is not a POSIX shared-memory object name",
           file.name.substr(0, 64));
     }
@@ -286,7 +293,8 @@ Tensor decode_tensor(const Value& v, std::string_view owner) {
   if (t.shape.size() != t.stride.size()) {
     bad(owner, "size has {} dims but stride {}", t.shape.size(), t.stride.size());
   }
-  if (!byte_size(t.dtype, t.shape)) bad(owner, "byte size of shape {} overflows", shape_string(t.shape));
+  if (!byte_size(t.dtype, t.shape))
+    bad(owner, "byte size of shape {} overflows", shape_string(t.shape));
   return t;
 }
 

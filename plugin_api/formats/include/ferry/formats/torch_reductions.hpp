@@ -22,8 +22,8 @@
 // Threading: pure functions.
 #pragma once
 
-#include <ferry/formats/pickle_reader.hpp>
 #include <ferry/plugin.h>
+#include <ferry/formats/pickle_reader.hpp>
 
 #include <array>
 #include <cstdint>
@@ -53,17 +53,17 @@ struct CudaIpcTensor {
   std::uint64_t tensor_offset = 0;    // tensor.storage_offset()
   std::string storage_class;          // "torch.storage.TypedStorage", ...
   ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
-  std::int64_t device = 0;            // the sender's device index (-1 when given by UUID)
-  std::string device_uuid;            // SGLang's patched form: the device's UUID, else ""
-  std::string storage_handle;         // raw bytes as torch wrote them
+  std::int64_t device = 0;     // the sender's device index (-1 when given by UUID)
+  std::string device_uuid;     // SGLang's patched form: the device's UUID, else ""
+  std::string storage_handle;  // raw bytes as torch wrote them
   CudaHandleFormat handle_format = CudaHandleFormat::legacy_ipc_mem_handle;
-  std::uint8_t handle_version = 0;    // torch's SHAREABLE_HANDLE_VERSION; 0 for the legacy form
+  std::uint8_t handle_version = 0;  // torch's SHAREABLE_HANDLE_VERSION; 0 for the legacy form
   // The cudaIpcMemHandle_t bytes (legacy and cuda_malloc formats); zero for expandable segments.
   std::array<std::uint8_t, 64> ipc_mem_handle{};
   std::uint64_t storage_size_bytes = 0;    // size of the storage
   std::uint64_t storage_offset_bytes = 0;  // where the storage starts in the cudaMalloc block
   bool requires_grad = false;
-  std::string ref_counter_handle;          // shared-memory file name of torch's IPC ref counter
+  std::string ref_counter_handle;  // shared-memory file name of torch's IPC ref counter
   std::uint64_t ref_counter_offset = 0;
   std::optional<std::string> event_handle;  // cudaIpcEventHandle_t bytes (64), when sent
   bool event_sync_required = false;
@@ -87,8 +87,8 @@ struct SharedMemoryFile {
 struct Tensor {
   ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
   std::vector<std::uint64_t> shape;
-  std::vector<std::uint64_t> stride;   // elements
-  std::uint64_t offset = 0;            // elements into the storage
+  std::vector<std::uint64_t> stride;  // elements
+  std::uint64_t offset = 0;           // elements into the storage
   std::variant<CudaIpcTensor, SharedMemoryFile> storage;
 
   // True when the elements are dense in row-major order (the only layout ferry copies).
