@@ -173,3 +173,14 @@ def test_bad_engine_callbacks_are_refused(ferry_module):
             receiver.set_engine_callbacks(memory=lambda tags, release: None,
                                           memory_tags=["weights"])
         assert "ferry's store tags" in str(store_tag.value)
+
+
+def test_keep_pause_leaves_generation_paused_after_a_disk_update(embedded):
+    receiver, engine, checkpoint, _, _ = embedded
+    status, body = _post(receiver.address, "/update_weights_from_disk",
+                         {"model_path": checkpoint, "abort_all_requests": True,
+                          "keep_pause": True, "flush_cache": False})
+    assert status == 200, body
+    assert engine.calls == [("pause", "abort"), ("post_load",)]
+    assert _post(receiver.address, "/continue_generation", {})[0] == 200
+    assert engine.calls[-1] == ("resume", True)
