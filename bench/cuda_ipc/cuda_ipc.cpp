@@ -23,6 +23,7 @@
 #include "common/log.hpp"
 #include "demo/receiver_process.hpp"
 #include "registry/registry.hpp"
+#include "order/stream_order.hpp"
 #include "session/sender/sender.hpp"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -245,7 +246,9 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
     tensors.fill(version);  // every update carries other bytes: a stale parameter shows
     label = fmt::format("bench-{}", version);
     Watchdog::phase("cuda_ipc: push (ferry)");
-    const session::PushReport report = sender.push(views, version, label);
+    order::StreamOrder producers;
+    if (o.producer_order == "none") producers.wait = order::Wait::none;
+    const session::PushReport report = sender.push(views, version, label, producers);
     const session::ReceiverResult& r = report.receivers.at(0);
     if (!r.committed) {
       run.verification = fmt::format("push {} failed: {}", version, r.error);
@@ -358,6 +361,7 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
       o.group_bytes > 0 ? o.group_bytes : session::SenderOptions{}.fingerprinted_group_bytes;
   r["transport"] = o.transport;
   r["sender_memory"] = o.sender_memory;
+  r["producer_order"] = o.producer_order;
   r["timing"] =
       "ferry: PushReport.seconds, from push() called to the commit acknowledged (the sender's "
       "fingerprints of its tensors included); torch: the producer's wall clock from the handoff "
@@ -574,6 +578,11 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
                   "the sender's CUDA tensors: per-tensor (one cudaMalloc each, the default) or "
                   "flat (carved from one allocation, as FSDP and Megatron keep parameters)")
       ->check(CLI::IsMember({"per-tensor", "flat"}));
+  app->add_option("--producer-order", o->producer_order,
+                  "how push() waits for the tensors' producer: sync_devices (the default, what a "
+                  "caller naming no stream gets) or none (the bench's fill already synchronised: "
+                  "ferry's own cost)")
+      ->check(CLI::IsMember({"sync_devices", "none"}));
   app->add_option("--repeat", o->repeat, "timed calls after the first (default 5; cpu 3)")
       ->check(CLI::PositiveNumber);
   app->add_option("--json", o->json_path, "write the records (a JSON array) to FILE");

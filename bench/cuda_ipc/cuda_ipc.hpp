@@ -32,6 +32,9 @@ struct CudaIpcBenchOptions {
   // The sender's CUDA tensors: "per-tensor" (one cudaMalloc each) or "flat" (carved from one
   // allocation, as FSDP and Megatron keep parameters).
   std::string sender_memory = "per-tensor";
+  // How push() orders its reads after the tensors' producer: sync_devices (what a caller that
+  // names no stream gets) or none (the bench's fill synchronised already; ferry's own cost).
+  std::string producer_order = "sync_devices";
   int repeat = 0;                  // timed pushes after the first; 0: 5 on cuda, 3 on cpu
   std::string json_path;
   int timeout_s = 570;
