@@ -13,6 +13,15 @@
 #include "receiver/client_input.hpp"
 
 namespace ferry::control {
+
+std::optional<std::string> weight_version_field(const nlohmann::json& body) {
+  const auto v = body.find("weight_version");
+  if (v == body.end() || v->is_null()) return std::nullopt;
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_number_integer()) return std::to_string(v->get<long long>());
+  fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
+}
+
 namespace {
 
 using nlohmann::json;
@@ -144,15 +153,7 @@ receiver::DistributedUpdate parse_distributed_update(const json& body) {
   const auto shapes = shape_list(body);
   update.tensors = nccl::make_tensor_specs(names, dtypes, shapes);
   update.group_name = group_name_field(body);
-  if (auto it = body.find("weight_version"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      update.weight_version = it->get<std::string>();
-    } else if (it->is_number_integer()) {
-      update.weight_version = std::to_string(it->get<long long>());
-    } else {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
+  update.weight_version = weight_version_field(body);
   for (const char* flag : {"flush_cache", "abort_all_requests", "torch_empty_cache"}) {
     if (auto it = body.find(flag); it != body.end() && !it->is_null() && !it->is_boolean()) {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
@@ -204,15 +205,7 @@ receiver::IpcUpdateRequest parse_ipc_update(const json& body) {
   if (auto f = body.find("flush_cache"); f != body.end() && f->is_boolean()) {
     request.flush_cache = f->get<bool>();
   }
-  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
-    if (v->is_string()) {
-      request.weight_version = v->get<std::string>();
-    } else if (v->is_number_integer()) {
-      request.weight_version = std::to_string(v->get<long long>());
-    } else {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
+  request.weight_version = weight_version_field(body);
   if (auto t = body.find("timeout_s"); t != body.end() && !t->is_null()) {
     if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
       fail(FERRY_STATUS_INVALID_ARGUMENT,
@@ -259,15 +252,7 @@ DiskUpdateRequest parse_disk_update(const json& body) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'model_path' (non-empty string) is required");
   }
   r.model_path = it->get<std::string>();
-  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
-    if (v->is_string()) {
-      r.weight_version = v->get<std::string>();
-    } else if (v->is_number_integer()) {
-      r.weight_version = std::to_string(v->get<long long>());
-    } else {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
+  r.weight_version = weight_version_field(body);
   if (auto f = optional_string(body, "load_format", kRoute);
       f && *f != "auto" && *f != "safetensors") {
     fail(FERRY_STATUS_INVALID_ARGUMENT,

@@ -19,6 +19,10 @@
 
 namespace ferry::control {
 
+// weight_version of a request: absent or null as nullopt, a string, or an integer as its decimal
+// text. INVALID_ARGUMENT otherwise.
+std::optional<std::string> weight_version_field(const nlohmann::json& body);
+
 // group_name of a request; SGLang's default "weight_update_group" when absent. INVALID_ARGUMENT
 // when present but not a non-empty string.
 std::string parse_group_name(const nlohmann::json& body);

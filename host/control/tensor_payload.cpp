@@ -223,15 +223,7 @@ TensorUpdateRequest parse_tensor_update(const json& body, std::uint32_t tp_rank,
            kRoute);
     }
   }
-  if (auto v = body.find("weight_version"); v != body.end() && !v->is_null()) {
-    if (v->is_string()) {
-      r.weight_version = v->get<std::string>();
-    } else if (v->is_number_integer()) {
-      r.weight_version = std::to_string(v->get<long long>());
-    } else {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'weight_version' must be a string");
-    }
-  }
+  r.weight_version = weight_version_field(body);
   r.effects = parse_update_effects(body, kRoute);
   decode_tensor_payload(
       decode_base64(mine.get<std::string>(), fmt::format("serialized_named_tensors[{}]", tp_rank)),
