@@ -4,6 +4,8 @@
 // threading contract and README.md for the behaviour the host relies on.
 #include "ucx_transport.hpp"
 
+#include "process_state.hpp"
+
 #include <ferry/sdk/error.hpp>
 
 #include <unistd.h>
@@ -47,18 +49,6 @@ std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
   return buf;
-}
-
-// True when process `pid` no longer runs (gone, or a zombie nobody reaped yet).
-bool process_gone(std::uint32_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  if (!in) return true;
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Format: "pid (comm) S ...": the state follows the last ')' (comm may hold parentheses).
-  const auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return true;
-  const char state = stat[close + 2];
-  return state == 'Z' || state == 'X';
 }
 
 bool is_peer_failure(ucs_status_t status) {
