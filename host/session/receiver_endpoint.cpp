@@ -116,20 +116,26 @@ struct ReceiverEndpoint::Impl {
     });
   }
 
-  // The receiver's release hook: every kept session between updates is told (Closing); its
-  // sender drops its data path, unmapping what it imported of this receiver's memory, and
-  // disconnects, which ends the session here. Waits for that up to kClosingTimeout; a sender
-  // that does not answer is disconnected (its mapping then lasts until it notices).
+  // The receiver's release hook: every kept session between updates is told (Closing). One
+  // whose sender rejoins after a release (Hello.rejoinAfterRelease) is suspended: its sender
+  // drops its data path, unmapping what it imported of this receiver's memory, and says so; the
+  // session drops its own (its registrations of that memory) and stays, for the sender's Rejoin
+  // after the resume. Any other closes: its sender drops the data path and disconnects, which
+  // ends the session. Waits for that up to kClosingTimeout; a sender that does not answer is
+  // disconnected (its mapping then lasts until it notices).
   void close_kept_sessions(const std::string& reason) {
     // Held throughout: no channel is reaped while it is written to or waited for.
     std::lock_guard lock(connections_mutex);
-    std::vector<Connection*> closing;
+    std::vector<Connection*> suspending, closing;
     for (auto& c : connections) {
-      if (!c.link->start_closing()) continue;
-      closing.push_back(&c);
+      const bool suspend = c.link->start_suspending();
+      if (!suspend && !c.link->start_closing()) continue;
+      (suspend ? suspending : closing).push_back(&c);
       try {
         capnp::MallocMessageBuilder m;
-        m.initRoot<wire::Message>().initClosing().setReason(reason);
+        auto msg = m.initRoot<wire::Message>().initClosing();
+        msg.setReason(reason);
+        msg.setSuspend(suspend);
         c.channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "closing");
       } catch (const Error& e) {
         logger("session")->debug("{}: closing: {}", c.channel->peer(), e.what());
@@ -138,20 +144,25 @@ struct ReceiverEndpoint::Impl {
     }
     const auto start = Clock::now();
     const auto deadline = start + kClosingTimeout;
-    for (auto* c : closing) {
-      if (!c->link->wait_ended(deadline)) {
-        logger("session")->warn(
-            "{} did not close its kept session within {} s of being told ({}); disconnected. "
-            "Memory it imported stays allocated until it notices",
-            c->channel->peer(), kClosingTimeout.count(), reason);
-        c->channel->shutdown();
-        c->link->wait_ended(Clock::now() + kClosingTimeout);
-      }
+    const auto give_up = [&](Connection* c, const char* what) {
+      logger("session")->warn(
+          "{} did not {} its kept session within {} s of being told ({}); disconnected. "
+          "Memory it imported stays allocated until it notices",
+          c->channel->peer(), what, kClosingTimeout.count(), reason);
+      c->channel->shutdown();
+      c->link->wait_ended(Clock::now() + kClosingTimeout);
+    };
+    for (auto* c : suspending) {
+      if (!c->link->wait_suspended(deadline)) give_up(c, "suspend");
     }
-    if (!closing.empty()) {
-      logger("session")->info("{} kept session(s) closed in {:.3f} ms ({})", closing.size(),
-                              std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
-                              reason);
+    for (auto* c : closing) {
+      if (!c->link->wait_ended(deadline)) give_up(c, "close");
+    }
+    if (!suspending.empty() || !closing.empty()) {
+      logger("session")->info(
+          "{} kept session(s) suspended and {} closed in {:.3f} ms ({})", suspending.size(),
+          closing.size(),
+          std::chrono::duration<double, std::milli>(Clock::now() - start).count(), reason);
     }
   }
 

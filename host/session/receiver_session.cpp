@@ -48,6 +48,9 @@ const char* message_name(Which which) {
     case Which::COMMITTED: return "committed";
     case Which::ABORT: return "abort";
     case Which::CLOSING: return "closing";
+    case Which::PATH_DROPPED: return "path dropped";
+    case Which::REJOIN: return "rejoin";
+    case Which::REJOINED: return "rejoined";
   }
   return "unknown";
 }
@@ -96,6 +99,10 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
     while (msg) {
+      if (msg->root().which() == Which::REJOIN) {
+        rejoin(msg->root().getRejoin());
+        msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin (after the rejoin)");
+      }
       begin(msg->root());
       update_and_commit();
       if (!keep_) return;
@@ -236,6 +243,7 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     // A sharded session is never kept: each update is assembled afresh.
     keep_ = settings_.keep_sessions && hello.getKeepSession() && !hello.hasShard();
+    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease());
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -249,17 +257,11 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {}: {} staging slots refused (1 .. 4 allowed)",
            ch_.peer(), phase, slots);
     }
+    slots_ = slots;
     const std::string wanted = text(hello.getTransport());
     if (wanted != "inline") {
       try {
-        // Device transports get staging slots on the GPU the weights are on: an embedded
-        // receiver's registered parameters decide, not the receiver.device default.
-        device_ = receiver_.weights_cuda_device();
-        data_ = make_plugin_receiver_path(registry_, config_, wanted, capacity_, slots, device_);
-        data_->connect(
-            std::span<const std::uint8_t>(hello.getTransportAddress().begin(),
-                                          hello.getTransportAddress().size()),
-            ch_.peer(), deadline_in(settings_.hello_timeout));
+        make_data_path(wanted, hello.getTransportAddress());
       } catch (const Error& e) {
         data_.reset();
         if (hello.getTransportRequired()) {
@@ -272,7 +274,8 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
     const auto offer_start = Clock::now();
-    if (!hello.hasShard()) offer_direct(text(hello.getDelivery()), descs);
+    delivery_ = text(hello.getDelivery());
+    if (!hello.hasShard()) offer_direct(delivery_, descs);
     if (hello.hasShard()) join_shard();
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -291,31 +294,12 @@ class Session final : public update::BucketSource, public ShardMember {
     welcome.setNumParams(sharded_ ? sharded_->num_params()
                                   : static_cast<std::uint32_t>(update_->num_params()));
     welcome.setSharded(sharded_ != nullptr);
-    welcome.setTransport(data_->name());
-    const auto address = data_->address();
-    welcome.setTransportAddress(kj::arrayPtr(address.data(), address.size()));
-    auto slot_list = welcome.initSlots(slots);
-    for (std::uint32_t i = 0; i < slots; ++i) {
-      slot_list[i].setCapacity(capacity_);
-      const auto key = data_->slot_key(i);
-      slot_list[i].setRemoteKey(kj::arrayPtr(key.data(), key.size()));
-    }
+    describe_data_path(welcome);
+    transport_ = data_->name();
     welcome.setBucketTimeoutMs(static_cast<std::uint64_t>(settings_.bucket_timeout.count()));
     welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
-    welcome.setRmaNative(data_->rma_native());
     welcome.setKeepSession(keep_);
     welcome.setFingerprintsAtCommit(true);
-    if (!destinations_.empty()) {
-      auto regions = welcome.initRegions(static_cast<unsigned>(region_keys_.size()));
-      for (unsigned i = 0; i < region_keys_.size(); ++i) {
-        regions.set(i, kj::arrayPtr(region_keys_[i].data(), region_keys_[i].size()));
-      }
-      auto list = welcome.initDestinations(static_cast<unsigned>(destinations_.size()));
-      for (unsigned i = 0; i < destinations_.size(); ++i) {
-        list[i].setRegion(destinations_[i].first);
-        list[i].setOffset(destinations_[i].second);
-      }
-    }
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
     logger("session")->info(
         "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
@@ -323,6 +307,93 @@ class Session final : public update::BucketSource, public ShardMember {
         destinations_.empty() ? std::string()
                               : fmt::format(", direct delivery offered ({} shared regions)",
                                             region_keys_.size()));
+  }
+
+  // The data path of transport plugin `transport`, connected to the sender's `address`. Device
+  // transports get staging slots on the GPU the weights are on: an embedded receiver's
+  // registered parameters decide, not the receiver.device default.
+  void make_data_path(const std::string& transport, capnp::Data::Reader address) {
+    device_ = receiver_.weights_cuda_device();
+    data_ = make_plugin_receiver_path(registry_, config_, transport, capacity_, slots_, device_);
+    data_->connect(std::span<const std::uint8_t>(address.begin(), address.size()), ch_.peer(),
+                   deadline_in(settings_.hello_timeout));
+  }
+
+  // What the sender needs of the data path (a Welcome, or a Rejoined): transport, address, slot
+  // keys, and the shared regions with a destination per tensor where direct delivery is offered.
+  template <typename Builder>
+  void describe_data_path(Builder out) {
+    out.setTransport(data_->name());
+    const auto address = data_->address();
+    out.setTransportAddress(kj::arrayPtr(address.data(), address.size()));
+    auto slot_list = out.initSlots(slots_);
+    for (std::uint32_t i = 0; i < slots_; ++i) {
+      slot_list[i].setCapacity(capacity_);
+      const auto key = data_->slot_key(i);
+      slot_list[i].setRemoteKey(kj::arrayPtr(key.data(), key.size()));
+    }
+    out.setRmaNative(data_->rma_native());
+    if (!destinations_.empty()) {
+      auto regions = out.initRegions(static_cast<unsigned>(region_keys_.size()));
+      for (unsigned i = 0; i < region_keys_.size(); ++i) {
+        regions.set(i, kj::arrayPtr(region_keys_[i].data(), region_keys_[i].size()));
+      }
+      auto list = out.initDestinations(static_cast<unsigned>(destinations_.size()));
+      for (unsigned i = 0; i < destinations_.size(); ++i) {
+        list[i].setRegion(destinations_[i].first);
+        list[i].setOffset(destinations_[i].second);
+      }
+    }
+  }
+
+  // A suspended session's next update (Closing.suspend, then the sender's Rejoin): the update
+  // lock, the memory back, a new data path and the memory shared again, told in the Rejoined.
+  // The catalog, layout and delivery the handshake settled stay.
+  void rejoin(wire::Rejoin::Reader r) {
+    const std::string phase = "rejoin";
+    const auto start = Clock::now();
+    if (data_) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the session was not suspended", ch_.peer(), phase);
+    }
+    reopen(phase, true);
+    // Its weights must be back: a rejoin shares them again.
+    for (const auto& t : receiver_.memory_state()) {
+      if (t.released && t.tag == "weights") {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "{}: {}: the receiver's '{}' memory is released (resume_memory_occupation first)",
+             ch_.peer(), phase, t.tag);
+      }
+    }
+    // The memory is what the receiver resumed; the session may write it until the next release.
+    epoch_ = update_->memory_epoch();
+    if (transport_ == "inline") {
+      data_ = make_inline_receiver_path(capacity_, slots_);
+    } else {
+      make_data_path(transport_, r.getTransportAddress());
+    }
+    offer_direct(delivery_, descs_);
+    capnp::MallocMessageBuilder m;
+    describe_data_path(m.initRoot<wire::Message>().initRejoined());
+    ch_.send(m, deadline_in(settings_.bucket_timeout), phase);
+    logger("session")->info(
+        "kept session with {} rejoined after the release: data path {}{} in {:.3f} ms",
+        ch_.peer(), data_->name(),
+        destinations_.empty() ? std::string()
+                              : fmt::format(", direct delivery ({} shared regions)",
+                                            region_keys_.size()),
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+
+  // The release hook asked this kept session to suspend and its sender dropped its data path
+  // (pathDropped): the session's own goes too (its registrations and exports of the memory
+  // about to be released, its staging slots), then the hook may release.
+  void drop_data_path() {
+    data_.reset();
+    region_keys_.clear();
+    destinations_.clear();
+    slots_released_ = false;
+    link_.set_suspended();
+    logger("session")->debug("kept session with {} suspended for the release", ch_.peer());
   }
 
   // Direct delivery (docs/architecture.md, "Two ways to deliver"): offered when the data path puts into
@@ -362,16 +433,26 @@ class Session final : public update::BucketSource, public ShardMember {
   // (the sender closed it, it stayed idle past its limit, or the receiver is closing it).
   std::unique_ptr<Received> next_update() {
     std::unique_ptr<Received> msg;
-    try {
-      msg = ch_.recv(deadline_in(settings_.idle_timeout), "between updates");
-    } catch (const Error& e) {
-      if (e.code() == FERRY_STATUS_TIMEOUT) {
-        logger("session")->info("kept session with {} ends: no update for {} s", ch_.peer(),
-                                settings_.idle_timeout.count() / 1000);
-      } else {
-        logger("session")->debug("kept session with {} ends: {}", ch_.peer(), e.what());
+    const auto idle_end = deadline_in(settings_.idle_timeout);
+    for (;;) {
+      try {
+        msg = ch_.recv(idle_end, "between updates");
+      } catch (const Error& e) {
+        if (e.code() == FERRY_STATUS_TIMEOUT) {
+          logger("session")->info("kept session with {} ends: no update for {} s", ch_.peer(),
+                                  settings_.idle_timeout.count() / 1000);
+        } else {
+          logger("session")->debug("kept session with {} ends: {}", ch_.peer(), e.what());
+        }
+        return nullptr;
       }
-      return nullptr;
+      if (msg->root().which() != Which::PATH_DROPPED) break;
+      if (!link_.suspending()) {
+        logger("session")->warn("kept session with {} ends: 'path dropped' unasked",
+                                ch_.peer());
+        return nullptr;
+      }
+      drop_data_path();
     }
     if (!link_.leave_idle()) {
       // This message crossed the Closing: the sender drops the session when it reads that.
@@ -388,14 +469,15 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // A later update of a kept session takes the update lock again and checks that the memory
   // shared in the handshake is still what the receiver's parameters live in.
-  void reopen(const std::string& phase) {
+  // (A rejoin shares the memory again: no check.)
+  void reopen(const std::string& phase, bool rejoining = false) {
     try {
       if (catalog_key_.empty()) catalog_key_ = manifest::catalog_key(descs_);
       update_ = receiver_.open_session(descs_, config_json_, &catalog_key_);
     } catch (const Error& e) {
       fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
     }
-    if (update_->memory_epoch() != epoch_) {
+    if (!rejoining && update_->memory_epoch() != epoch_) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "{}: {}: the receiver's memory was released or resumed since this session's "
            "handshake; the session ends (the sender opens a new one)",
@@ -410,6 +492,10 @@ class Session final : public update::BucketSource, public ShardMember {
            text(root.getAbort().getReason()));
     }
     if (root.which() != Which::BEGIN) unexpected(ch_, phase, root.which());
+    if (!data_) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the session was suspended and not rejoined",
+           ch_.peer(), phase);
+    }
     if (!update_) reopen(phase);
     auto b = root.getBegin();
     version_ = b.getVersion();
@@ -564,7 +650,12 @@ class Session final : public update::BucketSource, public ShardMember {
   std::string config_json_;
   std::string catalog_key_;  // manifest::catalog_key(descs_), made at the first reopen
   bool keep_ = false;        // kept after each commit (both sides agreed)
-  std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake
+  // What the handshake settled that a rejoin makes again: the data path's transport ("inline"
+  // or the plugin's name), its slots, the Hello's delivery.
+  std::string transport_;
+  std::uint32_t slots_ = 0;
+  std::string delivery_;
+  std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake or the last rejoin
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
   std::unique_ptr<ReceiverDataPath> data_;
   int device_ = -1;  // the GPU of the data path's device slots; -1: host slots
@@ -747,38 +838,6 @@ void Session::applied(const update::Bucket& bucket) {
   send_ack(bucket.index, bucket.slot, prints, phase);
 }
 }  // namespace
-
-void SessionLink::set_idle() {
-  std::lock_guard lock(mutex_);
-  idle_ = true;
-}
-
-bool SessionLink::leave_idle() {
-  std::lock_guard lock(mutex_);
-  idle_ = false;
-  return !closing_;
-}
-
-void SessionLink::set_ended() {
-  {
-    std::lock_guard lock(mutex_);
-    ended_ = true;
-    idle_ = false;
-  }
-  changed_.notify_all();
-}
-
-bool SessionLink::start_closing() {
-  std::lock_guard lock(mutex_);
-  if (!idle_ || closing_ || ended_) return false;
-  closing_ = true;
-  return true;
-}
-
-bool SessionLink::wait_ended(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock lock(mutex_);
-  return changed_.wait_until(lock, deadline, [&] { return ended_; });
-}
 
 void serve_session(Channel& channel, receiver::Receiver& receiver,
                    const registry::Registry& registry, const config::Config& config,

@@ -5,13 +5,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "session/channel.hpp"
+#include "session/session_link.hpp"
 
 namespace ferry::config {
 struct Config;
@@ -42,30 +41,6 @@ struct ReceiverSessionSettings {
   // Where the sessions of a sharded update (Hello.shard) meet (session/sharded_update.hpp);
   // null: sharded sessions are refused.
   std::shared_ptr<ShardedUpdates> sharded;
-};
-
-// One session connection as its endpoint sees it, shared between the session's thread and the
-// threads that may end it (a release of the receiver's memory).
-class SessionLink {
- public:
-  // Session thread. A kept session between updates is idle: it holds no update lock but may
-  // share memory with its sender. leave_idle() is false once closing was asked for.
-  void set_idle();
-  bool leave_idle();
-  void set_ended();
-  // Any thread: makes an idle session closing; true when this call did (the caller then sends
-  // the Closing message). A closing session takes no further update.
-  bool start_closing();
-  // Waits until the session ended (its data path gone, its sender disconnected); false at the
-  // deadline.
-  bool wait_ended(std::chrono::steady_clock::time_point deadline);
-
- private:
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool idle_ = false;
-  bool closing_ = false;
-  bool ended_ = false;
 };
 
 // Serves one connection to its end (a kept session: through several updates). Never throws:

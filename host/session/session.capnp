@@ -37,6 +37,10 @@ struct Hello {
   # A sharded update (docs/sharded.md): this sender is one rank of several; `tensors` are the
   # global tensors it holds blocks of (global shapes), one per holding, in holding order.
   shard @12 :ShardHello;
+  # The sender takes a Closing with `suspend` (a kept session across a release of the receiver's
+  # memory): it drops its data path, answers `pathDropped`, and rejoins with `rejoin` before its
+  # next Begin. A receiver meets an older sender's Hello (false) with a plain Closing.
+  rejoinAfterRelease @13 :Bool;
 }
 
 # One block a sharded sender holds, in global coordinates.
@@ -158,8 +162,32 @@ struct Abort {
 # receiver -> sender, on a kept session between updates: the receiver is about to release the
 # memory the session shares (or stops). The sender drops its data path (unmapping anything of the
 # receiver's it imported), then closes the connection; the receiver waits for that close.
+# With `suspend` (only to a sender whose Hello said rejoinAfterRelease, and only for a release)
+# the connection stays: the sender drops its data path and answers `pathDropped`; the receiver
+# then drops its own (its registrations of the memory about to go) and only then releases. The
+# session, its catalog and layout stay; the next update starts with Rejoin.
 struct Closing {
   reason @0 :Text;
+  suspend @1 :Bool;
+}
+
+# sender -> receiver, first on a suspended session's next update: the sender's new data path
+# (its transport's rendezvous blob; the transport is the one the Welcome chose). The receiver
+# takes the update lock, checks that its memory is back, makes its own data path, shares its
+# memory again and answers Rejoined, or refuses (the session then ends).
+struct Rejoin {
+  transportAddress @0 :Data;
+}
+
+# receiver -> sender: the suspended session's new data path, as the Welcome gave the first one.
+# The Begin follows.
+struct Rejoined {
+  transport @0 :Text;
+  transportAddress @1 :Data;
+  slots @2 :List(Slot);
+  rmaNative @3 :Bool;
+  regions @4 :List(Data);
+  destinations @5 :List(Destination);
 }
 
 struct Message {
@@ -175,5 +203,8 @@ struct Message {
     committed @8 :Committed;
     abort @9 :Abort;
     closing @10 :Closing;
+    pathDropped @11 :Void;  # sender -> receiver: answer to Closing.suspend
+    rejoin @12 :Rejoin;
+    rejoined @13 :Rejoined;
   }
 }

@@ -9,8 +9,9 @@
 // direct (the sender writes each tensor straight into the receiver's parameters) and staged
 // (through the receiver's device slots); a sender killed while writing in place leaves the
 // receiver rolled back. Sessions are kept between pushes: a release of the receiver's memory
-// closes the kept session first, and the memory is free when it returns. Exits 77 (skip)
-// without a CUDA device.
+// suspends the kept session first (the sender unmaps), the memory is free when it returns, and
+// the next push rejoins the session; a hundred release/resume/push cycles grow nothing. Exits 77
+// (skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -241,6 +242,38 @@ std::uint64_t device_used() {
   if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
   return total - free;
 }
+
+// What this process and the receiver child hold: open fds, mappings (and what they are), and
+// the GPU's used memory; expect_unchanged() fails naming what grew since it was taken.
+struct Footprint {
+  explicit Footprint(pid_t receiver)
+      : receiver_proc(fs::path("/proc") / std::to_string(receiver)),
+        fds(count_entries("/proc/self/fd")),
+        maps(count_lines("/proc/self/maps")),
+        receiver_fds(count_entries(receiver_proc / "fd")),
+        receiver_maps(count_lines(receiver_proc / "maps")),
+        maps_kinds(mapping_kinds("/proc/self/maps")),
+        receiver_maps_kinds(mapping_kinds(receiver_proc / "maps")),
+        used(device_used()) {}
+
+  void expect_unchanged() const {
+    EXPECT_EQ(settled(fds, [] { return count_entries("/proc/self/fd"); }), fds);
+    EXPECT_EQ(settled(maps, [] { return count_lines("/proc/self/maps"); }), maps)
+        << "new mappings:" << new_mappings(maps_kinds, mapping_kinds("/proc/self/maps"));
+    EXPECT_EQ(settled(receiver_fds, [&] { return count_entries(receiver_proc / "fd"); }),
+              receiver_fds);
+    EXPECT_EQ(settled(receiver_maps, [&] { return count_lines(receiver_proc / "maps"); }),
+              receiver_maps)
+        << "new mappings:"
+        << new_mappings(receiver_maps_kinds, mapping_kinds(receiver_proc / "maps"));
+    EXPECT_EQ(settled(used, [] { return device_used(); }), used);
+  }
+
+  fs::path receiver_proc;
+  std::size_t fds, maps, receiver_fds, receiver_maps;
+  std::multiset<std::string> maps_kinds, receiver_maps_kinds;
+  std::uint64_t used;
+};
 
 void expect_committed(const session::PushReport& report, std::uint64_t version,
                       std::optional<bool> direct = std::nullopt) {
@@ -531,36 +564,21 @@ TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
   // commit runs one, and the check below does.
   for (std::uint64_t v = 1; v <= 3; ++v) expect_committed(sender.push(views, v), v);
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
-  const fs::path receiver_proc = fs::path("/proc") / std::to_string(serve.pid());
-  const std::size_t fds = count_entries("/proc/self/fd");
-  const std::size_t maps = count_lines("/proc/self/maps");
-  const std::size_t receiver_fds = count_entries(receiver_proc / "fd");
-  const std::size_t receiver_maps = count_lines(receiver_proc / "maps");
-  const auto maps_kinds = mapping_kinds("/proc/self/maps");
-  const auto receiver_maps_kinds = mapping_kinds(receiver_proc / "maps");
-  const std::uint64_t used = device_used();
+  const Footprint before(serve.pid());
   for (std::uint64_t v = 4; v < 104; ++v) {
     const auto report = sender.push(views, v);
     ASSERT_TRUE(report.all_committed()) << report.receivers[0].error;
   }
   EXPECT_EQ(version_of(serve), 103);
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
-  EXPECT_EQ(settled(fds, [] { return count_entries("/proc/self/fd"); }), fds);
-  EXPECT_EQ(settled(maps, [] { return count_lines("/proc/self/maps"); }), maps)
-      << "new mappings:" << new_mappings(maps_kinds, mapping_kinds("/proc/self/maps"));
-  EXPECT_EQ(settled(receiver_fds, [&] { return count_entries(receiver_proc / "fd"); }),
-            receiver_fds);
-  EXPECT_EQ(settled(receiver_maps, [&] { return count_lines(receiver_proc / "maps"); }),
-            receiver_maps)
-      << "new mappings:"
-      << new_mappings(receiver_maps_kinds, mapping_kinds(receiver_proc / "maps"));
-  EXPECT_EQ(settled(used, [] { return device_used(); }), used);
+  before.expect_unchanged();
 }
 
 // A kept session shares the receiver's weights with the sender (the sender maps them): a
-// release first closes it, and the sender unmaps before the receiver lets the release go on,
-// so the device memory is free when the release returns. The next push opens a new session.
-TEST_F(SessionCudaIpc, ReleaseClosesTheKeptSessionAndFreesTheWeightsDeviceMemory) {
+// release first suspends it, and the sender unmaps before the receiver lets the release go on,
+// so the device memory is free when the release returns. The next push rejoins the session
+// (no new handshake) and writes the resumed memory.
+TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryAndThePushRejoins) {
   DeviceTensors tensors(4, (64ull << 20) / 4);  // 256 MiB
   tensors.fill(1);
   ServeProcess serve(gpu_receiver());
@@ -589,8 +607,50 @@ TEST_F(SessionCudaIpc, ReleaseClosesTheKeptSessionAndFreesTheWeightsDeviceMemory
   tensors.fill(3);
   const auto third = sender.push(views, 3);
   expect_committed(third, 3, true);
-  EXPECT_FALSE(third.receivers[0].reused_session);
+  EXPECT_TRUE(third.receivers[0].reused_session);
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  const std::string log = serve.log();
+  EXPECT_NE(log.find("rejoined after the release: data path cuda_ipc, direct delivery"),
+            std::string::npos)
+      << log;
+}
+
+// The colocated RL loop, a hundred times: release, resume, push. Every push rejoins the kept
+// session and is verified, and neither side grows its fds, mappings or device memory.
+TEST_F(SessionCudaIpc, HundredReleaseResumePushCyclesRejoinAndGrowNeitherFdsNorMappingsNorMemory) {
+  DeviceTensors tensors(64, 16384);  // 4 MiB in 1 MiB buckets
+  tensors.fill(1);
+  ::setenv("MALLOC_ARENA_MAX", "1", 1);  // as in HundredUpdatesGrow...: one arena
+  ServeProcess serve(gpu_receiver());
+  ::unsetenv("MALLOC_ARENA_MAX");
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
+  const auto views = tensors.views();
+  const auto cycle = [&](std::uint64_t v) {
+    const Reply release =
+        serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth());
+    ASSERT_EQ(release.status, 200) << release.text;
+    const Reply resume =
+        serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth());
+    ASSERT_EQ(resume.status, 200) << resume.text;
+    tensors.fill(v);
+    const auto report = sender.push(views, v);
+    ASSERT_TRUE(report.all_committed()) << report.receivers[0].error;
+    ASSERT_TRUE(report.receivers[0].reused_session) << "push " << v << " opened a new session";
+    ASSERT_TRUE(report.receivers[0].direct) << "push " << v;
+  };
+  for (std::uint64_t v = 1; v <= 3; ++v) expect_committed(sender.push(views, v), v);
+  for (std::uint64_t v = 4; v <= 6; ++v) cycle(v);  // warm-up, as in HundredUpdatesGrow...
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  const Footprint before(serve.pid());
+  for (std::uint64_t v = 7; v < 107; ++v) {
+    cycle(v);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(version_of(serve), 106);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  before.expect_unchanged();
+  const std::string log = serve.log();
+  EXPECT_EQ(log.find("layout accepted"), log.rfind("layout accepted")) << "more than one handshake";
 }
 
 TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {

@@ -1,7 +1,9 @@
 // Kept sessions between pushes, against real `ferry serve` processes: a Sender's second push of
 // the same tensors goes through the session kept from the first (no new handshake) and is
 // bit-identical; an idle kept session blocks no other update; a release of the receiver's memory
-// closes the kept session first (the sender lets go, the next push opens a new session); a
+// suspends the kept session first (the sender lets go of its data path) and the push after the
+// resume rejoins it, a push while released is refused, a sender that does not rejoin has its
+// session closed (the next push opens a new one); a
 // receiver killed between pushes makes the next push fail with its address, without hanging;
 // keep_sessions = false on either side opens a session per push.
 #include <gtest/gtest.h>
@@ -102,17 +104,47 @@ TEST_F(SessionKept, AnIdleKeptSessionBlocksNoOtherUpdate) {
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
 }
 
-TEST_F(SessionKept, ReleaseClosesTheKeptSessionAndTheNextPushOpensANewOne) {
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The colocated RL loop: the receiver releases its memory (the trainer's step), resumes, and the
+// next push goes through the same session: suspended by the release, rejoined by the push, no
+// new handshake.
+TEST_F(SessionKept, ReleaseSuspendsTheKeptSessionAndThePushAfterTheResumeRejoinsIt) {
+  ServeProcess serve(receiver());
+  auto sender = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  for (std::uint64_t v = 3; v <= 5; ++v) {
+    const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
+    ASSERT_EQ(release.status, 200) << release.text;
+    const Reply resume = serve.post("/resume_memory_occupation", json::object(), serve.auth());
+    ASSERT_EQ(resume.status, 200) << resume.text;
+    const auto& checkpoint = v % 2 == 0 ? versions_->v2 : versions_->v1;
+    const auto after = push(*sender, checkpoint, v);
+    ASSERT_TRUE(after.committed) << after.error;
+    EXPECT_TRUE(after.reused_session) << "push " << v;
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(checkpoint, 0, 1)) << "push " << v;
+  }
+  EXPECT_EQ(version_of(serve), 5);
+  const std::string log = serve.log();
+  // The receiver told the sender and waited for it to let go, rather than cutting it off.
+  EXPECT_EQ(count_of(log, "1 kept session(s) suspended and 0 closed"), 3u) << log;
+  EXPECT_EQ(count_of(log, "rejoined after the release: data path inline"), 3u) << log;
+  EXPECT_EQ(count_of(log, "layout accepted"), 1u) << log;
+  EXPECT_EQ(log.find("did not suspend its kept session"), std::string::npos) << log;
+}
+
+// A push while the memory is released: the rejoin is refused naming why, and nothing changes;
+// after the resume the next push opens a new session, which is kept again.
+TEST_F(SessionKept, APushWhileReleasedIsRefusedAndThePushAfterTheResumeCommits) {
   ServeProcess serve(receiver());
   auto sender = make_sender({address_of(serve)});
   ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
   const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
   ASSERT_EQ(release.status, 200) << release.text;
-  // The receiver told the sender and waited for it to let go, rather than cutting it off.
-  const std::string log = serve.log();
-  EXPECT_NE(log.find("1 kept session(s) closed"), std::string::npos) << log;
-  EXPECT_EQ(log.find("did not close its kept session"), std::string::npos) << log;
-  // Released: a push now is refused, naming why.
   const auto while_released = push(*sender, versions_->v1, 3);
   EXPECT_FALSE(while_released.committed);
   EXPECT_FALSE(while_released.reused_session);
@@ -124,12 +156,35 @@ TEST_F(SessionKept, ReleaseClosesTheKeptSessionAndTheNextPushOpensANewOne) {
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
   const auto after = push(*sender, versions_->v1, 4);
   ASSERT_TRUE(after.committed) << after.error;
-  EXPECT_FALSE(after.reused_session);
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
   const auto kept_again = push(*sender, versions_->v2, 5);
   ASSERT_TRUE(kept_again.committed) << kept_again.error;
   EXPECT_TRUE(kept_again.reused_session);
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+}
+
+// A sender that does not rejoin (SenderOptions::rejoin_after_release = false, as a sender of an
+// earlier release): the release closes its kept session and the next push opens a new one.
+TEST_F(SessionKept, ReleaseClosesTheKeptSessionOfASenderThatDoesNotRejoin) {
+  ServeProcess serve(receiver());
+  session::SenderOptions options;
+  options.receivers = {address_of(serve)};
+  options.transport = "inline";
+  options.bucket_bytes = 512;
+  options.rejoin_after_release = false;
+  session::Sender sender(config_, registry_, options);
+  ASSERT_TRUE(push(sender, versions_->v2, 2).committed);
+  const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
+  ASSERT_EQ(release.status, 200) << release.text;
+  const std::string log = serve.log();
+  EXPECT_NE(log.find("0 kept session(s) suspended and 1 closed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("did not close its kept session"), std::string::npos) << log;
+  const Reply resume = serve.post("/resume_memory_occupation", json::object(), serve.auth());
+  ASSERT_EQ(resume.status, 200) << resume.text;
+  const auto after = push(sender, versions_->v1, 3);
+  ASSERT_TRUE(after.committed) << after.error;
+  EXPECT_FALSE(after.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
 }
 
 TEST_F(SessionKept, AReceiverKilledBetweenPushesFailsTheNextPushWithItsAddress) {

@@ -21,7 +21,9 @@ const char* delivery_name(config::Delivery d) {
 
 // Direct delivery when the receiver offered it (a destination per tensor), the configuration
 // allows it and every tensor is in CUDA memory the data path puts from. Fills `destinations`.
-bool choose_direct(const config::Config& config, wire::Welcome::Reader w, SenderDataPath& data,
+// `w`: the Welcome, or a Rejoined.
+template <typename Reader>
+bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
                    const PushPlan& plan, std::size_t tensor_count, const std::string& peer,
                    std::vector<std::pair<std::uint32_t, std::uint64_t>>& destinations) {
   if (config.update.delivery == config::Delivery::staged || !w.hasDestinations() ||
@@ -44,6 +46,23 @@ bool choose_direct(const config::Config& config, wire::Welcome::Reader w, Sender
                          "parameters ({} shared regions)",
                          peer, w.getRegions().size());
   return true;
+}
+
+// Connects the data path to the receiver's (a Welcome, or a Rejoined): its address and slot keys.
+template <typename Reader>
+void connect_path(Reader w, SenderDataPath& data, const PushPlan& plan, const std::string& peer,
+                  Clock::time_point deadline) {
+  std::vector<std::vector<std::uint8_t>> keys;
+  for (auto s : w.getSlots()) {
+    keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
+    if (s.getCapacity() < plan.capacity) {
+      fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", peer, s.getCapacity(),
+           plan.capacity);
+    }
+  }
+  data.connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
+                                             w.getTransportAddress().size()),
+               keys, w.getRmaNative(), peer, deadline);
 }
 
 void send_hello(const SenderState& state, Channel& ch, std::span<const TensorView> tensors,
@@ -99,6 +118,7 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   hello.setSlots(kSlots);
   hello.setDelivery(delivery_name(state.config.update.delivery));
   hello.setKeepSession(state.keep_sessions());
+  hello.setRejoinAfterRelease(state.keep_sessions() && options.rejoin_after_release);
   ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
 }
 
@@ -161,18 +181,8 @@ void open_session(SenderState& state, Link& link, std::size_t index,
     if (!data || chosen != data->name()) {
       fail(FERRY_STATUS_INCOMPATIBLE, "{}: the receiver chose transport '{}'", ch.peer(), chosen);
     }
-    std::vector<std::vector<std::uint8_t>> keys;
-    for (auto s : w.getSlots()) {
-      keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
-      if (s.getCapacity() < plan.capacity) {
-        fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", ch.peer(),
-             s.getCapacity(), plan.capacity);
-      }
-    }
     const auto connect_start = Clock::now();
-    data->connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
-                                                w.getTransportAddress().size()),
-                  keys, w.getRmaNative(), ch.peer(), deadline_in(options.connect_timeout));
+    connect_path(w, *data, plan, ch.peer(), deadline_in(options.connect_timeout));
     connect_s = seconds_since(connect_start);
     direct = choose_direct(config, w, *data, plan, tensors.size(), ch.peer(), link.destinations);
   }
@@ -190,11 +200,62 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   state.track(data.get(), true);
   link.direct = direct;
   link.writer_prints = writer_prints;
+  link.transport = data->name();
   link.remember(tensors, plan);
   logger("sender")->debug("{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
                           "(connect {:.3f} ms)",
                           address, create_s * 1e3,
                           (seconds_since(session_start) - create_s) * 1e3, connect_s * 1e3);
+}
+
+void rejoin_session(SenderState& state, Link& link, std::size_t index,
+                    std::span<const TensorView> tensors, const PushPlan& plan) {
+  const config::Config& config = state.config;
+  const SenderOptions& options = state.options;
+  const std::string& address = options.receivers[index];
+  Channel& ch = *link.channel;
+  const auto start = Clock::now();
+  link.data = link.transport == "inline"
+                  ? make_inline_sender_path(link.capacity(), kSlots)
+                  : make_plugin_sender_path(state.registry, config, link.transport,
+                                            link.capacity(), kSlots, plan.device);
+  SenderDataPath& data = *link.data;
+  state.track(&data, true);
+  {
+    capnp::MallocMessageBuilder m;
+    const auto addr = data.address();
+    m.initRoot<wire::Message>().initRejoin().setTransportAddress(
+        kj::arrayPtr(addr.data(), addr.size()));
+    ch.send(m, deadline_in(options.connect_timeout), "rejoin");
+  }
+  auto msg = ch.recv(deadline_in(options.connect_timeout), "rejoin (rejoined)");
+  auto root = msg->root();
+  throw_if_refused(root, fmt::format("receiver {} refused the rejoin", address));
+  if (root.which() == wire::Message::CLOSING) {
+    fail(FERRY_STATUS_PEER_FAILED, "{}: rejoin: the receiver closed the session ({})", ch.peer(),
+         text(root.getClosing().getReason()));
+  }
+  if (root.which() != wire::Message::REJOINED) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: rejoin: unexpected message", ch.peer());
+  }
+  auto r = root.getRejoined();
+  if (text(r.getTransport()) != data.name()) {
+    fail(FERRY_STATUS_INCOMPATIBLE, "{}: rejoin: the receiver chose transport '{}', not '{}'",
+         ch.peer(), text(r.getTransport()), data.name());
+  }
+  if (data.name() != "inline") {
+    connect_path(r, data, plan, ch.peer(), deadline_in(options.connect_timeout));
+  }
+  const bool direct =
+      choose_direct(config, r, data, plan, tensors.size(), ch.peer(), link.destinations);
+  if (direct != link.direct) {
+    fail(FERRY_STATUS_INCOMPATIBLE,
+         "{}: rejoin: the receiver {} direct delivery after its release, the session {}", ch.peer(),
+         direct ? "offers" : "no longer offers", direct ? "was staged" : "delivered directly");
+  }
+  link.suspended = false;
+  logger("sender")->debug("{}: kept session rejoined after the receiver's release in {:.3f} ms",
+                          address, seconds_since(start) * 1e3);
 }
 
 }  // namespace ferry::session

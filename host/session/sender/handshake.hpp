@@ -3,7 +3,8 @@
 // transport and its address, bucket capacity and slots, delivery; Welcome: the receiver's
 // transport, its slot keys or, for direct delivery, a destination per tensor in its shared
 // regions). What it settles is kept on the Link: the delivery mode (staged, direct, direct with
-// the copies' fingerprints) that update.hpp's schedules follow.
+// the copies' fingerprints) that update.hpp's schedules follow. A kept session suspended by the
+// receiver's release rejoins with a new data path only (rejoin_session).
 #pragma once
 
 #include <cstddef>
@@ -25,5 +26,13 @@ namespace ferry::session {
 void open_session(SenderState& state, Link& link, std::size_t index,
                   std::span<const TensorView> tensors, const PushPlan& plan,
                   const TransportChoice& transport);
+
+// Rejoins a kept session the receiver suspended for a release (Link::suspended): a new data path
+// of the session's transport (tracked in `state`), Rejoin with its address, the Rejoined's
+// address, slot keys and regions, connect. The handshake's catalog, layout and delivery stay; a
+// receiver that refuses, closes, or would now deliver otherwise fails it (the caller then opens
+// a new session).
+void rejoin_session(SenderState& state, Link& link, std::size_t index,
+                    std::span<const TensorView> tensors, const PushPlan& plan);
 
 }  // namespace ferry::session

@@ -77,24 +77,42 @@ void Link::stop_watching() noexcept {
 
 void Link::watch(const std::string& peer) {
   pollfd fds[2] = {{channel->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  while (true) {
-    const int n = ::poll(fds, 2, -1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || fds[1].revents != 0) return;  // taken back (or no way to wait)
-    if (fds[0].revents != 0) break;
-  }
-  // The receiver spoke between pushes: its Closing, or its disconnect.
-  closed_why = "the receiver disconnected";
-  try {
-    auto msg = channel->recv(deadline_in(std::chrono::milliseconds(1000)), "between pushes");
-    if (msg->root().which() == wire::Message::CLOSING) {
-      closed_why = fmt::format("the receiver closed it: {}",
-                               text(msg->root().getClosing().getReason()));
-    } else {
-      closed_why = "the receiver sent an unexpected message between pushes";
+  for (;;) {
+    while (true) {
+      const int n = ::poll(fds, 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || fds[1].revents != 0) return;  // taken back (or no way to wait)
+      if (fds[0].revents != 0) break;
     }
-  } catch (const std::exception& e) {
-    closed_why = e.what();
+    // The receiver spoke between pushes: its Closing (to suspend or to end the session), or its
+    // disconnect.
+    closed_why = "the receiver disconnected";
+    try {
+      auto msg = channel->recv(deadline_in(std::chrono::milliseconds(1000)), "between pushes");
+      if (msg->root().which() == wire::Message::CLOSING) {
+        const auto closing = msg->root().getClosing();
+        closed_why = fmt::format("the receiver closed it: {}", text(closing.getReason()));
+        if (closing.getSuspend() && !suspended) {
+          // The receiver releases its memory and keeps the session: unmap it, say so.
+          const auto start = Clock::now();
+          data.reset();
+          capnp::MallocMessageBuilder m;
+          m.initRoot<wire::Message>().setPathDropped();
+          channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "path dropped");
+          suspended = true;
+          logger("sender")->debug("{}: kept session suspended ({}); data path dropped in "
+                                  "{:.3f} ms",
+                                  peer, text(closing.getReason()), seconds_since(start) * 1e3);
+          closed_why.clear();
+          continue;
+        }
+      } else {
+        closed_why = "the receiver sent an unexpected message between pushes";
+      }
+    } catch (const std::exception& e) {
+      closed_why = e.what();
+    }
+    break;
   }
   const auto start = Clock::now();
   data.reset();

@@ -5,7 +5,9 @@
 // whatever that imported of the receiver's memory serve every later push of the same tensors.
 // The receiver's Closing (it is about to release that memory) or its disconnect makes the
 // watcher drop the data path, unmapping what it imported, and then close the connection, which
-// the receiver waits for.
+// the receiver waits for. A Closing with `suspend` makes it drop only the data path and say so
+// (pathDropped): the session stays, `suspended`, and the next push rejoins it (a new data path,
+// no new handshake; handshake.hpp, rejoin_session).
 //
 // Threading: one push thread at a time owns a Link; between pushes only its watcher touches it,
 // and the owner reads `closed` and `closed_why` only after stop_watching().
@@ -30,7 +32,11 @@ namespace ferry::session {
 struct Link {
   std::unique_ptr<Channel> channel;
   std::unique_ptr<SenderDataPath> data;
+  std::string transport;  // the data path's (the Welcome's choice): "inline" or a plugin's name
   bool keep = false;    // the receiver keeps the session (Welcome.keepSession)
+  // Set by the watcher, read after stop_watching(): the receiver released its memory and the
+  // data path is gone (null); the session rejoins before its next Begin.
+  bool suspended = false;
   bool direct = false;  // direct delivery was chosen in the handshake
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
@@ -51,6 +57,8 @@ struct Link {
   bool fits(std::span<const TensorView> tensors, const PushPlan& plan,
             std::optional<bool> catalog_same = std::nullopt) const;
   bool same_catalog(std::span<const TensorView> tensors) const;
+  // The bucket capacity of the handshake (the receiver's slots).
+  std::uint64_t capacity() const { return capacity_; }
 
   // After a commit, before the session is kept: the data path lets go of the push's tensors.
   void forget_push() noexcept {

@@ -106,8 +106,9 @@ struct Sender::Impl : SenderState {
 
   // One push to receiver `index`: through the session kept from the previous push when it fits
   // (same tensors, bucket capacity and memory) and is still open, else through a new one. A
-  // kept session that turns out closed before its update began (the receiver released its
-  // memory, restarted, or stopped) is replaced by a new session within the same push.
+  // kept session that turns out closed before its update began (the receiver restarted or
+  // stopped, or released its memory and could not keep it) is replaced by a new session within
+  // the same push; one the receiver suspended for a release rejoins.
   // `catalog_same`: whether the tensors are the kept session's catalog, where push() compared.
   void run_receiver(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
                     std::uint64_t version, const std::string& label,
@@ -154,6 +155,11 @@ struct Sender::Impl : SenderState {
         try {
           throw_if_aborted();
           result.reused_session = true;
+          if (link->suspended) {
+            // The receiver released its memory since the last push: a new data path only.
+            rejoin_session(*this, *link, index, tensors, plan);
+            track(true);
+          }
           update_start = Clock::now();
           run_update(*this, *link, index, tensors, plan, version, label, result, began);
           update_end = Clock::now();

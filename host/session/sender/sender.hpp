@@ -103,9 +103,13 @@ struct SenderOptions {
   // Keep each receiver's session after a commit for the next push of the same tensors (the
   // receiver agreeing): that push needs no handshake, data path set-up or import of the
   // receiver's memory. Between pushes a thread per kept session answers the receiver, which
-  // ends the session before it releases its memory (docs/session-protocol.md, "Kept sessions").
+  // suspends the session before it releases its memory: the sender unmaps what it imported and
+  // the next push rejoins with a new data path only (docs/session-protocol.md, "Kept sessions").
   // The configuration's update.keep_sessions = false turns it off as well.
   bool keep_sessions = true;
+  // Rejoin a kept session after the receiver's release (above); false: the receiver closes it
+  // instead and the next push opens a new one (what a sender of an earlier release does).
+  bool rejoin_after_release = true;
   // Test hook: the protocol version the handshake claims; 0: this build's. The tests claim
   // another to see a receiver refuse it.
   std::uint32_t claimed_protocol_version = 0;

@@ -1,0 +1,56 @@
+// session/session_link.hpp: one receiver session connection as its endpoint sees it, shared
+// between the session's thread and the threads that may suspend or end it (a release of the
+// receiver's memory). A kept session between updates is idle: it holds no update lock, but it may
+// share memory with its sender. A release either suspends it (its sender rejoins after the
+// resume: Hello.rejoinAfterRelease) or closes it (docs/session-protocol.md, "Kept sessions").
+//
+//   idle --start_suspending--> suspending --set_suspended--> suspended --leave_idle--> busy
+//   idle --start_closing--> closing --(session ends)--> ended
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+namespace ferry::session {
+
+class SessionLink {
+ public:
+  // ---- the session's thread
+  // After the handshake: whether the sender rejoins a suspended session (its Hello said so).
+  void set_rejoinable(bool rejoinable);
+  // Between updates. leave_idle() takes the session back for an update; false once closing or
+  // suspending was asked for (the message that woke the session crossed the Closing: it ends).
+  void set_idle();
+  bool leave_idle();
+  // A suspending session's data path is gone (its sender's, then its own): the memory may go.
+  // The session stays idle.
+  void set_suspended();
+  // True while suspending was asked for and the session has not dropped its data path yet.
+  bool suspending();
+  void set_ended();
+
+  // ---- any thread (the release hook)
+  // Makes an idle, rejoinable session that shares something suspending; true when this call did
+  // (the caller then sends the Closing with `suspend`). A suspended session shares nothing.
+  bool start_suspending();
+  // Makes an idle session that shares something closing; true when this call did (the caller
+  // then sends the Closing). A closing session takes no further update.
+  bool start_closing();
+  // Until the session is suspended or ended; false at the deadline.
+  bool wait_suspended(std::chrono::steady_clock::time_point deadline);
+  // Until the session ended (its data path gone, its sender disconnected); false at the deadline.
+  bool wait_ended(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool rejoinable_ = false;
+  bool idle_ = false;
+  bool suspending_ = false;
+  bool suspended_ = false;
+  bool closing_ = false;
+  bool ended_ = false;
+};
+
+}  // namespace ferry::session
