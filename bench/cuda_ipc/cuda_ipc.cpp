@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -93,6 +94,10 @@ struct FerryRun {
   std::string transport;   // what the session reported it used
   bool direct = false;     // the session delivered directly (into the receiver's parameters)
   Timing timing;
+  // --release-each-step: the receiver's release and resume before each timed push, and how
+  // many timed pushes went through the session kept from the push before.
+  Timing release, resume;
+  int reused_sessions = 0;
   std::uint64_t buckets = 0;
   bool verified = false;
   std::string verification;  // what was checked, or what was wrong
@@ -197,6 +202,32 @@ std::string check_receiver(demo::ReceiverProcess& receiver, const std::string& l
   return "";
 }
 
+// The RL loop's step between two pushes (--release-each-step): the receiver releases its
+// weights and KV cache, the trainer borrows that memory, the receiver resumes. "" or what failed.
+std::string release_train_resume(demo::ReceiverProcess& receiver, const CudaIpcBenchOptions& o,
+                                 const SenderTensors& tensors, std::uint64_t tensor_bytes,
+                                 FerryRun& run) {
+  const nlohmann::json tags = {{"tags", {"weights", "kv_cache"}}};
+  const auto timed_post = [&](const char* path, Timing& into) -> std::string {
+    const auto t0 = std::chrono::steady_clock::now();
+    const demo::Answer a = receiver.post(path, tags);
+    into.runs_s.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (a.status != 200) return fmt::format("POST {} answered {}: {}", path, a.status, a.text);
+    return "";
+  };
+  Watchdog::phase("cuda_ipc: the receiver releases its weights");
+  if (auto why = timed_post("/release_memory_occupation", run.release); !why.empty()) return why;
+  Watchdog::phase("cuda_ipc: the trainer's step");
+#if FERRY_HAVE_CUDA
+  if (o.device == "cuda") borrow_device_memory(tensor_bytes * tensors.count());
+#else
+  (void)o, (void)tensors, (void)tensor_bytes;
+#endif
+  Watchdog::phase("cuda_ipc: the receiver resumes");
+  return timed_post("/resume_memory_occupation", run.resume);
+}
+
 // One mode: a fresh receiver, a Sender, 1 + repeat pushes of new weights.
 FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
                    const registry::Registry& registry, const CudaIpcBenchOptions& o,
@@ -242,6 +273,13 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   std::string label;
   for (int call = 0; call <= o.repeat; ++call) {
     const std::uint64_t version = static_cast<std::uint64_t>(call) + 1;
+    if (call > 0 && o.release_each_step) {
+      const std::string why = release_train_resume(receiver, o, tensors, tensor_bytes, run);
+      if (!why.empty()) {
+        run.verification = fmt::format("before push {}: {}", version, why);
+        return run;
+      }
+    }
     Watchdog::phase("cuda_ipc: writing new weights");
     tensors.fill(version);  // every update carries other bytes: a stale parameter shows
     label = fmt::format("bench-{}", version);
@@ -272,6 +310,7 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
       run.timing.first_s = report.seconds;
     } else {
       run.timing.runs_s.push_back(report.seconds);
+      if (r.reused_session) ++run.reused_sessions;
     }
   }
   Watchdog::phase("cuda_ipc: verifying the receiver's weights");
@@ -311,8 +350,12 @@ void print_tables(const CudaIpcBenchOptions& o, const std::vector<CountResult>& 
     };
     row(o.device == "cuda" ? "D2D copy ceiling" : "memcpy ceiling", c.ceiling, "yes");
     for (const auto& f : c.ferry) {
-      row(fmt::format("ferry {} ({}{})", f.mode, f.transport.empty() ? "?" : f.transport,
-                      f.mode == "auto" && f.direct ? ", direct" : ""),
+      row(fmt::format("ferry {} ({}{}){}", f.mode, f.transport.empty() ? "?" : f.transport,
+                      f.mode == "auto" && f.direct ? ", direct" : "",
+                      o.release_each_step
+                          ? fmt::format(", after a release ({}/{} kept)", f.reused_sessions,
+                                        f.timing.runs_s.size())
+                          : std::string()),
           f.timing,
           f.verified ? "yes" : "FAILED");
     }
@@ -362,6 +405,7 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
   r["transport"] = o.transport;
   r["sender_memory"] = o.sender_memory;
   r["producer_order"] = o.producer_order;
+  r["release_each_step"] = o.release_each_step;
   r["timing"] =
       "ferry: PushReport.seconds, from push() called to the commit acknowledged (the sender's "
       "fingerprints of its tensors included); torch: the producer's wall clock from the handoff "
@@ -378,6 +422,11 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
     j["buckets"] = f.buckets;
     j["verified"] = f.verified;
     j["verification"] = f.verification;
+    if (o.release_each_step) {
+      j["release"] = f.release.json();
+      j["resume"] = f.resume.json();
+      j["pushes_through_kept_session"] = f.reused_sessions;
+    }
     const double fm = f.timing.median();
     if (fm > 0) {
       j["of_ceiling"] = c.ceiling.median() / fm;
@@ -495,6 +544,12 @@ int run_cuda_ipc_bench(const GlobalOptions& globals, const CudaIpcBenchOptions& 
                     run.transport.c_str(), ms(run.timing.first_s).c_str(),
                     ms(run.timing.median()).c_str(),
                     run.verified ? "verified" : ("FAILED: " + run.verification).c_str());
+        if (o.release_each_step) {
+          std::printf("    each step: release %s ms, resume %s ms (medians); %d of %zu timed "
+                      "pushes through the session kept from the push before\n",
+                      ms(run.release.median()).c_str(), ms(run.resume.median()).c_str(),
+                      run.reused_sessions, run.timing.runs_s.size());
+        }
         std::fflush(stdout);
         if (!run.verified) code = 1;
         c.ferry.push_back(std::move(run));
@@ -583,6 +638,10 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
                   "caller naming no stream gets) or none (the bench's fill already synchronised: "
                   "ferry's own cost)")
       ->check(CLI::IsMember({"sync_devices", "none"}));
+  app->add_flag("--release-each-step", o->release_each_step,
+               "the colocated RL loop: before each timed push the receiver releases its weights "
+               "and KV cache, the trainer allocates and frees that much device memory, the "
+               "receiver resumes");
   app->add_option("--repeat", o->repeat, "timed calls after the first (default 5; cpu 3)")
       ->check(CLI::PositiveNumber);
   app->add_option("--json", o->json_path, "write the records (a JSON array) to FILE");

@@ -36,6 +36,10 @@ struct CudaIpcBenchOptions {
   // names no stream gets) or none (the bench's fill synchronised already; ferry's own cost).
   std::string producer_order = "sync_devices";
   int repeat = 0;                  // timed pushes after the first; 0: 5 on cuda, 3 on cpu
+  // The colocated RL loop ([one-pass] rl-step, dense case): before each timed push the receiver
+  // releases `weights` and `kv_cache`, the trainer allocates, writes and frees a buffer of the
+  // update's size (its training step), the receiver resumes; then the push.
+  bool release_each_step = false;
   std::string json_path;
   int timeout_s = 570;
   // The torch baselines (the common bench options of the same names).
@@ -86,6 +90,9 @@ std::vector<double> measure_copy_ceiling_host(std::uint64_t bytes, int repeat);
 std::unique_ptr<SenderTensors> make_cuda_tensors(std::size_t count, std::uint64_t bytes,
                                                  bool flat);
 std::vector<double> measure_copy_ceiling_cuda(std::uint64_t bytes, int repeat);
+// The trainer's step between a release and a resume: allocates `bytes` bytes of device memory,
+// writes them, frees them (the memory the engine lent goes through the trainer's hands).
+void borrow_device_memory(std::uint64_t bytes);
 #endif
 
 }  // namespace ferry::bench

@@ -1,7 +1,7 @@
 // bench/cuda_ipc/cuda_ipc_cuda.cpp: the CUDA pieces of `ferry bench cuda_ipc` (built with the cuda
 // feature): the trainer's tensors in device memory (one cudaMalloc each, or carved from one;
 // filled by the bench's fill kernel, fingerprinted on the device) and the flat D2D copy ceiling
-// of the same bytes.
+// of the same bytes; the trainer's step of the RL loop (borrow_device_memory).
 #include <ferry/kernels/cuda.hpp>
 #include <ferry/sdk/error.hpp>
 
@@ -77,6 +77,13 @@ std::vector<double> measure_copy_ceiling_cuda(std::uint64_t bytes, int repeat) {
     fail(FERRY_STATUS_CORRUPT_DATA, "bench cuda_ipc: the D2D ceiling's copy differs from its source");
   }
   return runs;
+}
+
+void borrow_device_memory(std::uint64_t bytes) {
+  Stream stream;
+  DeviceBuffer buffer(bytes, "the trainer's step buffer");
+  cuda_check(cudaMemsetAsync(buffer.data(), 0x3C, bytes, stream.get()), "the trainer's step");
+  stream.synchronize("the trainer's step");
 }
 
 }  // namespace ferry::bench

@@ -4,6 +4,7 @@
 // transports from the config's one list; `ferry bench` running ferry-bench with its command line.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -150,6 +151,33 @@ TEST(CliBench, RunsFerryBenchWithItsCommandLine) {
   EXPECT_THAT(records, HasSubstr("\"command\": \"" + std::string(std::getenv("FERRY_EXE")) + " " +
                                  args + "\""));
   EXPECT_THAT(records, HasSubstr("\"verified\": true"));
+}
+
+// The RL loop of `ferry bench cuda_ipc --release-each-step` on the CPU (inline into a CPU
+// receiver): before each timed push the receiver releases and resumes its weights and KV cache,
+// and every push after a resume still commits verified weights.
+TEST(CliBench, TheRlLoopReleasesAndResumesBeforeEachVerifiedPush) {
+  const std::string json =
+      (std::filesystem::temp_directory_path() /
+       ("ferry-cli-bench-rl-" + std::to_string(::getpid()) + ".json"))
+          .string();
+  const CommandRun run = ferry("bench cuda_ipc --device cpu --release-each-step --no-torch "
+                               "--repeat 2 --tensors 4 --total-gib 0.01 --json " + json);
+  EXPECT_EQ(run.status, 0) << run.out;
+  std::ifstream in(json);
+  const auto records = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove(json);
+  ASSERT_TRUE(records.is_array() && records.size() == 1) << run.out;
+  const auto& r = records[0];
+  EXPECT_EQ(r.value("release_each_step", false), true);
+  ASSERT_TRUE(r.contains("ferry") && r["ferry"].size() == 1) << r.dump();
+  const auto& f = r["ferry"][0];
+  EXPECT_EQ(f.value("verified", false), true) << f.dump();
+  EXPECT_EQ(f["release"]["runs_seconds"].size(), 2u) << f.dump();
+  EXPECT_EQ(f["resume"]["runs_seconds"].size(), 2u) << f.dump();
+  EXPECT_EQ(f["runs_seconds"].size(), 2u) << f.dump();
+  EXPECT_TRUE(f.contains("pushes_through_kept_session")) << f.dump();
+  EXPECT_THAT(run.out, HasSubstr("after a release")) << run.out;
 }
 
 // A ferry without its ferry-bench (copied alone) says so and names where it looked.
