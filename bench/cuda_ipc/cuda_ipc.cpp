@@ -203,10 +203,11 @@ std::string check_receiver(demo::ReceiverProcess& receiver, const std::string& l
 }
 
 // The RL loop's step between two pushes (--release-each-step): the receiver releases its
-// weights and KV cache, the trainer borrows that memory, the receiver resumes. "" or what failed.
+// weights and KV cache, the trainer borrows that memory and writes its new weights (`version`),
+// the receiver resumes. "" or what failed.
 std::string release_train_resume(demo::ReceiverProcess& receiver, const CudaIpcBenchOptions& o,
-                                 const SenderTensors& tensors, std::uint64_t tensor_bytes,
-                                 FerryRun& run) {
+                                 SenderTensors& tensors, std::uint64_t tensor_bytes,
+                                 std::uint64_t version, FerryRun& run) {
   const nlohmann::json tags = {{"tags", {"weights", "kv_cache"}}};
   const auto timed_post = [&](const char* path, Timing& into) -> std::string {
     const auto t0 = std::chrono::steady_clock::now();
@@ -222,8 +223,9 @@ std::string release_train_resume(demo::ReceiverProcess& receiver, const CudaIpcB
 #if FERRY_HAVE_CUDA
   if (o.device == "cuda") borrow_device_memory(tensor_bytes * tensors.count());
 #else
-  (void)o, (void)tensors, (void)tensor_bytes;
+  (void)o, (void)tensor_bytes;
 #endif
+  tensors.fill(version);  // the step's new weights
   Watchdog::phase("cuda_ipc: the receiver resumes");
   return timed_post("/resume_memory_occupation", run.resume);
 }
@@ -266,6 +268,7 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   so.bucket_bytes = o.bucket_bytes;
   if (o.group_bytes > 0) so.fingerprinted_group_bytes = o.group_bytes;
   so.token = config.receiver.token;
+  so.rejoin_after_release = !o.no_rejoin;
   config::Config sender_config = config;
   sender_config.update.delivery = delivery_of(mode);
   session::Sender sender(sender_config, registry, so);
@@ -274,14 +277,18 @@ FerryRun run_ferry(const GlobalOptions& globals, const config::Config& config,
   for (int call = 0; call <= o.repeat; ++call) {
     const std::uint64_t version = static_cast<std::uint64_t>(call) + 1;
     if (call > 0 && o.release_each_step) {
-      const std::string why = release_train_resume(receiver, o, tensors, tensor_bytes, run);
+      // The trainer's step (its new weights written too) runs while the engine's memory is
+      // released, as in the colocated loop; the push follows the resume at once.
+      const std::string why =
+          release_train_resume(receiver, o, tensors, tensor_bytes, version, run);
       if (!why.empty()) {
         run.verification = fmt::format("before push {}: {}", version, why);
         return run;
       }
+    } else {
+      Watchdog::phase("cuda_ipc: writing new weights");
+      tensors.fill(version);  // every update carries other bytes: a stale parameter shows
     }
-    Watchdog::phase("cuda_ipc: writing new weights");
-    tensors.fill(version);  // every update carries other bytes: a stale parameter shows
     label = fmt::format("bench-{}", version);
     Watchdog::phase("cuda_ipc: push (ferry)");
     order::StreamOrder producers;
@@ -406,6 +413,7 @@ Json record_of(const CudaIpcBenchOptions& o, const CountResult& c, Device device
   r["sender_memory"] = o.sender_memory;
   r["producer_order"] = o.producer_order;
   r["release_each_step"] = o.release_each_step;
+  r["rejoin"] = !o.no_rejoin;
   r["timing"] =
       "ferry: PushReport.seconds, from push() called to the commit acknowledged (the sender's "
       "fingerprints of its tensors included); torch: the producer's wall clock from the handoff "
@@ -642,6 +650,9 @@ CudaIpcBenchCommand add_cuda_ipc_bench_command(CLI::App* bench, const GlobalOpti
                "the colocated RL loop: before each timed push the receiver releases its weights "
                "and KV cache, the trainer allocates and frees that much device memory, the "
                "receiver resumes");
+  app->add_flag("--no-rejoin", o->no_rejoin,
+               "with --release-each-step: the Sender does not rejoin the session the release "
+               "suspended (each push after a release opens a new session)");
   app->add_option("--repeat", o->repeat, "timed calls after the first (default 5; cpu 3)")
       ->check(CLI::PositiveNumber);
   app->add_option("--json", o->json_path, "write the records (a JSON array) to FILE");

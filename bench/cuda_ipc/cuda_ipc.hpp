@@ -38,8 +38,12 @@ struct CudaIpcBenchOptions {
   int repeat = 0;                  // timed pushes after the first; 0: 5 on cuda, 3 on cpu
   // The colocated RL loop ([one-pass] rl-step, dense case): before each timed push the receiver
   // releases `weights` and `kv_cache`, the trainer allocates, writes and frees a buffer of the
-  // update's size (its training step), the receiver resumes; then the push.
+  // update's size and writes its new weights (its training step), the receiver resumes; then at
+  // once the push.
   bool release_each_step = false;
+  // With release_each_step: the Sender does not rejoin its suspended session (the receiver
+  // closes it at each release and each push opens a new one: what a release cost before).
+  bool no_rejoin = false;
   std::string json_path;
   int timeout_s = 570;
   // The torch baselines (the common bench options of the same names).

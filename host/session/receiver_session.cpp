@@ -366,12 +366,21 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     // The memory is what the receiver resumed; the session may write it until the next release.
     epoch_ = update_->memory_epoch();
+    const auto path_start = Clock::now();
     if (transport_ == "inline") {
       data_ = make_inline_receiver_path(capacity_, slots_);
     } else {
       make_data_path(transport_, r.getTransportAddress());
     }
+    const auto offer_start = Clock::now();
     offer_direct(delivery_, descs_);
+    const auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    logger("session")->debug("{}: rejoin: lock and checks {:.3f} ms, data path {:.3f} ms, direct "
+                             "offer {:.3f} ms",
+                             ch_.peer(), ms(start, path_start), ms(path_start, offer_start),
+                             ms(offer_start, Clock::now()));
     capnp::MallocMessageBuilder m;
     describe_data_path(m.initRoot<wire::Message>().initRejoined());
     ch_.send(m, deadline_in(settings_.bucket_timeout), phase);

@@ -236,6 +236,13 @@ std::string new_mappings(const std::multiset<std::string>& before,
   return text;
 }
 
+// How many times `what` stands in `text`.
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 std::uint64_t device_used() {
   std::size_t free = 0;
   std::size_t total = 0;
@@ -581,7 +588,9 @@ TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
 TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryAndThePushRejoins) {
   DeviceTensors tensors(4, (64ull << 20) / 4);  // 256 MiB
   tensors.fill(1);
-  ServeProcess serve(gpu_receiver());
+  auto options = gpu_receiver();
+  options.log_level = "info";  // its sessions' lines
+  ServeProcess serve(options);
   session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 256ull << 20));
   const auto views = tensors.views();
   expect_committed(sender.push(views, 1), 1, true);
@@ -621,7 +630,9 @@ TEST_F(SessionCudaIpc, HundredReleaseResumePushCyclesRejoinAndGrowNeitherFdsNorM
   DeviceTensors tensors(64, 16384);  // 4 MiB in 1 MiB buckets
   tensors.fill(1);
   ::setenv("MALLOC_ARENA_MAX", "1", 1);  // as in HundredUpdatesGrow...: one arena
-  ServeProcess serve(gpu_receiver());
+  auto options = gpu_receiver();
+  options.log_level = "info";  // its sessions' lines
+  ServeProcess serve(options);
   ::unsetenv("MALLOC_ARENA_MAX");
   session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1ull << 20));
   const auto views = tensors.views();
@@ -650,7 +661,8 @@ TEST_F(SessionCudaIpc, HundredReleaseResumePushCyclesRejoinAndGrowNeitherFdsNorM
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
   before.expect_unchanged();
   const std::string log = serve.log();
-  EXPECT_EQ(log.find("layout accepted"), log.rfind("layout accepted")) << "more than one handshake";
+  EXPECT_EQ(count_of(log, "layout accepted"), 1u) << "more than one handshake";
+  EXPECT_EQ(count_of(log, "rejoined after the release: data path cuda_ipc, direct delivery"), 103u);
 }
 
 TEST_F(SessionCudaIpc, SenderKilledMidUpdateLeavesTheReceiverAtItsVersion) {
