@@ -81,8 +81,7 @@ HttpResponse begin_weight_update(Context& c, const HttpRequest& req) {
                 {"selector", selector}});
 }
 
-HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
-  parse_body(req);  // a malformed body is still 400
+std::uint64_t end_session(Context& c, const char* route) {
   auto& engine = c.receiver.engine_control();
   std::uint64_t updates = engine.state().updates_in_session;
   // The tensors /update_weights_from_tensor staged in the session are one update, committed
@@ -94,12 +93,17 @@ HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
       engine.end_update();
     } catch (const Error&) {
     }
-    throw Error(e.code(), fmt::format("end_weight_update: the tensors staged in the session "
-                                      "failed to commit (the session is closed, the published "
-                                      "version stays): {}",
-                                      e.what()));
+    throw Error(e.code(), fmt::format("{}: the tensors staged in the session failed to commit "
+                                      "(the session is closed, the published version stays): {}",
+                                      route, e.what()));
   }
   engine.end_update();
+  return updates;
+}
+
+HttpResponse end_weight_update(Context& c, const HttpRequest& req) {
+  parse_body(req);  // a malformed body is still 400
+  const std::uint64_t updates = end_session(c, "end_weight_update");
   return reply(
       200, json{{"success", true},
                 {"message", fmt::format("weight-update session ended after {} updates", updates)},
@@ -165,9 +169,8 @@ std::map<std::string, std::uint64_t> checked_fingerprints(Context& c,
   return prints;
 }
 
-// One update of every checkpoint tensor with random bytes, through the update loop (buckets in
-// memory): the published weights are poisoned, so a later update that misses a tensor shows in
-// /weights_checker compare. Versioned and fingerprinted like any update.
+}  // namespace
+
 receiver::UpdateReport reset_tensors(Context& c) {
   const auto catalog = c.receiver.checkpoint_catalog();
   if (catalog.empty()) fail(FERRY_STATUS_FAILED_PRECONDITION, "no weights loaded yet");
@@ -209,8 +212,6 @@ receiver::UpdateReport reset_tensors(Context& c) {
   }
   return c.receiver.apply_update(buckets, version, "weights_checker:reset_tensors");
 }
-
-}  // namespace
 
 HttpResponse weights_checker(Context& c, const HttpRequest& req) {
   const auto check = parse_weights_check(parse_body(req));
@@ -298,10 +299,7 @@ HttpResponse weights_checker(Context& c, const HttpRequest& req) {
   return reply(200, out);
 }
 
-namespace {
-
-HttpResponse memory_route(Context& c, const HttpRequest& req, bool release) {
-  const auto tags = tags_field(parse_body(req));
+json change_memory(Context& c, const std::vector<std::string>& tags, bool release) {
   auto& engine = c.receiver.engine_control();
   const auto engine_tags = engine.memory_tags();
   std::vector<std::string> store_tags, engine_chosen, not_held;
@@ -346,21 +344,19 @@ HttpResponse memory_route(Context& c, const HttpRequest& req, bool release) {
     message += fmt::format(" ({}: none held here, nothing to {})", fmt::join(not_held, ", "),
                            release ? "release" : "resume");
   }
-  return reply(200, json{{"success", true},
-                         {"message", message},
-                         {"memory", state},
-                         {"engine_tags", engine_chosen},
-                         {"not_held", not_held}});
+  return json{{"success", true},
+              {"message", message},
+              {"memory", state},
+              {"engine_tags", engine_chosen},
+              {"not_held", not_held}};
 }
 
-}  // namespace
-
 HttpResponse release_memory(Context& c, const HttpRequest& req) {
-  return memory_route(c, req, true);
+  return reply(200, change_memory(c, tags_field(parse_body(req)), true));
 }
 
 HttpResponse resume_memory(Context& c, const HttpRequest& req) {
-  return memory_route(c, req, false);
+  return reply(200, change_memory(c, tags_field(parse_body(req)), false));
 }
 
 }  // namespace ferry::control

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -29,13 +30,17 @@ namespace ferry::control {
 using nlohmann::json;
 
 // What the server remembers between requests: /weights_checker's snapshot (the published
-// weights' fingerprints when it was taken) and the path of the last disk update (/model_info).
+// weights' fingerprints when it was taken), the path of the last disk update (/model_info) and
+// vLLM's sleep (the tags still asleep, whether /sleep paused generation).
 struct ServerState {
   std::mutex mutex;
   std::optional<std::map<std::string, std::uint64_t>> snapshot;
   std::string snapshot_version;
   std::string model_path;
-  std::mutex tensor_mutex;  // /update_weights_from_tensor's staged tensors
+  std::set<std::string> sleeping_tags;  // vLLM's names: "weights", "kv_cache", the engine's
+  bool sleep_paused = false;            // /sleep paused generation: the last wake_up resumes it
+  std::mutex sleep_mutex;               // one /sleep or /wake_up at a time
+  std::mutex tensor_mutex;              // /update_weights_from_tensor's staged tensors
   PendingTensorUpdate tensors;
 };
 
@@ -86,6 +91,15 @@ T field(const json& body, const char* key, T fallback) {
   }
 }
 
+// An update with SGLang's effects around it (receiver/engine_control.hpp: abort_all_requests,
+// flush_cache, post-load processing outside a weight-update session).
+template <typename F>
+receiver::UpdateReport with_effects(Context& c, const receiver::UpdateEffects& effects, F&& run) {
+  receiver::UpdateReport report;
+  c.receiver.engine_control().run_update(effects, [&] { report = run(); });
+  return report;
+}
+
 // The engine routes (control/engine_routes.cpp).
 HttpResponse pause_generation(Context& c, const HttpRequest& req);
 HttpResponse continue_generation(Context& c, const HttpRequest& req);
@@ -97,6 +111,31 @@ HttpResponse server_info(Context& c, const HttpRequest& req);
 HttpResponse weights_checker(Context& c, const HttpRequest& req);
 HttpResponse release_memory(Context& c, const HttpRequest& req);
 HttpResponse resume_memory(Context& c, const HttpRequest& req);
+// What the engine routes share with vLLM's (control/vllm_routes.cpp), one code path each:
+// closes the weight-update session (the tensors it staged committed first, then post_load);
+// returns the updates made in it. `route` names the route in errors.
+std::uint64_t end_session(Context& c, const char* route);
+// Releases (or resumes) `tags` (empty: all): the engine's tags through its callback, ferry's store
+// tags through the receiver, kv_cache and cuda_graph without an engine as not held. Returns the
+// answer of /release_memory_occupation.
+json change_memory(Context& c, const std::vector<std::string>& tags, bool release);
+// One update of every checkpoint tensor with random bytes, through the update loop (buckets in
+// memory): the published weights are poisoned, so a later update that misses a tensor shows in a
+// compare. Versioned "weights_checker:reset_tensors" and fingerprinted like any update.
+receiver::UpdateReport reset_tensors(Context& c);
+// vLLM's RL routes (control/vllm_routes.cpp).
+HttpResponse vllm_pause(Context& c, const HttpRequest& req);
+HttpResponse vllm_resume(Context& c, const HttpRequest& req);
+HttpResponse vllm_is_paused(Context& c, const HttpRequest& req);
+HttpResponse init_weight_transfer_engine(Context& c, const HttpRequest& req);
+HttpResponse start_weight_update(Context& c, const HttpRequest& req);
+HttpResponse vllm_update_weights(Context& c, const HttpRequest& req);
+HttpResponse finish_weight_update(Context& c, const HttpRequest& req);
+HttpResponse weight_info(Context& c, const HttpRequest& req);
+HttpResponse weight_checker(Context& c, const HttpRequest& req);
+HttpResponse vllm_sleep(Context& c, const HttpRequest& req);
+HttpResponse vllm_wake_up(Context& c, const HttpRequest& req);
+HttpResponse vllm_is_sleeping(Context& c, const HttpRequest& req);
 // control/tensor_update.cpp: the route, and the commit of what a session staged.
 HttpResponse update_from_tensor(Context& c, const HttpRequest& req);
 std::optional<receiver::UpdateReport> commit_pending_tensors(Context& c);

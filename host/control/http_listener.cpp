@@ -164,7 +164,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request_ = HttpRequest{};
     request_.method = std::string(h.method_string());
     const std::string_view target(h.target().data(), h.target().size());
-    request_.path = std::string(target.substr(0, target.find('?')));
+    const auto question = target.find('?');
+    request_.path = std::string(target.substr(0, question));
+    if (question != std::string_view::npos)
+      request_.query = std::string(target.substr(question + 1));
     request_.authorization = std::string(h[http::field::authorization]);
     const auto length = head_->content_length();
     const bool has_body = head_->chunked() || (length && *length > 0);

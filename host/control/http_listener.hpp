@@ -28,6 +28,7 @@ namespace ferry::control {
 struct HttpRequest {
   std::string method;         // as sent ("GET", "POST", ...)
   std::string path;           // the target without its query
+  std::string query;          // the target after its first '?', not decoded (empty: none)
   std::string authorization;  // the Authorization header's value, or empty
   std::string body;           // empty while the router decides; read before the handler runs
 };

@@ -43,15 +43,6 @@ bool token_matches(const std::string& header, const std::string& token) {
   return diff == 0;
 }
 
-// An update with SGLang's effects around it (receiver/engine_control.hpp: abort_all_requests,
-// flush_cache, post-load processing outside a weight-update session).
-template <typename F>
-receiver::UpdateReport with_effects(Context& c, const receiver::UpdateEffects& effects, F&& run) {
-  receiver::UpdateReport report;
-  c.receiver.engine_control().run_update(effects, [&] { report = run(); });
-  return report;
-}
-
 HttpResponse update_from_disk(Context& c, const HttpRequest& req) {
   const auto request = control::parse_disk_update(parse_body(req));
   auto report = with_effects(c, request.effects, [&] {
@@ -77,10 +68,8 @@ HttpResponse init_group(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse update_from_distributed(Context& c, const HttpRequest& req) {
-  const json body = parse_body(req);
-  const auto request = control::parse_distributed_update(body);
-  const auto effects = control::parse_update_effects(body, "update_weights_from_distributed");
-  auto report = with_effects(c, effects, [&] { return c.groups.update(request); });
+  const auto request = control::parse_distributed_update(parse_body(req));
+  auto report = with_effects(c, request.effects, [&] { return c.groups.update(request); });
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated by broadcast";
@@ -98,11 +87,9 @@ HttpResponse destroy_group(Context& c, const HttpRequest& req) {
 }
 
 HttpResponse update_from_ipc(Context& c, const HttpRequest& req) {
-  const json body = parse_body(req);
-  const auto request = control::parse_ipc_update(body);
-  const auto effects = control::parse_update_effects(body, "update_weights_from_ipc");
+  const auto request = control::parse_ipc_update(parse_body(req));
   auto report = with_effects(
-      c, effects, [&] { return receiver::update_weights_from_ipc(c.receiver, request); });
+      c, request.effects, [&] { return receiver::update_weights_from_ipc(c.receiver, request); });
   json out = report_json(report);
   out["success"] = true;
   out["message"] = "updated from checkpoint-engine";
@@ -174,6 +161,8 @@ enum class Runs { io, worker };
 
 constexpr const char* kSglang = "SGLang";
 constexpr const char* kFerry = "ferry";
+constexpr const char* kVllm = "vLLM";
+constexpr const char* kSglangVllm = "SGLang, vLLM";  // one path, both frameworks' fields
 
 struct Entry {
   Route route;
@@ -210,7 +199,7 @@ const std::vector<Entry> kTable = {
      Runs::worker, weights_checker},
     {{"POST", "/get_weights_by_name", false, "dtype, shape and first values of a checkpoint tensor", kSglang},
      Runs::worker, weights_by_name},
-    {{"POST", "/update_weight_version", true, "set the weight_version label", kSglang},
+    {{"POST", "/update_weight_version", true, "set the weight_version label", kSglangVllm},
      Runs::worker, update_weight_version},
     {{"GET", "/get_weight_version", false, "the published weight version", kSglang},
      Runs::io, weight_version},
@@ -226,6 +215,30 @@ const std::vector<Entry> kTable = {
      Runs::io, server_info},
     {{"GET", "/get_server_info", false, "the older name of /server_info", kSglang},
      Runs::io, server_info},
+    {{"POST", "/init_weight_transfer_engine", true, "join the NCCL weight-update group (vLLM's init_info)", kVllm},
+     Runs::worker, init_weight_transfer_engine},
+    {{"POST", "/start_weight_update", true, "open a weight-update session", kVllm},
+     Runs::worker, start_weight_update},
+    {{"POST", "/update_weights", true, "receive one update by NCCL broadcast (vLLM's update_info)", kVllm},
+     Runs::worker, vllm_update_weights},
+    {{"POST", "/finish_weight_update", true, "close the session, check a baseline, set the weight version", kVllm},
+     Runs::worker, finish_weight_update},
+    {{"POST", "/pause", true, "pause generation (mode abort, wait, keep)", kVllm},
+     Runs::worker, vllm_pause},
+    {{"POST", "/resume", true, "resume generation", kVllm},
+     Runs::worker, vllm_resume},
+    {{"GET", "/is_paused", false, "whether generation is paused", kVllm},
+     Runs::io, vllm_is_paused},
+    {{"POST", "/sleep", true, "pause and release every memory tag (level 1 or 2)", kVllm},
+     Runs::worker, vllm_sleep},
+    {{"POST", "/wake_up", true, "resume memory tags (all, or those named)", kVllm},
+     Runs::worker, vllm_wake_up},
+    {{"GET", "/is_sleeping", false, "whether the receiver sleeps", kVllm},
+     Runs::io, vllm_is_sleeping},
+    {{"GET", "/weight_info", false, "the published weight version", kVllm},
+     Runs::io, weight_info},
+    {{"POST", "/weight_checker", true, "checksum, reset or compare the published weights", kVllm},
+     Runs::worker, weight_checker},
     {{"GET", "/get_fingerprints", false, "fingerprint of every parameter (docs/fingerprint.md)", kFerry},
      Runs::worker, fingerprints},
     {{"GET", "/health", false, "200 when ready to serve, 503 with the reason otherwise", kSglang},

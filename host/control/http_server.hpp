@@ -20,7 +20,9 @@ struct Route {
   const char* path;
   bool mutating;       // needs the token when one is configured
   const char* summary;
-  const char* source;  // "SGLang" (its name and fields) or "ferry" (ferry's own)
+  // "SGLang", "vLLM" (that framework's name and fields), "SGLang, vLLM" (both name the route
+  // alike) or "ferry" (ferry's own)
+  const char* source;
 };
 
 // Every route the server serves (docs/http-api.md lists the same; a test checks both).

@@ -1,11 +1,12 @@
-// control/requests.cpp: the JSON bodies of the group and checkpoint-engine routes, checked
-// (see requests.hpp).
+// control/requests.cpp: the JSON bodies (and vLLM's query parameters) of the control routes,
+// checked (see requests.hpp).
 #include "control/requests.hpp"
 
 #include <fmt/format.h>
 
 #include <ferry/sdk/error.hpp>
 
+#include <cctype>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -145,29 +146,35 @@ nccl::GroupInit parse_group_init(const json& body) {
   return init;
 }
 
-receiver::DistributedUpdate parse_distributed_update(const json& body) {
-  receiver::DistributedUpdate update;
-  // In field order, so a request missing several fields is told about the first one.
+namespace {
+
+// The tensors of a broadcast update, in rank 0's order: SGLang names the dtypes `dtypes`, vLLM
+// `dtype_names`. Read in field order, so a request missing several fields is told the first.
+std::vector<nccl::TensorSpec> broadcast_tensors(const json& body, const char* dtypes_key) {
   const auto names = string_list(body, "names");
-  const auto dtypes = string_list(body, "dtypes");
+  const auto dtypes = string_list(body, dtypes_key);
   const auto shapes = shape_list(body);
-  update.tensors = nccl::make_tensor_specs(names, dtypes, shapes);
+  return nccl::make_tensor_specs(names, dtypes, shapes);
+}
+
+}  // namespace
+
+receiver::DistributedUpdate parse_distributed_update(const json& body) {
+  static constexpr const char* kRoute = "update_weights_from_distributed";
+  receiver::DistributedUpdate update;
+  update.tensors = broadcast_tensors(body, "dtypes");
   update.group_name = group_name_field(body);
   update.weight_version = weight_version_field(body);
-  for (const char* flag : {"flush_cache", "abort_all_requests", "torch_empty_cache"}) {
-    if (auto it = body.find(flag); it != body.end() && !it->is_null() && !it->is_boolean()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
-    }
-  }
+  update.effects = parse_update_effects(body, kRoute);
   if (auto it = body.find("load_format"); it != body.end() && !it->is_null()) {
     if (!it->is_string())
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'load_format' must be a string");
     // SGLang's "flattened_bucket" broadcasts the whole list as one unaligned byte tensor; ferry's
     // group receives its own bucket layout (bucket_bytes), so that broadcast would be misread.
     fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "update_weights_from_distributed: load_format '{}' is not supported: ferry's group "
-         "receives rank 0's bucketed layout (leave load_format out)",
-         it->get<std::string>());
+         "{}: load_format '{}' is not supported: ferry's group receives rank 0's bucketed layout "
+         "(leave load_format out)",
+         kRoute, it->get<std::string>());
   }
   if (auto it = body.find("bucket_bytes"); it != body.end() && !it->is_null()) {
     update.bucket_bytes = unsigned_field(body, "bucket_bytes", nccl::kMaxBucketBytes);
@@ -197,22 +204,9 @@ receiver::IpcUpdateRequest parse_ipc_update(const json& body) {
                          fmt::format("zmq_handles['{}']", uuid));
     request.zmq_handles[uuid] = address.get<std::string>();
   }
-  for (const char* flag : {"flush_cache", "torch_empty_cache", "abort_all_requests"}) {
-    if (auto f = body.find(flag); f != body.end() && !f->is_null() && !f->is_boolean()) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT, "field '{}' must be a boolean", flag);
-    }
-  }
-  if (auto f = body.find("flush_cache"); f != body.end() && f->is_boolean()) {
-    request.flush_cache = f->get<bool>();
-  }
+  request.effects = parse_update_effects(body, "update_weights_from_ipc");
   request.weight_version = weight_version_field(body);
-  if (auto t = body.find("timeout_s"); t != body.end() && !t->is_null()) {
-    if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "field 'timeout_s' must be a number of seconds in (0, 86400]");
-    }
-    request.timeout_s = t->get<double>();
-  }
+  request.timeout_s = optional_seconds(body, "timeout_s");
   return request;
 }
 
@@ -316,6 +310,249 @@ WeightsCheckRequest parse_weights_check(const json& body) {
              "{}: field 'skip_tensor_list' must be a list of non-empty strings", kRoute);
       }
       r.skip_tensor_list.push_back(s.get<std::string>());
+    }
+  }
+  return r;
+}
+
+// ---- vLLM's RL routes ---------------------------------------------------------------------
+
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string percent_decoded(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] != '%') {
+      out += text[i];
+    } else {
+      const int hi = i + 2 < text.size() ? hex_digit(text[i + 1]) : -1;
+      const int lo = hi >= 0 ? hex_digit(text[i + 2]) : -1;
+      if (lo < 0) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "query '{}': a '%' not followed by two hex digits",
+             text);
+      }
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    }
+  }
+  receiver::refuse_nul(out, "a query parameter");
+  return out;
+}
+
+// The last value of `key` (FastAPI's scalar query parameters take the last one), or nullopt.
+std::optional<std::string> query_value(const QueryParams& query, const char* key) {
+  std::optional<std::string> value;
+  for (const auto& [k, v] : query) {
+    if (k == key) value = v;
+  }
+  return value;
+}
+
+// FastAPI's (pydantic's) spellings of a boolean query parameter.
+bool query_bool(const QueryParams& query, const char* key, bool fallback, const char* route) {
+  const auto v = query_value(query, key);
+  if (!v) return fallback;
+  std::string lower = *v;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* yes : {"true", "1", "yes", "on", "t", "y"}) {
+    if (lower == yes) return true;
+  }
+  for (const char* no : {"false", "0", "no", "off", "f", "n"}) {
+    if (lower == no) return false;
+  }
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "{}: query parameter '{}' must be a boolean (true or false), "
+       "not '{}'",
+       route, key, *v);
+}
+
+// A JSON object of non-empty key -> non-empty string (a checksum answer). `what` names it.
+Checksums checksum_object(const json& v, const std::string& what) {
+  if (!v.is_object()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{} must be an object of tensor key -> checksum string",
+         what);
+  }
+  Checksums out;
+  for (const auto& [key, digest] : v.items()) {
+    if (key.empty() || !digest.is_string() || digest.get<std::string>().empty()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}['{}'] must be a non-empty checksum string", what,
+           key);
+    }
+    out[key] = digest.get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
+QueryParams parse_query(std::string_view query) {
+  QueryParams out;
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    if (!pair.empty()) {
+      const auto eq = pair.find('=');
+      out.emplace_back(
+          percent_decoded(pair.substr(0, eq)),
+          eq == std::string_view::npos ? std::string() : percent_decoded(pair.substr(eq + 1)));
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return out;
+}
+
+nccl::GroupInit parse_weight_transfer_init(const json& body) {
+  static constexpr const char* kRoute = "init_weight_transfer_engine";
+  const auto it = body.find("init_info");
+  if (it == body.end() || it->is_null()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'init_info' is required", kRoute);
+  }
+  if (!it->is_object()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: field 'init_info' must be an object (NCCL: master_address, master_port, "
+         "rank_offset, world_size)",
+         kRoute);
+  }
+  try {
+    return parse_group_init(*it);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: init_info: {}", kRoute, e.what()));
+  }
+}
+
+void parse_start_weight_update(const json& body) {
+  if (optional_bool(body, "include_draft", false, "start_weight_update")) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "start_weight_update: include_draft true: ferry holds no draft model (only the target)");
+  }
+}
+
+receiver::DistributedUpdate parse_weights_update(const json& body, std::uint32_t tp_rank,
+                                                 std::uint32_t tp_size) {
+  static constexpr const char* kRoute = "update_weights";
+  const auto it = body.find("update_info");
+  if (it == body.end() || it->is_null()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: field 'update_info' is required", kRoute);
+  }
+  const json* info = &*it;
+  std::string where = "update_info";
+  if (info->is_array()) {
+    // vLLM's per-worker form: one object per worker of the engine; this receiver is tp_rank.
+    if (info->size() != tp_size) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "{}: field 'update_info' is a list of {} entries: it must hold one per worker, {} "
+           "(receiver.tp_size)",
+           kRoute, info->size(), tp_size);
+    }
+    where = fmt::format("update_info[{}]", tp_rank);
+    info = &(*info)[tp_rank];
+  }
+  if (!info->is_object()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: field '{}' must be an object (NCCL: names, dtype_names, shapes, packed)", kRoute,
+         where);
+  }
+  try {
+    receiver::DistributedUpdate update;
+    update.tensors = broadcast_tensors(*info, "dtype_names");
+    update.group_name = kDefaultGroupName;
+    update.effects.flush_cache = false;
+    optional_bool(*info, "packed", false, kRoute);
+    update.bucket_bytes = kVllmPackedBufferBytes;
+    if (auto b = info->find("packed_buffer_size_bytes"); b != info->end() && !b->is_null()) {
+      update.bucket_bytes =
+          unsigned_field(*info, "packed_buffer_size_bytes", nccl::kMaxBucketBytes);
+      nccl::check_bucket_bytes(update.bucket_bytes);
+    }
+    if (auto n = info->find("packed_num_buffers"); n != info->end() && !n->is_null()) {
+      if (unsigned_field(*info, "packed_num_buffers", 64) == 0) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'packed_num_buffers' must be at least 1");
+      }
+    }
+    if (auto t = optional_seconds(*info, "timeout_s")) update.bucket_timeout = to_ms(*t);
+    return update;
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("{}: {}: {}", kRoute, where, e.what()));
+  }
+}
+
+FinishWeightUpdateRequest parse_finish_weight_update(const json& body) {
+  FinishWeightUpdateRequest r;
+  r.weight_version = weight_version_field(body);
+  if (auto b = body.find("baseline"); b != body.end() && !b->is_null()) {
+    r.baseline = checksum_object(*b, "finish_weight_update: field 'baseline'");
+  }
+  return r;
+}
+
+VllmPauseRequest parse_vllm_pause(const QueryParams& query, const char* route) {
+  VllmPauseRequest r;
+  r.mode = query_value(query, "mode").value_or("abort");
+  if (r.mode != "abort" && r.mode != "wait" && r.mode != "keep") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: query parameter 'mode' is '{}', not one of abort, wait, keep", route, r.mode);
+  }
+  if (query_bool(query, "wait_for_inflight_requests", false, route)) r.mode = "wait";
+  r.clear_cache = query_bool(query, "clear_cache", true, route);
+  return r;
+}
+
+SleepRequest parse_sleep(const QueryParams& query) {
+  SleepRequest r;
+  const auto level = query_value(query, "level").value_or("1");
+  if (level != "1" && level != "2") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "sleep: query parameter 'level' is '{}', not 1 (weights kept in host memory) or 2 "
+         "(weights dropped)",
+         level);
+  }
+  r.level = level == "1" ? 1 : 2;
+  r.pause = parse_vllm_pause(query, "sleep");
+  return r;
+}
+
+std::vector<std::string> parse_wake_up_tags(const QueryParams& query) {
+  std::vector<std::string> tags;
+  for (const auto& [k, v] : query) {
+    if (k != "tags") continue;
+    if (v.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "wake_up: query parameter 'tags' is empty");
+    tags.push_back(v);
+  }
+  return tags;
+}
+
+WeightCheckerRequest parse_weight_checker(const json& body) {
+  static constexpr const char* kRoute = "weight_checker";
+  WeightCheckerRequest r;
+  r.action = optional_string(body, "action", kRoute).value_or("");
+  if (r.action != "checksum" && r.action != "reset" && r.action != "compare") {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "{}: field 'action' must be one of checksum, reset, compare (got '{}')", kRoute, r.action);
+  }
+  if (r.action != "compare") return r;
+  const auto b = body.find("baseline");
+  if (b == body.end() || b->is_null()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: action 'compare' requires field 'baseline'", kRoute);
+  }
+  r.baseline = checksum_object(*b, "weight_checker: field 'baseline'");
+  if (auto c = body.find("checksums"); c != body.end() && !c->is_null()) {
+    if (!c->is_array()) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "{}: field 'checksums' must be a list of checksum answers", kRoute);
+    }
+    for (std::size_t i = 0; i < c->size(); ++i) {
+      r.reports.push_back(checksum_object((*c)[i], fmt::format("{}: checksums[{}]", kRoute, i)));
     }
   }
   return r;

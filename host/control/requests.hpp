@@ -9,8 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "group/receiver_groups.hpp"
@@ -80,5 +83,76 @@ struct WeightsCheckRequest {
 // comparison is bit-exact either way, since it has no quantized weights to tolerate),
 // skip_tensor_list (list of strings).
 WeightsCheckRequest parse_weights_check(const nlohmann::json& body);
+
+// ---- vLLM's RL routes (vLLM's vllm/entrypoints/serve/dev/rlhf and dev/sleep routers) ----------
+
+// A request target's query ("level=1&mode=abort"), split at '&' and '=' and percent-decoded ('+'
+// is a space), in order: a key may repeat (/wake_up?tags=weights&tags=kv_cache).
+// INVALID_ARGUMENT for a bad %-escape or a decoded NUL.
+using QueryParams = std::vector<std::pair<std::string, std::string>>;
+QueryParams parse_query(std::string_view query);
+
+// POST /init_weight_transfer_engine: init_info (required object), vLLM's NCCL init info:
+// master_address, master_port, rank_offset, world_size, read as parse_group_init reads them
+// (group_name, backend and ferry's timeout_s too). Errors are prefixed with the route and
+// "init_info".
+nccl::GroupInit parse_weight_transfer_init(const nlohmann::json& body);
+
+// POST /start_weight_update: include_draft (boolean, default false); true is INVALID_ARGUMENT:
+// ferry holds no draft model.
+void parse_start_weight_update(const nlohmann::json& body);
+
+// vLLM's packed_buffer_size_bytes default (DEFAULT_PACKED_BUFFER_SIZE_BYTES): trainer and
+// receiver must use the same, so a request that leaves it out means vLLM's default.
+inline constexpr std::uint64_t kVllmPackedBufferBytes = 1ull << 30;
+
+// POST /update_weights: update_info (required), one object or one per worker (a list of tp_size
+// objects; this receiver reads entry tp_rank), vLLM's NCCL update info: names, dtype_names,
+// shapes (parallel lists), packed (boolean, default false), packed_buffer_size_bytes (ferry's
+// bucket_bytes: equal on both sides; default kVllmPackedBufferBytes), packed_num_buffers
+// (integer >= 1; ferry's receiver double-buffers whatever it says) and ferry's timeout_s (per
+// bucket). The group is the default one; no update effects (vLLM's update_weights flushes
+// nothing); weight_version is left unset for the route to fill.
+receiver::DistributedUpdate parse_weights_update(const nlohmann::json& body, std::uint32_t tp_rank,
+                                                 std::uint32_t tp_size);
+
+// Weight checksums by key (vLLM's rank-qualified "dp0:pp0:pcp0:tp0:ep0:<name>", or a bare
+// parameter name), 16 hex digits each in ferry's answers.
+using Checksums = std::map<std::string, std::string>;
+
+struct FinishWeightUpdateRequest {
+  std::optional<std::string> weight_version;  // published after the session closed (vLLM's)
+  std::optional<Checksums> baseline;          // ferry's: the weights must match it
+};
+// POST /finish_weight_update: weight_version (string or null), baseline (an object of key ->
+// checksum string, as /weight_checker's checksum answers).
+FinishWeightUpdateRequest parse_finish_weight_update(const nlohmann::json& body);
+
+struct VllmPauseRequest {
+  std::string mode;         // "abort", "wait" or "keep"
+  bool clear_cache = true;  // flush the engine's caches after pausing (ignored for "keep")
+};
+// POST /pause query: mode (abort, the default, wait, keep), clear_cache (boolean, default true),
+// wait_for_inflight_requests (boolean, default false; true means mode "wait"). `route` names the
+// route in errors (/sleep reads its mode with the same rules).
+VllmPauseRequest parse_vllm_pause(const QueryParams& query, const char* route = "pause");
+
+struct SleepRequest {
+  int level = 1;           // 1: weights kept in host memory; 2: weights may be dropped
+  VllmPauseRequest pause;  // how generation stops first
+};
+// POST /sleep query: level (1, the default, or 2), mode (as /pause).
+SleepRequest parse_sleep(const QueryParams& query);
+// POST /wake_up query: tags (repeated; none: every tag asleep).
+std::vector<std::string> parse_wake_up_tags(const QueryParams& query);
+
+struct WeightCheckerRequest {
+  std::string action;              // checksum, reset, compare
+  Checksums baseline;              // compare
+  std::vector<Checksums> reports;  // compare: the caller's other checksum answers (optional)
+};
+// POST /weight_checker: action (required: checksum, reset or compare), baseline (compare: an
+// object of key -> checksum), checksums (compare, optional: a list of such objects).
+WeightCheckerRequest parse_weight_checker(const nlohmann::json& body);
 
 }  // namespace ferry::control

@@ -20,6 +20,7 @@
 
 #include "group/broadcast_group.hpp"
 #include <ferry/formats/broadcast_layout.hpp>
+#include "receiver/engine_control.hpp"
 #include "receiver/receiver.hpp"
 
 namespace ferry::receiver {
@@ -28,6 +29,9 @@ struct DistributedUpdate {
   std::vector<nccl::TensorSpec> tensors;  // in the order rank 0 packs them
   std::string group_name;
   std::optional<std::string> weight_version;
+  // SGLang's fields around the update: the control routes run them (EngineControl::run_update),
+  // WeightUpdateGroups::update does not read them.
+  UpdateEffects effects;
   // ferry's optional fields; rank 0 must use the same bucket_bytes (README.md).
   std::uint64_t bucket_bytes = nccl::kDefaultBucketBytes;
   std::chrono::milliseconds bucket_timeout{120000};

@@ -16,13 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "receiver/engine_control.hpp"
 #include "receiver/receiver.hpp"
 
 namespace ferry::receiver {
 
 struct IpcUpdateRequest {
   std::map<std::string, std::string> zmq_handles;  // GPU UUID -> the ParameterServer's address
-  bool flush_cache = true;                         // accepted; ferry has no cache to flush
+  UpdateEffects effects;  // SGLang's fields around the update (control/engine routes run them)
   std::optional<std::string> weight_version;
   // ferry's optional field: the longest wait for any one message of the ParameterServer
   // (default: the transport option receive_timeout_s, else 120 s).

@@ -90,10 +90,11 @@ TEST_F(ControlApi, MutatingRoutesNeedTheTokenAndReadOnlyRoutesNever) {
       const std::string path = route.path;
       if (path == "/init_weights_update_group" || path == "/update_weights_from_distributed" ||
           path == "/destroy_weights_update_group" || path == "/update_weights_from_ipc" ||
-          path == "/update_weights_from_tensor") {
+          path == "/update_weights_from_tensor" || path == "/init_weight_transfer_engine" ||
+          path == "/update_weights" || path == "/weight_checker") {
         // An empty body lacks the group's required fields (400) or names no group (404);
         // tests/nccl covers these routes with real requests (tests/ckpt_engine the IPC one,
-        // python/tests/test_update_from_tensor.py the tensor one).
+        // python/tests/test_update_from_tensor.py the tensor one, control_vllm_routes vLLM's).
         EXPECT_TRUE(allowed.status == 400 || allowed.status == 404) << allowed.text;
       } else {
         EXPECT_EQ(allowed.status, 200) << allowed.text;
@@ -118,6 +119,11 @@ TEST_F(ControlApi, DocumentationListsEveryRouteWithItsMethodAndMutatingFlag) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   for (const auto& route : control::routes()) {
     SCOPED_TRACE(route.path);
+    // Whose route it is: one of the sources the document explains.
+    const std::string source = route.source;
+    EXPECT_TRUE(source == "SGLang" || source == "vLLM" || source == "SGLang, vLLM" ||
+                source == "ferry")
+        << source;
     const std::string cell = std::string("`") + route.path + "`";
     const std::string* row = nullptr;
     for (const auto& line : lines) {
