@@ -469,7 +469,10 @@ receiver::DistributedUpdate parse_weights_update(const json& body, std::uint32_t
     update.group_name = kDefaultGroupName;
     update.effects.flush_cache = false;
     optional_bool(*info, "packed", false, kRoute);
-    update.bucket_bytes = kVllmPackedBufferBytes;
+    // The other side is ferry's rank 0 (a vLLM trainer does not speak ferry's rendezvous): a
+    // request without packed_buffer_size_bytes means that trainer's default bucket size, not
+    // vLLM's 1 GiB.
+    update.bucket_bytes = nccl::kDefaultBucketBytes;
     if (auto b = info->find("packed_buffer_size_bytes"); b != info->end() && !b->is_null()) {
       update.bucket_bytes =
           unsigned_field(*info, "packed_buffer_size_bytes", nccl::kMaxBucketBytes);

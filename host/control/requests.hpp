@@ -102,14 +102,10 @@ nccl::GroupInit parse_weight_transfer_init(const nlohmann::json& body);
 // ferry holds no draft model.
 void parse_start_weight_update(const nlohmann::json& body);
 
-// vLLM's packed_buffer_size_bytes default (DEFAULT_PACKED_BUFFER_SIZE_BYTES): trainer and
-// receiver must use the same, so a request that leaves it out means vLLM's default.
-inline constexpr std::uint64_t kVllmPackedBufferBytes = 1ull << 30;
-
 // POST /update_weights: update_info (required), one object or one per worker (a list of tp_size
 // objects; this receiver reads entry tp_rank), vLLM's NCCL update info: names, dtype_names,
 // shapes (parallel lists), packed (boolean, default false), packed_buffer_size_bytes (ferry's
-// bucket_bytes: equal on both sides; default kVllmPackedBufferBytes), packed_num_buffers
+// bucket_bytes: equal on both sides; default nccl::kDefaultBucketBytes), packed_num_buffers
 // (integer >= 1; ferry's receiver double-buffers whatever it says) and ferry's timeout_s (per
 // bucket). The group is the default one; no update effects (vLLM's update_weights flushes
 // nothing); weight_version is left unset for the route to fill.

@@ -58,13 +58,13 @@ TEST(VllmRequests, UpdateInfoAsVllmsTrainerSendsIt) {
   EXPECT_EQ(u.group_name, "weight_update_group");
   EXPECT_FALSE(u.effects.flush_cache);
   EXPECT_FALSE(u.weight_version.has_value());
-  // Without packed_buffer_size_bytes both sides use vLLM's default, 1 GiB.
+  // Without packed_buffer_size_bytes: the bucket size ferry's rank 0 uses by default.
   json bare = vllm_update_info();
   bare.erase("packed_buffer_size_bytes");
   bare.erase("packed_num_buffers");
   bare.erase("packed");
   EXPECT_EQ(control::parse_weights_update(json{{"update_info", bare}}, 0, 1).bucket_bytes,
-            control::kVllmPackedBufferBytes);
+            nccl::kDefaultBucketBytes);
   // One update_info per worker: this receiver reads entry tp_rank.
   json second = vllm_update_info();
   second["names"] = {"a", "b"};
