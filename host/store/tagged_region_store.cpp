@@ -2,6 +2,8 @@
 // order and validation, writers and the host mirror (see store/tagged_region_store.hpp).
 #include "store/tagged_region_store.hpp"
 
+#include <algorithm>
+
 #include "common/log.hpp"
 
 #include <ferry/sdk/dtype.hpp>
@@ -285,13 +287,6 @@ void TaggedRegionStore::release(std::span<const std::string> tags) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "tag '{}' cannot be released while {} is writing into it", name, t.writer);
     }
-    for (auto index : t.params) {
-      if (params_[index].external) {
-        fail(FERRY_STATUS_FAILED_PRECONDITION,
-             "tag '{}' holds engine-owned parameter '{}'; the engine releases its own memory", name,
-             params_[index].name);
-      }
-    }
   }
   // Backups first: if one fails nothing has been released yet.
   for (const auto& name : names) {
@@ -310,6 +305,16 @@ void TaggedRegionStore::release(std::span<const std::string> tags) {
     Tag& t = tags_.at(name);
     drop_memory(name, t.regions);
     t.released = true;
+    // Engine-owned parameters: the engine frees (or unmaps) that memory itself after this
+    // returns, and maps it again at the same addresses before it resumes the tag; the store
+    // only saved it (policy backup) and marks it.
+    const auto engine_owned = std::count_if(t.params.begin(), t.params.end(),
+                                            [&](std::size_t i) { return params_[i].external; });
+    if (engine_owned > 0) {
+      logger("store")->info("tag '{}': {} engine-owned parameter(s) are the engine's to free and "
+                            "map again at the same addresses",
+                            name, engine_owned);
+    }
     if (t.policy == Policy::Discard && !t.params.empty()) {
       t.contents_valid = false;
       t.reason = fmt::format(

@@ -17,8 +17,11 @@
 //    it does not hold in full.
 //  - A parameter is ferry-owned (place(): carved out of a region of its tag, 256-byte aligned) or
 //    engine-owned (register_external(): memory the engine allocated; the store never reallocates
-//    or frees it). A tag that holds an engine-owned parameter cannot be released: release() of it
-//    is refused with FAILED_PRECONDITION (the engine releases its own memory).
+//    or frees it). Releasing a tag that holds engine-owned parameters is the engine telling the
+//    store that it is about to free or unmap that memory itself (a torch_memory_saver-style
+//    allocator), and resuming it that the memory is mapped again at the same addresses: the
+//    store saves (policy backup) and restores those parameters like its own, frees nothing of
+//    theirs, and marks the tag released in between.
 //  - Wrong-state calls (release twice, resume what is not released, an unknown tag, reads and
 //    writes through the store API into a released tag) throw ferry::Error FAILED_PRECONDITION or
 //    NOT_FOUND. Raw data pointers of a released ferry-owned region fault on access (PROT_NONE on
@@ -164,8 +167,8 @@ class WeightStore {
   virtual void read(std::size_t index, std::uint64_t offset, std::span<std::byte> out) const = 0;
 
   // ---- release / resume ----------------------------------------------------------------
-  // Validates every tag first (known, not released, no engine-owned parameter, no update
-  // writing into it), then releases them. Backup tags are saved to the host mirror first.
+  // Validates every tag first (known, not released, no update writing into it), then releases
+  // them. Backup tags are saved to the host mirror first (engine-owned parameters too).
   virtual void release(std::span<const std::string> tags) = 0;
   // Validates every tag first (known, released), then maps memory back at the same addresses.
   // Backup tags get their contents back from the mirror; discard tags read as zeros on the CPU

@@ -151,7 +151,11 @@ class ReceiverProcess {
 
   // "OK" when `version` is published and every parameter holds its pattern.
   std::string check(uint64_t version) {
-    std::fprintf(in_, "check %llu\n", static_cast<unsigned long long>(version));
+    return command("check " + std::to_string(version));
+  }
+  // A command of capi_receiver_main ("release", "resume"); its answer line.
+  std::string command(const std::string& line) {
+    std::fprintf(in_, "%s\n", line.c_str());
     std::fflush(in_);
     return read_line();
   }
@@ -559,6 +563,57 @@ TEST(CApi, RoundTripIntoTwoEmbeddedReceiversIsBitIdentical) {
   ASSERT_EQ(take(ferry_sender_status(sender.get(), &status)).code, FERRY_STATUS_OK);
   EXPECT_EQ(ferry_push_report_all_committed(status), 1);
   ferry_push_report_free(status);
+}
+
+// An engine whose allocator lends its weights' memory (torch_memory_saver style) tells ferry
+// before it unmaps and after it maps new memory at the same addresses: the trainer's kept session
+// is suspended (nothing writes the inaccessible mapping: a write would kill the engine), the
+// weights come back from ferry's host mirror at the resume, and the next push rejoins the session.
+TEST(CApi, AnEngineThatRemapsItsWeightsTellsFerryAndTheKeptSessionRejoins) {
+  ReceiverProcess engine;
+  SenderPtr sender = make_sender({engine.address()});
+  ASSERT_NE(sender, nullptr);
+  std::vector<std::unique_ptr<SenderTensors>> versions;
+  const auto push_version = [&](uint64_t version, ReportPtr* report) {
+    versions.push_back(std::make_unique<SenderTensors>(version));
+    std::vector<ferry_tensor_t> views;
+    for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) {
+      views.push_back(view(kCapiTestTensors[i].name, kCapiTestTensors[i].dtype,
+                           versions.back()->shapes[i], versions.back()->bytes[i].data()));
+    }
+    std::vector<const ferry_tensor_t*> pointers;
+    for (const auto& t : views) pointers.push_back(&t);
+    return push(sender.get(), pointers, version, report);
+  };
+  ReportPtr report;
+  ASSERT_EQ(push_version(1, &report).code, FERRY_STATUS_OK);
+  expect_committed(report.get(), 1, /*reused=*/0);
+  ASSERT_EQ(engine.check(1), "OK");
+  for (uint64_t v = 2; v <= 4; ++v) {
+    ASSERT_EQ(engine.command("release"), "OK");
+    ASSERT_EQ(engine.command("resume"), "OK");
+    EXPECT_EQ(engine.check(v - 1), "OK") << "the weights were not restored into the new memory";
+    const Outcome o = push_version(v, &report);
+    ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+    expect_committed(report.get(), 1, /*reused=*/1);
+    EXPECT_EQ(engine.check(v), "OK");
+  }
+  // A push while the weights are lent is refused, naming why, and touches nothing.
+  ASSERT_EQ(engine.command("release"), "OK");
+  const Outcome refused = push_version(5, &report);
+  EXPECT_EQ(refused.code, FERRY_STATUS_OK) << refused.message;  // the report carries the failure
+  ASSERT_NE(report, nullptr);
+  ferry_receiver_result_t r{};
+  r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, reused_session);
+  ASSERT_EQ(take(ferry_push_report_receiver(report.get(), 0, &r)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(r.committed, 0);
+  EXPECT_NE(std::string(r.error == nullptr ? "" : r.error).find("released"), std::string::npos)
+      << (r.error == nullptr ? "" : r.error);
+  ASSERT_EQ(engine.command("resume"), "OK");
+  EXPECT_EQ(engine.check(4), "OK");
+  ASSERT_EQ(push_version(6, &report).code, FERRY_STATUS_OK);
+  expect_committed(report.get(), 1);
+  EXPECT_EQ(engine.check(6), "OK");
 }
 
 }  // namespace

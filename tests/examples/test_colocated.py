@@ -97,14 +97,22 @@ def test_a_wrong_control_port_is_named(torch, tmp_path):
         engine.stop()
 
 
-def test_ferry_does_not_release_engine_owned_parameters(torch):
-    # Why the engine releases its own memory (the guide's "What the engine adds").
+def test_an_engine_tells_ferry_before_it_frees_its_weights(torch):
+    # The guide's "What the engine adds": an engine whose allocator frees or remaps its weights
+    # calls release() first and resume() once the memory is back at the same addresses; ferry
+    # keeps a copy (weights_policy backup) and writes it back.
     import ferry
     model = torch.nn.Linear(4, 4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with ferry.Receiver() as receiver:
         receiver.register(model.named_parameters())
         receiver.serve(port=0)
-        with pytest.raises(ferry.FailedPreconditionError) as info:
-            receiver.release()
-        assert "holds engine-owned parameter" in info.value.message
-        assert "the engine releases its own memory" in info.value.message
+        receiver.release("weights")
+        assert receiver.health().state == "released"
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()  # what the engine's allocator gives back: not the weights
+        receiver.resume("weights")
+        for name, p in model.named_parameters():
+            assert torch.equal(p.detach(), before[name]), name
+        assert receiver.health().state != "released"

@@ -410,7 +410,7 @@ TEST(CudaWeightStore, OutOfMemoryOnResumeNamesTheAmountsAndLeavesTheTagReleased)
   EXPECT_EQ(read_all(store, head), contents);
 }
 
-TEST(CudaWeightStore, EngineOwnedParamsAreWrittenInPlaceAndNeverReleased) {
+TEST(CudaWeightStore, EngineOwnedParamsAreWrittenInPlaceAndTheirReleaseSavesThem) {
   CudaWeightStore store;
   const std::uint64_t bytes = 3 * kMiB + 12;
   void* engine = nullptr;
@@ -430,9 +430,19 @@ TEST(CudaWeightStore, EngineOwnedParamsAreWrittenInPlaceAndNeverReleased) {
   EXPECT_EQ(back, contents);
 
   const std::vector<std::string> tag = {"engine"};
-  EXPECT_EQ(code_of([&] { store.release(tag); }), FERRY_STATUS_FAILED_PRECONDITION);
-  // Rollback through the mirror writes into the engine's memory too.
+  // The engine's release (it is about to free or remap that memory): with backup, saved; the
+  // memory is not touched; the engine's new memory gets the weights back at the resume.
   store.set_policy("engine", Policy::Backup);
+  store.release(tag);
+  EXPECT_TRUE(store.released("engine"));
+  ASSERT_CUDA(cudaMemcpy(back.data(), engine, bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, contents) << "ferry changed memory it does not own";
+  ASSERT_CUDA(cudaMemset(engine, 0, bytes));  // what the engine's allocator maps back
+  store.resume(tag);
+  EXPECT_FALSE(store.released("engine"));
+  ASSERT_CUDA(cudaMemcpy(back.data(), engine, bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, contents);
+  // Rollback through the mirror writes into the engine's memory too.
   store.save_to_mirror(tag);
   ASSERT_CUDA(cudaMemset(engine, 0x77, bytes));
   store.restore_from_mirror(tag);

@@ -345,8 +345,12 @@ FERRY_API ferry_error_t* ferry_receiver_serve(ferry_receiver_t* receiver, const 
 FERRY_API ferry_error_t* ferry_receiver_stop(ferry_receiver_t* receiver);
 
 /* release_memory_occupation / resume_memory_occupation by tag ("weights", "staging", ...);
- * num_tags 0 means every tag. Engine-owned parameters are not released by ferry. Errors name the
- * unknown tag or the double release/resume (FAILED_PRECONDITION). Any thread. */
+ * num_tags 0 means every tag. A release first suspends the kept sessions of senders (they unmap
+ * what they imported). Engine-owned parameters are never freed by ferry: releasing their tag is
+ * the engine saying it is about to free or unmap that memory itself (call it before), resuming
+ * it that the memory is mapped again at the same addresses (call it after); with
+ * memory.weights_policy "backup" ferry saves them to its host mirror and writes them back.
+ * Errors name the unknown tag or the double release/resume (FAILED_PRECONDITION). Any thread. */
 FERRY_API ferry_error_t* ferry_receiver_release(ferry_receiver_t* receiver,
                                                 const char* const* tags, size_t num_tags);
 FERRY_API ferry_error_t* ferry_receiver_resume(ferry_receiver_t* receiver,
