@@ -17,6 +17,12 @@ Commands on stdin, one JSON line on stdout per command (other stdout lines are n
                 {"version": n, "pointers_unchanged": bool, "moved": [names]}, the trainer {}.
   step N PATH   (trainer) one training step, the push as version N, then what "logits PATH" does;
                 answers with the push report (committed, transport, direct, reused_session, ...).
+  lend          (rollout) the engine lends its GPU memory for a training step, as a colocated
+                engine does every step: tells ferry (receiver.release("weights")), frees a
+                KV-cache-sized buffer and overwrites every parameter with zeros (what an
+                allocator's new memory holds), then takes a new KV cache and tells ferry
+                (receiver.resume("weights")), which writes the weights back from its host
+                mirror; answers {"restored": bool, "health": state}.
   quit          (or end of stdin) exits 0.
   connect HOST:PORT  (trainer) creates the ferry.Sender to the rollout (kept for every step).
 The first line is {"ready": ...}; a failure answers {"failure": "..."} (and exits 1 at startup).
@@ -39,6 +45,7 @@ BATCH, SEQ = 2, 16
 VOCAB = 4096
 LR = 1e-2  # large enough that bf16 weights near 1.0 (the norms) change on every step too
 DELAY_CYCLES = 50_000_000  # torch.cuda._sleep before optimizer.step(): ~25 ms on an H200
+KV_CACHE_BYTES = 256 << 20  # the rollout's stand-in KV cache, freed and taken back by "lend"
 
 
 def say(obj):
@@ -114,6 +121,7 @@ def rollout(torch, transformers, ferry, family, delivery, seed):
     pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
     port = receiver.serve(port=0)
     tokens = fixed_input(torch)
+    kv_cache = [torch.empty(KV_CACHE_BYTES, dtype=torch.uint8, device=DEVICE)]
     say({"ready": True, "port": port, **describe(model, config, redrawn),
          "names": sorted(pointers)})
     for line in sys.stdin:
@@ -123,7 +131,21 @@ def rollout(torch, transformers, ferry, family, delivery, seed):
         if words[0] == "quit":
             break
         try:
-            if words[0] == "logits":
+            if words[0] == "lend":
+                before = {n: p.detach().clone() for n, p in model.named_parameters()}
+                receiver.release("weights")
+                kv_cache.clear()
+                if DEVICE.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.zero_()
+                kv_cache.append(torch.empty(KV_CACHE_BYTES, dtype=torch.uint8, device=DEVICE))
+                receiver.resume("weights")
+                restored = all(torch.equal(p.detach(), before[n])
+                               for n, p in model.named_parameters())
+                say({"restored": restored, "health": receiver.health().state})
+            elif words[0] == "logits":
                 logits = logits_of(torch, model, tokens)
                 save_snapshot(torch, words[1], logits, model.named_parameters())
                 moved = [n for n, p in model.named_parameters() if p.data_ptr() != pointers[n]]

@@ -4,6 +4,9 @@ right after optimizer.step(), with no torch.cuda.synchronize(), into a rollout p
 engine-owned parameters are registered with a ferry.Receiver() left at its defaults. After every
 push the rollout's logits for a fixed input and every one of its parameters must equal the
 trainer's bit for bit, written in place (same data_ptr), at the pushed version, through CUDA IPC.
+In the `lend` cases the rollout releases and resumes its weights before every step (as a
+colocated engine lends its memory to training), and every push still goes through the kept
+session, rejoined.
 The trainer delays its optimizer's kernels (torch.cuda._sleep queued on torch's current stream
 before optimizer.step()), so a push that reads the tensors without ordering itself after that
 stream commits stale weights, and this test fails.
@@ -178,9 +181,13 @@ def _differences(torch, trainer_snap, rollout_snap):
     return out
 
 
-@pytest.mark.parametrize("delivery", ["direct", "staged"])
+@pytest.mark.parametrize("delivery,lend", [("direct", False), ("staged", False),
+                                           ("direct", True)])
 @pytest.mark.parametrize("family", ["dense", "moe"])
-def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, delivery):
+def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, delivery, lend):
+    # lend: before every step after the first the rollout lends its memory (release and resume
+    # of "weights" around freeing its KV cache), as a colocated engine does; the push then
+    # rejoins the session the release suspended.
     torch = _requirements(family)
     # Both start at once (different seeds: different initial weights); the trainer connects
     # once the rollout serves.
@@ -213,6 +220,10 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
 
         for step in range(1, STEPS + 1):
             t_path, r_path = snapshots(f"step{step}")
+            if lend and step > 1:
+                lent = rollout.ask("lend")
+                assert lent["restored"], f"step {step}: ferry did not write the weights back"
+                assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
             report = trainer.ask(f"step {step} {t_path}")
             assert report["committed"], f"step {step}: the push did not commit: {report['error']}"
             assert report["version"] == step
