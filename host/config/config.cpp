@@ -270,6 +270,9 @@ const std::vector<Key>& keys() {
       integer_key<std::uint64_t>("update.commit_timeout_ms",
                                  [](Config& c) -> auto& { return c.update.commit_timeout_ms; }, 1,
                                  kMaxTimeoutMs),
+      integer_key<std::uint64_t>(
+          "update.staged_tensors_timeout_ms",
+          [](Config& c) -> auto& { return c.update.staged_tensors_timeout_ms; }, 1, kMaxTimeoutMs),
       string_key("update.transport", [](Config& c) -> auto& { return c.update.transport; },
                  non_empty),
       string_array_key("update.transport_preference",

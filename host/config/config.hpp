@@ -88,6 +88,9 @@ struct UpdateConfig {
   bool keep_sessions = true;
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
+  // Receiver side: tensors /update_weights_from_tensor staged for an update that no call
+  // completed are discarded this long after the last call (the client went away).
+  std::uint64_t staged_tensors_timeout_ms = 300000;
   // Sender side: the data transport of a push ("auto", "inline" or a plugin name), and the
   // plugins "auto" tries in order, the first whose capabilities fit (session/transport_choice).
   // A vendor's plugin heads the list to be chosen before the in-tree ones.

@@ -4,12 +4,18 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
 #include "common/log.hpp"
+#include "config/config.hpp"
 #include "control/handlers.hpp"
 #include "control/http_listener.hpp"
 #include "control/requests.hpp"
@@ -269,6 +275,11 @@ struct ControlServer::Impl {
   std::map<std::string, std::pair<const Entry*, HttpHandler>> handlers;  // by path
   HttpListener listener;
   int bound_port = -1;
+  // The reaper of /update_weights_from_tensor's staged tensors (reap_staged_tensors).
+  std::mutex reaper_mutex;
+  std::condition_variable reaper_wake;
+  bool reaper_stop = false;
+  std::thread reaper;
 
   Impl(receiver::Receiver& r, ServerOptions o)
       : receiver(r),
@@ -309,6 +320,43 @@ struct ControlServer::Impl {
                : r.mutating           ? Dispatch::Thread::changes
                                       : Dispatch::Thread::reads;
     return d;
+  }
+
+  // Discards the tensors /update_weights_from_tensor calls staged for an update that no call
+  // completed once their client sent nothing for update.staged_tensors_timeout_ms (a trainer
+  // that died between calls), freeing their host memory; looks every second (or four times per
+  // timeout when that is shorter).
+  void reap_staged_tensors() {
+    using namespace std::chrono;
+    const milliseconds timeout(receiver.receiver_config().update.staged_tensors_timeout_ms);
+    const milliseconds period = std::clamp<milliseconds>(timeout / 4, milliseconds(1),
+                                                         milliseconds(1000));
+    std::unique_lock lock(reaper_mutex);
+    while (!reaper_wake.wait_for(lock, period, [&] { return reaper_stop; })) {
+      lock.unlock();
+      {
+        std::lock_guard tensors(state.tensor_mutex);
+        const std::size_t count = state.tensors.size();
+        const std::uint64_t bytes = state.tensors.bytes();
+        if (state.tensors.discard_if_idle(steady_clock::now(), timeout)) {
+          logger("control")->warn(
+              "update_weights_from_tensor: {} staged tensors ({:.1f} MiB) discarded: their client "
+              "sent nothing for {} ms (update.staged_tensors_timeout_ms) and never completed the "
+              "update; the published version stays",
+              count, static_cast<double>(bytes) / 1048576.0, timeout.count());
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void stop_reaper() {
+    {
+      std::lock_guard lock(reaper_mutex);
+      reaper_stop = true;
+    }
+    reaper_wake.notify_all();
+    if (reaper.joinable()) reaper.join();
   }
 
   // Wraps a handler with error translation: a request's own mistakes are 4xx, never 500.
@@ -354,12 +402,18 @@ ControlServer::~ControlServer() { stop(); }
 
 void ControlServer::start() {
   impl_->bound_port = impl_->listener.start(impl_->options.host, impl_->options.port);
+  if (!impl_->reaper.joinable()) {
+    impl_->reaper_stop = false;
+    impl_->reaper = std::thread([impl = impl_.get()] { impl->reap_staged_tensors(); });
+  }
   logger("control")->info("listening on http://{}:{}{}", impl_->options.host, impl_->bound_port,
                           impl_->options.token.empty() ? "" : " (token required for changes)");
 }
 
 void ControlServer::stop() {
-  if (impl_) impl_->listener.stop();
+  if (!impl_) return;
+  impl_->listener.stop();
+  impl_->stop_reaper();
 }
 
 int ControlServer::port() const { return impl_->bound_port; }

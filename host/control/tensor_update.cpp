@@ -80,7 +80,21 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     receiver::copy_shared_tensor(request.sources[s], ranges[s]);
   }
   if (request.weight_version) label_ = request.weight_version;
+  last_staged_ = std::chrono::steady_clock::now();
   return request.tensors.size();
+}
+
+std::uint64_t PendingTensorUpdate::bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& b : buckets_) n += b.data.size();
+  return n;
+}
+
+bool PendingTensorUpdate::discard_if_idle(std::chrono::steady_clock::time_point now,
+                                          std::chrono::milliseconds timeout) {
+  if (empty() || now - last_staged_ < timeout) return false;
+  discard();
+  return true;
 }
 
 bool PendingTensorUpdate::covers(const std::vector<ferry_tensor_desc_t>& catalog) const {

@@ -95,7 +95,7 @@ def test_read_only_array_cannot_be_a_receiver_parameter(ferry_module):
             receiver.register_params({"w": frozen})
 
 
-def test_release_names_the_tag_and_refuses_engine_owned_memory(ferry_module):
+def test_release_names_the_tag_and_a_double_release(ferry_module):
     np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
     ferry = ferry_module
     with ferry.Receiver() as receiver:
@@ -104,9 +104,15 @@ def test_release_names_the_tag_and_refuses_engine_owned_memory(ferry_module):
         with pytest.raises(ferry.NotFoundError, match="no tag 'nope'") as info:
             receiver.release("nope")
         assert info.value.code == ferry.errors.NOT_FOUND
-        with pytest.raises(ferry.FailedPreconditionError, match="engine-owned parameter 'a'"):
+        # Engine-owned weights: the engine tells ferry it frees them (docs/guides/colocated.md).
+        receiver.release(["weights"])
+        assert receiver.health().state == "released"
+        with pytest.raises(ferry.FailedPreconditionError, match="already released"):
             receiver.release(["weights"])
+        receiver.resume(["weights"])
         assert receiver.health().state != "released"
+        with pytest.raises(ferry.FailedPreconditionError, match="not released"):
+            receiver.resume(["weights"])
 
 
 def test_closed_sender_and_receiver_refuse_with_a_clear_error(ferry_module):

@@ -2,7 +2,8 @@
 clients drive it, from a trainer in another process (tensor_trainer.py: torch's ForkingPickler,
 base64, one entry per TP rank) into an embedded ferry.Receiver: CPU tensors shared through
 shared-memory files (file_system strategy) land bit-identical, direct and flattened_bucket, in
-one call or several (committed with the last tensor, or at end_weight_update); the file-descriptor
+one call or several (committed with the last tensor, or at end_weight_update; those of a client
+that went away are discarded after update.staged_tensors_timeout_ms); the file-descriptor
 strategy, hostile and malformed payloads are refused by the restricted reader, never executed,
 and change nothing. The CUDA variant (CUDA IPC handles, direct and flattened_bucket) skips
 without a GPU."""
@@ -83,6 +84,33 @@ def test_calls_outside_a_session_commit_with_the_last_tensor(receiver):
     assert s2 == 200 and b2["committed"], b2
     _assert_identical(params, result["dump"])
     assert r.version.label == "two-calls"
+
+
+def test_tensors_of_a_client_that_went_away_are_discarded(ferry_module):
+    # update.staged_tensors_timeout_ms: the first call's tensors are dropped once the client has
+    # sent nothing for that long, so a second client's call that completes the checkpoint does
+    # not commit them, and the published version stays.
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    import time
+    params = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    with ferry_module.Receiver(update__staged_tensors_timeout_ms=300) as r:
+        r.register(params)
+        r.serve(port=0)
+        before = r.version.number
+        names = list(SHAPES)
+        first = _trainer(r.address, calls=[names[:2]], fields={"weight_version": "gone"})
+        [[status, body]] = first["answers"]
+        assert status == 200 and not body["committed"] and body["num_pending"] == 2, body
+        time.sleep(1.5)  # the timeout, and at least one look of the reaper after it
+        rest = _trainer(r.address, seed=8, calls=[names[2:]], fields={"weight_version": "rest"})
+        [[status, body]] = rest["answers"]
+        assert status == 200 and not body["committed"], body
+        assert body["num_pending"] == len(names) - 2, body  # only this call's
+        assert r.version.number == before
+        # (The rest is discarded in turn while the next trainer process starts: one whole call.)
+        whole = _trainer(r.address, seed=9, calls=[names], fields={"weight_version": "all"})
+        [[status, body]] = whole["answers"]
+        assert status == 200 and body["committed"], body
 
 
 def test_calls_inside_a_session_commit_at_end_weight_update(receiver):
