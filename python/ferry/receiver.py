@@ -157,7 +157,12 @@ class Receiver(OwnedHandle):
             c.ferry_fingerprints_free(handle)
 
     def release(self, tags=None):
-        """release_memory_occupation for `tags` (a tag or a list; None: every tag)."""
+        """release_memory_occupation for `tags` (a tag or a list; None: every tag). Kept sessions
+        are suspended first (their senders unmap what they imported) and rejoined by the next
+        push. For registered (engine-owned) parameters this is the engine saying it is about to
+        free or unmap their memory itself: call it before, and resume() once the memory is mapped
+        again at the same addresses; with memory.weights_policy "backup" ferry saves the weights
+        and writes them back at the resume (docs/guides/colocated.md)."""
         self._tags_call(lib().ferry_receiver_release, tags)
 
     def resume(self, tags=None):
