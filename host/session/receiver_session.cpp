@@ -33,6 +33,10 @@
 namespace ferry::session {
 namespace {
 
+// The staging slots of a rejoined direct session: what the sender's put probe writes
+// (session/data_path_plugin.cpp) and no more.
+constexpr std::uint64_t kProbeSlotBytes = 256;
+
 using Which = wire::Message::Which;
 
 const char* message_name(Which which) {
@@ -309,12 +313,19 @@ class Session final : public update::BucketSource, public ShardMember {
                                             region_keys_.size()));
   }
 
+  // The bytes of each staging slot a data path gets: the Hello's bucket capacity, but for the
+  // rejoin of a session that delivered directly, whose slots are never written (they went after
+  // its first commit), the few bytes of the sender's put probe.
+  std::uint64_t slot_bytes() const {
+    return delivered_directly_ ? std::min<std::uint64_t>(capacity_, kProbeSlotBytes) : capacity_;
+  }
+
   // The data path of transport plugin `transport`, connected to the sender's `address`. Device
   // transports get staging slots on the GPU the weights are on: an embedded receiver's
   // registered parameters decide, not the receiver.device default.
   void make_data_path(const std::string& transport, capnp::Data::Reader address) {
     device_ = receiver_.weights_cuda_device();
-    data_ = make_plugin_receiver_path(registry_, config_, transport, capacity_, slots_, device_);
+    data_ = make_plugin_receiver_path(registry_, config_, transport, slot_bytes(), slots_, device_);
     data_->connect(std::span<const std::uint8_t>(address.begin(), address.size()), ch_.peer(),
                    deadline_in(settings_.hello_timeout));
   }
@@ -328,7 +339,7 @@ class Session final : public update::BucketSource, public ShardMember {
     out.setTransportAddress(kj::arrayPtr(address.data(), address.size()));
     auto slot_list = out.initSlots(slots_);
     for (std::uint32_t i = 0; i < slots_; ++i) {
-      slot_list[i].setCapacity(capacity_);
+      slot_list[i].setCapacity(slot_bytes());
       const auto key = data_->slot_key(i);
       slot_list[i].setRemoteKey(kj::arrayPtr(key.data(), key.size()));
     }
@@ -368,7 +379,7 @@ class Session final : public update::BucketSource, public ShardMember {
     epoch_ = update_->memory_epoch();
     const auto path_start = Clock::now();
     if (transport_ == "inline") {
-      data_ = make_inline_receiver_path(capacity_, slots_);
+      data_ = make_inline_receiver_path(slot_bytes(), slots_);
     } else {
       make_data_path(transport_, r.getTransportAddress());
     }
@@ -400,6 +411,7 @@ class Session final : public update::BucketSource, public ShardMember {
     data_.reset();
     region_keys_.clear();
     destinations_.clear();
+    delivered_directly_ = slots_released_;
     slots_released_ = false;
     link_.set_suspended();
     logger("session")->debug("kept session with {} suspended for the release", ch_.peer());
@@ -520,7 +532,7 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
            ch_.peer(), phase);
     }
-    if (slots_released_ && !direct_) {
+    if ((slots_released_ || delivered_directly_) && !direct_) {
       fail(FERRY_STATUS_CORRUPT_DATA,
            "{}: {}: staged delivery announced in a session that delivered directly (its staging "
            "slots are gone)",
@@ -664,6 +676,7 @@ class Session final : public update::BucketSource, public ShardMember {
   std::string transport_;
   std::uint32_t slots_ = 0;
   std::string delivery_;
+  bool delivered_directly_ = false;  // suspended after delivering directly (slot_bytes())
   std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake or the last rejoin
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
   std::unique_ptr<ReceiverDataPath> data_;

@@ -49,13 +49,15 @@ bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
 }
 
 // Connects the data path to the receiver's (a Welcome, or a Rejoined): its address and slot keys.
+// `slots_used`: false for the rejoin of a direct session, whose slots are only probed (the
+// receiver gives it tiny ones).
 template <typename Reader>
 void connect_path(Reader w, SenderDataPath& data, const PushPlan& plan, const std::string& peer,
-                  Clock::time_point deadline) {
+                  Clock::time_point deadline, bool slots_used = true) {
   std::vector<std::vector<std::uint8_t>> keys;
   for (auto s : w.getSlots()) {
     keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
-    if (s.getCapacity() < plan.capacity) {
+    if (slots_used && s.getCapacity() < plan.capacity) {
       fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", peer, s.getCapacity(),
            plan.capacity);
     }
@@ -246,7 +248,7 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
   }
   const double answered_s = seconds_since(start);
   if (data.name() != "inline") {
-    connect_path(r, data, plan, ch.peer(), deadline_in(options.connect_timeout));
+    connect_path(r, data, plan, ch.peer(), deadline_in(options.connect_timeout), !link.direct);
   }
   const double connected_s = seconds_since(start);
   const bool direct =
