@@ -317,9 +317,10 @@ ferry_transport::~ferry_transport() {
   for (ferry_peer* p : peers) close_endpoint_locked(p, true);
   // Wait (at most 1 s) for the endpoint closes and for every request but the receives UCX
   // already matched to a message: a matched receive cannot be cancelled (UCX 1.13 cancels only
-  // receives still waiting for a match) and, with its sender's endpoint closed, never ends; it
+  // receives still waiting for a match) and, with its sender's endpoint closed, may never end; it
   // reads nothing of ours, nothing more arrives for it, and ucp_worker_destroy releases it.
-  // Waiting for it held every ended UCX session for the whole second.
+  // (Every ended session used to wait the whole second here, on both sides: operations that
+  // completed inside their starting call were counted as held forever; see finish_start_locked.)
   const auto still_running = [this] {
     if (!closing.empty()) return true;
     std::size_t held_receives = 0;
@@ -512,8 +513,9 @@ void ferry_transport::cancel_ucx_locked(ferry_request* request) {
 
 void ferry_transport::complete_locked(ferry_request* request, ucs_status_t status,
                                       std::size_t length) {
+  if (request->ucx != nullptr) --outstanding;  // (not counted when it completed while starting)
   request->ucx = nullptr;
-  if (outstanding > 0) --outstanding;
+  request->ucx_completed = true;
   if (!request->done) {
     if (status == UCS_OK) {
       if (request->is_recv && length > request->expected_length) {
@@ -580,15 +582,19 @@ ferry_request* ferry_transport::start_locked(ferry_peer* peer, std::string what,
 
 void ferry_transport::finish_start_locked(ferry_request* request, ucs_status_ptr_t status) {
   if (UCS_PTR_IS_PTR(status)) {
+    // With NO_IMM_CMPL an operation that completes inside the starting call (a small eager send,
+    // a receive of a message already here) still returns a handle, but UCX 1.13 has run our
+    // callback before returning it (ucp_request_imm_cmpl_param), and the callback freed it: the
+    // handle is stale. Holding it counted an operation that never ends in `outstanding`, which
+    // kept the progress thread from parking and made every destroy wait its full second.
+    if (request->ucx_completed) return;
     request->ucx = status;
     ++outstanding;
     changed.notify_all();  // the progress thread may be parked
     return;
   }
-  // Completed (or failed) at once; NO_IMM_CMPL makes this rare.
-  const ucs_status_t s = UCS_PTR_STATUS(status);
-  ++outstanding;  // complete_locked decrements
-  complete_locked(request, s, request->expected_length);
+  // Failed (or completed) at once, without a callback.
+  complete_locked(request, UCS_PTR_STATUS(status), request->expected_length);
 }
 
 ucp_request_param_t ferry_transport::request_param(ferry_request* request) {

@@ -161,7 +161,8 @@ struct ferry_request {
   std::int64_t deadline_ns = 0;
   std::uint64_t expected_length = 0;  // recv: the posted capacity (more is CORRUPT_DATA)
   bool is_recv = false;
-  void* ucx = nullptr;          // the UCX request while UCX holds it
+  void* ucx = nullptr;          // the UCX request while UCX holds it (counted in outstanding)
+  bool ucx_completed = false;   // UCX reported completion (possibly inside the starting call)
   bool done = false;            // as the caller sees it
   ferry_status_code_t code = FERRY_STATUS_OK;
   std::string message;
