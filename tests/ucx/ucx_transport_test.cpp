@@ -1,13 +1,15 @@
 // tests/ucx/ucx_transport_test.cpp: libferry_transport_ucx.so through its C table with real UCX
 // endpoints: two processes (fork) over tcp and over shared memory exchange addresses and keys,
 // move tagged buckets and puts from 1 byte to 64 MiB byte-exact, keep many buckets in flight,
-// and survive a peer killed with SIGKILL; in one process: deadlines, abort, garbage blobs, size
-// mismatches, options, GPU memory refusal, and the conformance suite.
+// survive a peer killed with SIGKILL, and close without waiting (peer alive or killed); in one
+// process: deadlines, abort, garbage blobs, size mismatches, options, GPU memory refusal, and the
+// conformance suite.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "conformance/conformance.hpp"
@@ -237,6 +239,109 @@ TEST_P(UcxPairTest, KilledReceiverFailsTheSendersWaitNamingThePeer) {
   const Status s = side.finish(second, in_ms(60'000));
   EXPECT_EQ(s.code, FERRY_STATUS_PEER_FAILED) << s.message;
   EXPECT_NE(s.message.find("receiver-child"), std::string::npos) << s.message;
+}
+
+// Disconnects and destroys `side` (as the host ends a session); returns the milliseconds taken.
+double close_ms(std::unique_ptr<Side>& side, ferry_peer_t* peer) {
+  const std::int64_t start = now_ns();
+  api()->disconnect(side->get(), peer);
+  side.reset();
+  return static_cast<double>(now_ns() - start) / 1e6;
+}
+
+// Small buckets complete inside the call that starts them (an eager send; a receive posted after
+// its message arrived): UCX 1.13 runs the callback before returning the handle. The transport
+// used to hold those stale handles as in flight, and every close then polled for its 1 s limit.
+// The limits here are about that fixed second disappearing, not about speed.
+constexpr double kCloseLimitMs = 300;
+const std::vector<std::uint64_t> kCloseSizes = {1, 7, 4096, kMiB};
+
+TEST_P(UcxPairTest, ClosingAfterSmallBucketsDoesNotWaitWhileThePeerIsAlive) {
+  const Options opts = options();
+  PeerProcess receiver([&](const Channel& ch) {
+    auto side = std::make_unique<Side>(FERRY_ROLE_RECEIVER, opts);
+    ferry_peer_t* peer = rendezvous(*side, ch, "sender-parent");
+    std::vector<std::uint8_t> data(kCloseSizes.size() * kMiB + 16);
+    ferry_memory_t* m = side->reg(data.data(), data.size());
+    std::vector<ferry_request_t*> recvs;
+    for (std::size_t k = 0; k < kCloseSizes.size(); ++k) {
+      recvs.push_back(side->recv(peer, Side::bucket(m, k * kMiB, kCloseSizes[k], k, in_ms(60'000))));
+    }
+    ch.send(std::string("posted"));
+    for (auto* r : recvs) side->complete(r, "recv");
+    // The last bucket is already here when its receive is posted.
+    if (ch.receive_text() != "late bucket sent") throw std::runtime_error("protocol");
+    const auto late_index = static_cast<std::uint32_t>(kCloseSizes.size());
+    side->complete(side->recv(peer, Side::bucket(m, late_index * kMiB, 16, late_index,
+                                                 in_ms(60'000))),
+                   "late recv");
+    for (std::size_t k = 0; k < kCloseSizes.size(); ++k) {
+      if (first_mismatch(data.data() + k * kMiB, kCloseSizes[k], k) != -1) {
+        throw std::runtime_error("bucket " + std::to_string(k) + " differs");
+      }
+    }
+    ch.send(std::string("received"));
+    if (ch.receive_text() != "sender closed") throw std::runtime_error("protocol");
+    ch.send(std::to_string(close_ms(side, peer)));  // the sender's process is still alive
+  });
+  Channel ch = receiver.channel();
+  auto side = std::make_unique<Side>(FERRY_ROLE_SENDER, opts);
+  ferry_peer_t* peer = rendezvous(*side, ch, "receiver-child");
+  std::vector<std::uint8_t> data(kCloseSizes.size() * kMiB + 16);
+  for (std::size_t k = 0; k <= kCloseSizes.size(); ++k) {
+    fill(data.data() + k * kMiB, k < kCloseSizes.size() ? kCloseSizes[k] : 16, k);
+  }
+  ferry_memory_t* m = side->reg(data.data(), data.size());
+  ASSERT_EQ(ch.receive_text(), "posted");
+  for (std::size_t k = 0; k < kCloseSizes.size(); ++k) {
+    const Status s = side->finish(
+        side->send(peer, Side::bucket(m, k * kMiB, kCloseSizes[k], k, in_ms(60'000))));
+    ASSERT_TRUE(s.ok()) << "bucket " << k << ": " << s.message;
+  }
+  const auto late_index = static_cast<std::uint32_t>(kCloseSizes.size());
+  const Status late =
+      side->finish(side->send(peer, Side::bucket(m, late_index * kMiB, 16, late_index, in_ms(60'000))));
+  ASSERT_TRUE(late.ok()) << late.message;
+  ch.send(std::string("late bucket sent"));
+  ASSERT_EQ(ch.receive_text(), "received");
+  const double sender_ms = close_ms(side, peer);  // the receiver is alive, its endpoint open
+  EXPECT_LT(sender_ms, kCloseLimitMs) << "the sender's disconnect + destroy";
+  ch.send(std::string("sender closed"));
+  const double receiver_ms = std::stod(ch.receive_text());
+  EXPECT_LT(receiver_ms, kCloseLimitMs) << "the receiver's disconnect + destroy";
+  expect_child_ok(receiver);
+}
+
+TEST_P(UcxPairTest, ClosingAfterSmallBucketsEndsWhenThePeerWasKilled) {
+  const Options opts = options();
+  PeerProcess receiver([&](const Channel& ch) {
+    Side side(FERRY_ROLE_RECEIVER, opts);
+    ferry_peer_t* peer = rendezvous(side, ch, "sender-parent");
+    std::vector<std::uint8_t> data(kCloseSizes.size() * kMiB);
+    ferry_memory_t* m = side.reg(data.data(), data.size());
+    std::vector<ferry_request_t*> recvs;
+    for (std::size_t k = 0; k < kCloseSizes.size(); ++k) {
+      recvs.push_back(side.recv(peer, Side::bucket(m, k * kMiB, kCloseSizes[k], k, in_ms(60'000))));
+    }
+    ch.send(std::string("posted"));
+    for (auto* r : recvs) side.complete(r, "recv");
+    ch.send(std::string("received"));
+    pause();  // killed here
+  });
+  Channel ch = receiver.channel();
+  auto side = std::make_unique<Side>(FERRY_ROLE_SENDER, opts);
+  ferry_peer_t* peer = rendezvous(*side, ch, "receiver-child");
+  std::vector<std::uint8_t> data(kCloseSizes.size() * kMiB);
+  ferry_memory_t* m = side->reg(data.data(), data.size());
+  ASSERT_EQ(ch.receive_text(), "posted");
+  for (std::size_t k = 0; k < kCloseSizes.size(); ++k) {
+    const Status s = side->finish(
+        side->send(peer, Side::bucket(m, k * kMiB, kCloseSizes[k], k, in_ms(60'000))));
+    ASSERT_TRUE(s.ok()) << "bucket " << k << ": " << s.message;
+  }
+  ASSERT_EQ(ch.receive_text(), "received");
+  receiver.kill_now();
+  EXPECT_LT(close_ms(side, peer), kCloseLimitMs) << "the sender's disconnect + destroy";
 }
 
 // UCX 1.13 with UCX_PROTO_ENABLE=y completed shm puts into user memory without moving the bytes;
