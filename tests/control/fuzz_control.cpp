@@ -4,9 +4,8 @@
 // body, sent on a new connection. Whatever the body, the answer must come within 10 s, be a JSON
 // object (vLLM's /sleep and /wake_up: or an empty success, as vLLM answers) and never a 500: a
 // client's mistake is a 4xx with "success": false and a "message" (or a 501 naming what this
-// build lacks). Routes
-// that rendezvous with a peer over the network (joining an NCCL group, a distributed update,
-// checkpoint-engine sockets) are left out: their waiting is by design.
+// build lacks). Routes that rendezvous with a peer over the network (joining an NCCL group, a
+// distributed update, checkpoint-engine sockets) are left out: their waiting is by design.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
