@@ -113,6 +113,124 @@ def checksums(torch, named):
     return out
 
 
+# ---- SGLang's colocated path (--path sglang-tensor) -------------------------------------------
+
+def flattened_metadata_class():
+    """SGLang's FlattenedTensorMetadata: the installed one, else a dataclass of the same module
+    path and fields (what a pickle names; ferry's restricted reader checks that path)."""
+    try:
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+        return FlattenedTensorMetadata
+    except ImportError:
+        pass
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class FlattenedTensorMetadata:
+        name: str
+        shape: object
+        dtype: object
+        start_idx: int
+        end_idx: int
+        numel: int
+
+    path = "sglang.srt.weight_sync.tensor_bucket"
+    parts = path.split(".")
+    for i in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    FlattenedTensorMetadata.__module__ = path
+    FlattenedTensorMetadata.__qualname__ = "FlattenedTensorMetadata"
+    sys.modules[path].FlattenedTensorMetadata = FlattenedTensorMetadata
+    return FlattenedTensorMetadata
+
+
+def flattened_buckets(torch, state, bucket_bytes):
+    """The state dict in SGLang flattened buckets, as verl and slime make them: tensors in order,
+    each bucket at most bucket_bytes (a larger tensor alone), every tensor's bytes flattened into
+    one uint8 tensor (torch.cat: a copy on the trainer's stream) plus the metadata."""
+    meta_cls = flattened_metadata_class()
+    groups, group, size = [], [], 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if group and size + nbytes > bucket_bytes:
+            groups.append(group)
+            group, size = [], 0
+        group.append((name, t))
+        size += nbytes
+    if group:
+        groups.append(group)
+    out = []
+    for group in groups:
+        parts, meta, start = [], [], 0
+        for name, t in group:
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            parts.append(flat)
+            meta.append(meta_cls(name=name, shape=t.shape, dtype=t.dtype, start_idx=start,
+                                 end_idx=start + flat.numel(), numel=flat.numel()))
+            start += flat.numel()
+        out.append({"flattened_tensor": torch.cat(parts), "metadata": meta})
+    return out
+
+
+def serialize(payload):
+    """SGLang's MultiprocessingSerializer: torch's ForkingPickler (CUDA tensors as IPC handles),
+    base64 for HTTP."""
+    import base64
+    import io
+    import torch.multiprocessing  # registers torch's reductions
+    from multiprocessing.reduction import ForkingPickler
+    torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors: what ferry reads
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(payload)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def post_json(url, body, timeout):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def sglang_update(torch, url, state, step, bucket_bytes, timeout):
+    """One update the way verl/slime drive SGLang: /update_weights_from_tensor per flattened
+    bucket, the last with weight_version. Returns (buckets, the last answer)."""
+    buckets = flattened_buckets(torch, state, bucket_bytes)
+    last = None
+    for i, b in enumerate(buckets):
+        body = {"serialized_named_tensors": [serialize(b)], "load_format": "flattened_bucket",
+                "flush_cache": i == len(buckets) - 1}
+        if i == len(buckets) - 1:
+            body["weight_version"] = str(step)
+        status, last = post_json(url + "/update_weights_from_tensor", body, timeout)
+        if status != 200 or not last.get("success"):
+            raise RuntimeError("update_weights_from_tensor, bucket %d of step %d: %s %s"
+                               % (i, step, status, last.get("message")))
+    return len(buckets), last
+
+
+def torch_receive(torch, params, line):
+    """What SGLang itself does with one such call: unpickle (torch opens the IPC handle and waits
+    for the producer's event) and copy_ each tensor into its parameter."""
+    import base64
+    import torch.multiprocessing  # noqa: F401
+    from multiprocessing.reduction import ForkingPickler
+    flattened_metadata_class()
+    payload = ForkingPickler.loads(base64.b64decode(line))
+    flat = payload["flattened_tensor"]
+    with torch.no_grad():
+        for m in payload["metadata"]:
+            params[m.name].copy_(flat[m.start_idx:m.end_idx].view(m.dtype).view(m.shape))
+    torch.cuda.synchronize()
+    del payload, flat
+
+
 # ---- the rollout process ---------------------------------------------------------------------
 
 def rollout_main(args):
@@ -133,7 +251,10 @@ def rollout_main(args):
         if words[0] == "quit":
             break
         try:
-            if words[0] == "verify":
+            if words[0] == "torch_receive":
+                torch_receive(torch, dict(model.named_parameters()), words[1])
+                print(json.dumps({"received": True}), flush=True)
+            elif words[0] == "verify":
                 sync(torch, args.device)
                 moved = [n for n, p in model.named_parameters() if p.data_ptr() != pointers[n]]
                 v = receiver.version
@@ -280,6 +401,9 @@ def print_table(r):
             ("kept session, median", r["kept_median_s"], r["kept_ready_median_s"]),
             ("kept session, best", r["kept_best_s"], r["kept_ready_best_s"]),
             ("D2D copy ceiling, median", r["d2d_s"], r["d2d_s"])]
+    if r.get("torch_median_s"):
+        rows.append(("torch (SGLang's receive), median", r["torch_median_s"],
+                     r["torch_median_s"]))
     out = sys.stderr
     out.write("\nembedded push: %s, %d layers, %d tensors, %.2f GB bf16, "
               "trainer -> rollout process on %s, %s%s\n"
@@ -295,6 +419,8 @@ def print_table(r):
     out.write("ratio D2D / push (median, best): %.2f, %.2f; D2D / ready: %.2f, %.2f "
               "(target >= %.2f)\n" % (r["ratio_median"], r["ratio_best"], r["ratio_ready_median"],
                                       r["ratio_ready_best"], TARGET))
+    if r.get("vs_torch"):
+        out.write("ferry / torch (median): %.2fx faster\n" % r["vs_torch"])
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 
@@ -316,7 +442,10 @@ def trainer_main(args, torch, transformers, ferry):
         del state
         ready = rollout.answer(args.answer_timeout)
         overrides = {} if args.delivery == "auto" else {"update__delivery": args.delivery}
-        sender = ferry.Sender(["127.0.0.1:%d" % ready["port"]], **overrides)
+        url = "http://127.0.0.1:%d" % ready["port"]
+        bucket_bytes = args.bucket_mib << 20
+        sender = (ferry.Sender(["127.0.0.1:%d" % ready["port"]], **overrides)
+                  if args.path == "push" else None)
 
         pushes, readies, reports, opt_gpu, early = [], [], [], [], []
         for step in range(1, args.steps + 1):
@@ -327,30 +456,45 @@ def trainer_main(args, torch, transformers, ferry):
             done.record()
             poller, box = when_done(done)
             t0 = time.perf_counter()
-            report = sender.push(model.state_dict(), version=step, check=False)  # no synchronize
+            if sender is not None:
+                report = sender.push(model.state_dict(), version=step, check=False)  # no sync
+            else:
+                buckets, answer = sglang_update(torch, url, model.state_dict(), step, bucket_bytes,
+                                                args.answer_timeout)
             t1 = time.perf_counter()
             poller.join(timeout=args.answer_timeout)
             done.synchronize()
             opt_gpu.append(started.elapsed_time(done) / 1e3)
-            r = report.receivers[0]
-            if not r.committed:
-                raise RuntimeError("push %d did not commit: %s" % (step, r.error))
             pushes.append(t1 - t0)
             finished = box.get("t", t0)
             if finished > t1:
                 early.append(step)  # it cannot have read what the optimizer wrote
             readies.append(max(0.0, t1 - max(t0, finished)))
-            reports.append({"seconds": r.seconds,
-                            "producer_wait_s": getattr(report, "producer_wait_seconds", None),
-                            "transport": r.transport, "direct": r.direct,
-                            "reused_session": r.reused_session,
-                            "writer_fingerprints": r.writer_fingerprints, "buckets": r.buckets})
+            if sender is not None:
+                r = report.receivers[0]
+                if not r.committed:
+                    raise RuntimeError("push %d did not commit: %s" % (step, r.error))
+                reports.append({"seconds": r.seconds,
+                                "producer_wait_s": getattr(report, "producer_wait_seconds", None),
+                                "transport": r.transport, "direct": r.direct,
+                                "reused_session": r.reused_session,
+                                "writer_fingerprints": r.writer_fingerprints,
+                                "buckets": r.buckets})
+            else:
+                if not answer.get("committed"):
+                    raise RuntimeError("step %d did not commit: %s" % (step, answer))
+                reports.append({"seconds": answer.get("seconds"), "buckets": buckets,
+                                "transport": "update_weights_from_tensor (flattened_bucket, "
+                                             "%d MiB buckets)" % args.bucket_mib,
+                                "direct": False, "reused_session": False})
+            r = reports[-1]
             note("push %d: %.2f ms (%.2f ms after the optimizer's kernels; optimizer %.2f ms on "
                  "the device), %s%s%s" % (step, pushes[-1] * 1e3, readies[-1] * 1e3,
-                                       opt_gpu[-1] * 1e3, r.transport,
-                                       ", direct" if r.direct else "",
-                                       ", kept session" if r.reused_session else ""))
-        sender.close()
+                                       opt_gpu[-1] * 1e3, r["transport"],
+                                       ", direct" if r["direct"] else "",
+                                       ", kept session" if r["reused_session"] else ""))
+        if sender is not None:
+            sender.close()
 
         sync(torch, args.device)
         mine = checksums(torch, model.state_dict().items())
@@ -374,6 +518,26 @@ def trainer_main(args, torch, transformers, ferry):
             "after push %d the rollout publishes version %d, its %d parameters were written in "
             "place and each one's checksum equals the trainer's" % (args.steps, args.steps,
                                                                     len(mine)))
+
+        torch_runs = []
+        if sender is None and args.device != "cpu" and args.baseline_steps > 0:
+            # SGLang's own receive of the same calls, in the same run: the baseline.
+            for step in range(args.steps + 1, args.steps + 1 + args.baseline_steps):
+                optimizer.step()
+                t0 = time.perf_counter()
+                buckets = flattened_buckets(torch, model.state_dict(), bucket_bytes)
+                for b in buckets:
+                    rollout.ask("torch_receive " + serialize(b), args.answer_timeout)
+                torch_runs.append(time.perf_counter() - t0)
+                del buckets
+                note("torch baseline step %d: %.2f ms" % (step, torch_runs[-1] * 1e3))
+            sync(torch, args.device)
+            again = rollout.ask("verify", args.answer_timeout)["checksums"]
+            now = checksums(torch, model.state_dict().items())
+            if any(now.get(n) != again.get(n) for n in set(now) | set(again)):
+                problems.append("the torch baseline's receive left other weights than the "
+                                "trainer's (the baseline is wrong)")
+                verification = "; ".join(problems)
 
         del optimizer, params
         for p in model.parameters():
@@ -437,6 +601,13 @@ def trainer_main(args, torch, transformers, ferry):
                   "a CUDA event after optimizer.step() completing (polled by a thread); D2D: "
                   "torch.cuda.Event around one copy_",
     }
+    result["path"] = args.path
+    if args.path == "sglang-tensor":
+        result["bucket_mib"] = args.bucket_mib
+        result["torch_runs_s"] = torch_runs
+        result["torch_median_s"] = statistics.median(torch_runs) if torch_runs else None
+        result["vs_torch"] = (ratio(result["torch_median_s"], result["kept_median_s"])
+                              if torch_runs else None)
     result["ratio_median"] = ratio(d2d, result["kept_median_s"])
     result["ratio_best"] = ratio(d2d, result["kept_best_s"])
     result["ratio_ready_median"] = ratio(d2d, result["kept_ready_median_s"])
@@ -452,6 +623,14 @@ def main():
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps + pushes (8)")
     parser.add_argument("--delivery", choices=["auto", "direct", "staged"], default="auto",
                         help="the Sender's update.delivery (default: auto, not set)")
+    parser.add_argument("--path", choices=["push", "sglang-tensor"], default="push",
+                        help="push: ferry.Sender.push; sglang-tensor: /update_weights_from_tensor "
+                             "per flattened bucket as verl/slime call SGLang, against SGLang's "
+                             "own receive (unpickle + copy_) in the same run")
+    parser.add_argument("--bucket-mib", type=int, default=512,
+                        help="sglang-tensor: flattened bucket size (512 MiB)")
+    parser.add_argument("--baseline-steps", type=int, default=3,
+                        help="sglang-tensor: steps of the torch baseline (3)")
     parser.add_argument("--ceiling-repeat", type=int, default=10, help="D2D copies timed (10)")
     parser.add_argument("--answer-timeout", type=float, default=300,
                         help="seconds to wait for the rollout process at any point (300)")

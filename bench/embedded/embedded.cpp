@@ -172,6 +172,18 @@ std::optional<double> seconds(const Json& data, const char* key) {
   return v > 0 ? std::optional<double>(v) : std::nullopt;
 }
 
+// The smallest positive number of the array `key`.
+std::optional<double> min_of(const Json& data, const char* key) {
+  std::optional<double> best;
+  if (!data.contains(key) || !data[key].is_array()) return best;
+  for (const auto& v : data[key]) {
+    if (v.is_number() && v.get<double>() > 0 && (!best || v.get<double>() < *best)) {
+      best = v.get<double>();
+    }
+  }
+  return best;
+}
+
 std::string ms(std::optional<double> s) {
   return s ? fmt::format("{:.2f}", *s * 1e3) : "-";
 }
@@ -206,14 +218,24 @@ void print_result(const Json& d) {
                  gbps(bytes, ceiling), of_ceiling(ceiling, ceiling)});
   const auto push = seconds(d, "kept_median_s");
   const auto ready = seconds(d, "kept_ready_median_s");
-  table.add_row({"ferry push, push() to return", ms(seconds(d, "first_push_s")),
+  const bool sglang = d.value("path", std::string("push")) == "sglang-tensor";
+  table.add_row({sglang ? "ferry: the calls, first to last answer" : "ferry push, push() to return",
+                 ms(seconds(d, "first_push_s")),
                  ms(seconds(d, "kept_best_s")), ms(push), gbps(bytes, push),
                  of_ceiling(ceiling, push)});
   table.add_row({"  after the optimizer's kernels", ms(seconds(d, "first_ready_s")),
                  ms(seconds(d, "kept_ready_best_s")), ms(ready), gbps(bytes, ready),
                  of_ceiling(ceiling, ready)});
+  if (const auto torch = seconds(d, "torch_median_s")) {
+    table.add_row({"torch: SGLang's receive (unpickle + copy_)", "-",
+                   ms(min_of(d, "torch_runs_s")), ms(torch), gbps(bytes, torch),
+                   of_ceiling(ceiling, torch)});
+  }
   std::printf("\n");
   table.print();
+  if (const auto torch = seconds(d, "torch_median_s"); torch && push) {
+    fmt::print("ferry / torch (median, same run): {:.2f}x faster\n", *torch / *push);
+  }
   std::vector<double> optimizer;
   if (d.contains("optimizer_gpu_s") && d["optimizer_gpu_s"].is_array()) {
     for (const auto& v : d["optimizer_gpu_s"]) {
@@ -249,6 +271,8 @@ int run_embedded_bench(const EmbeddedBenchOptions& o, Json& records) {
                                    "--layers",   std::to_string(o.layers),
                                    "--steps",    std::to_string(o.steps),
                                    "--delivery", o.delivery,
+                                   "--path",     o.path,
+                                   "--bucket-mib", std::to_string(o.bucket_mib),
                                    "--device",   o.device,
                                    "--no-table"};
   std::string command;
@@ -269,6 +293,8 @@ int run_embedded_bench(const EmbeddedBenchOptions& o, Json& records) {
   record["layers"] = o.layers;
   record["steps"] = o.steps;
   record["delivery"] = o.delivery;
+  record["path"] = o.path;
+  if (o.path == "sglang-tensor") record["bucket_mib"] = o.bucket_mib;
   auto keep = [&](Json r) { records.push_back(std::move(r)); };
 
   if (!child.spawn_error.empty() && !child.timed_out) {
@@ -341,6 +367,12 @@ EmbeddedBenchCommand add_embedded_bench_command(CLI::App* bench) {
       ->check(CLI::Range(2, 100000));
   app->add_option("--delivery", o->delivery, "the Sender's update.delivery (default auto)")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
+  app->add_option("--path", o->path,
+                  "push (ferry.Sender.push), or sglang-tensor (/update_weights_from_tensor per "
+                  "flattened bucket, as verl and slime drive SGLang, vs SGLang's own receive)")
+      ->check(CLI::IsMember({"push", "sglang-tensor"}));
+  app->add_option("--bucket-mib", o->bucket_mib, "sglang-tensor: flattened bucket MiB (512)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--device", o->device, "cuda, or cpu for the script's own check (tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app->add_option("--python", o->python, "interpreter for bench/embedded_push.py (python3)");

@@ -3,7 +3,10 @@
 // Qwen3 model with Qwen3-8B's dimensions on cuda:0 pushes model.state_dict() right after
 // optimizer.step() (no synchronize) through a kept ferry.Sender into a rollout process whose
 // parameters are registered with a default ferry.Receiver, against the D2D copy ceiling of the
-// same bytes in the same run. Prints a table, writes JSON records (bench/README.md); exits 0 when
+// same bytes in the same run; or (--path sglang-tensor) the same model sent the way verl and slime
+// drive SGLang (/update_weights_from_tensor per flattened bucket) into that receiver's control
+// server, against SGLang's own receive of the same calls (unpickle + copy_) in the same run.
+// Prints a table, writes JSON records (bench/README.md); exits 0 when
 // verified (or when the script reports torch, CUDA or transformers unavailable), 1 on a wrong
 // result or a failed run, 2 when the script is not found.
 #pragma once
@@ -19,6 +22,8 @@ struct EmbeddedBenchOptions {
   int layers = 5;                  // decoder layers (5: 4.42 GB of bf16)
   int steps = 8;                   // optimizer steps, each followed by a push
   std::string delivery = "auto";   // the Sender's update.delivery (auto: not set)
+  std::string path = "push";       // push, or sglang-tensor (/update_weights_from_tensor)
+  int bucket_mib = 512;            // sglang-tensor: flattened bucket size
   std::string device = "cuda";     // cuda; cpu runs the script's own CPU check (tiny model)
   std::string python = "python3";  // interpreter for the script
   std::string script;              // empty: searched (bench/README.md)

@@ -340,9 +340,10 @@ struct ControlServer::Impl {
         const std::uint64_t bytes = state.tensors.bytes();
         if (state.tensors.discard_if_idle(steady_clock::now(), timeout)) {
           logger("control")->warn(
-              "update_weights_from_tensor: {} staged tensors ({:.1f} MiB) discarded: their client "
-              "sent nothing for {} ms (update.staged_tensors_timeout_ms) and never completed the "
-              "update; the published version stays",
+              "update_weights_from_tensor: the update in progress ({} tensors, {:.1f} MiB "
+              "written) was aborted: its client sent nothing for {} ms "
+              "(update.staged_tensors_timeout_ms) and never completed it; the published version "
+              "stays",
               count, static_cast<double>(bytes) / 1048576.0, timeout.count());
         }
       }

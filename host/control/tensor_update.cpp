@@ -2,7 +2,6 @@
 // (see tensor_update.hpp and docs/http-api.md, "Tensors from the trainer's process").
 #include "control/tensor_update.hpp"
 
-#include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
@@ -10,6 +9,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string_view>
 
 #include "config/config.hpp"
 #include "control/handlers.hpp"
@@ -19,7 +20,16 @@ namespace ferry::control {
 
 std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
                                        const std::vector<ferry_tensor_desc_t>& catalog,
-                                       std::uint64_t capacity) {
+                                       receiver::Receiver& receiver,
+                                       std::chrono::milliseconds idle_timeout) {
+  // Every received CUDA tensor's reference goes back to the trainer once, applied or not.
+  struct Release {
+    const TensorUpdateRequest& r;
+    ~Release() {
+      for (const auto& s : r.sources) receiver::release_shared_tensor(s);
+    }
+  } release{request};
+  if (update_ && update_->over()) discard();  // it ended on its own (no call for idle_timeout)
   std::map<std::string_view, const ferry_tensor_desc_t*> by_name;
   for (const auto& t : catalog) by_name[t.name] = &t;
   for (const auto& t : request.tensors) {
@@ -42,58 +52,71 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
            "update_weights_from_tensor: tensor '{}' was sent already in this update", t.name);
     }
   }
-  // Every received CUDA tensor's reference goes back to the trainer once, copied or not.
-  struct Release {
-    const TensorUpdateRequest& r;
-    ~Release() {
-      for (const auto& s : r.sources) receiver::release_shared_tensor(s);
-    }
-  } release{request};
-  // Places first (buckets grow), then one open per source copying all of its pieces.
-  std::vector<std::pair<std::size_t, std::uint64_t>> places;  // bucket, offset
-  for (const auto& t : request.tensors) {
-    std::uint64_t offset = 0;
-    if (!buckets_.empty()) offset = sdk::bucket_align_up(buckets_.back().data.size());
-    if (buckets_.empty() || (offset + t.bytes > capacity && !buckets_.back().entries.empty())) {
-      buckets_.emplace_back();
-      offset = 0;
-    }
-    auto& b = buckets_.back();
-    b.data.resize(offset + t.bytes);
-    manifest::Entry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.shape = t.shape;
-    e.offset = offset;
-    e.size = t.bytes;
-    b.entries.push_back(std::move(e));
-    names_.insert(t.name);
-    places.emplace_back(buckets_.size() - 1, offset);
-  }
-  std::vector<std::vector<receiver::SharedTensorRange>> ranges(request.sources.size());
+  std::vector<std::vector<std::size_t>> of_source(request.sources.size());
   for (std::size_t i = 0; i < request.tensors.size(); ++i) {
-    const auto& t = request.tensors[i];
-    ranges[t.source].push_back(
-        {t.byte_offset, t.bytes, buckets_[places[i].first].data.data() + places[i].second});
+    of_source[request.tensors[i].source].push_back(i);
   }
+  if (!update_) {
+    catalog_ = catalog;
+    update_ = std::make_unique<receiver::FedUpdate>(receiver, catalog_, idle_timeout);
+  }
+  const int weights_device = receiver.weights_cuda_device();
+  // One bucket per storage, read where it is: the span of its tensors' bytes.
   for (std::size_t s = 0; s < request.sources.size(); ++s) {
-    receiver::copy_shared_tensor(request.sources[s], ranges[s]);
+    if (of_source[s].empty()) continue;
+    const receiver::SharedTensorMapping mapping(request.sources[s]);
+    std::uint64_t lo = UINT64_MAX;
+    std::uint64_t hi = 0;
+    for (std::size_t i : of_source[s]) {
+      const auto& t = request.tensors[i];
+      mapping.check_range(t.byte_offset, t.bytes);
+      lo = std::min(lo, t.byte_offset);
+      hi = std::max(hi, t.byte_offset + t.bytes);
+    }
+    manifest::Manifest m;
+    m.bucket_index = buckets_;
+    m.bucket_count = buckets_ + 1;  // the last so far: the total is known at the commit
+    m.bucket_bytes = hi - lo;
+    for (std::size_t i : of_source[s]) {
+      const auto& t = request.tensors[i];
+      manifest::Entry e;
+      e.name = t.name;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      e.offset = t.byte_offset - lo;
+      e.size = t.bytes;
+      m.tensors.push_back(std::move(e));
+    }
+    update::Bucket b;
+    b.manifest_bytes = manifest::encode(m);
+    b.index = buckets_;
+    std::vector<std::byte> copy;
+    const bool readable_here = mapping.kind() == FERRY_MEMORY_HOST ||
+                               (weights_device >= 0 && mapping.device() == weights_device);
+    if (readable_here) {
+      b.data = std::span<const std::byte>(mapping.data() + lo, hi - lo);
+      b.kind = mapping.kind();
+    } else {
+      copy.resize(hi - lo);
+      mapping.copy_to_host(copy.data(), lo, hi - lo);
+      b.data = copy;
+    }
+    update_->apply(std::move(b));
+    ++buckets_;
+    bytes_ += hi - lo;
+    for (std::size_t i : of_source[s]) names_.insert(request.tensors[i].name);
   }
   if (request.weight_version) label_ = request.weight_version;
   last_staged_ = std::chrono::steady_clock::now();
   return request.tensors.size();
 }
 
-std::uint64_t PendingTensorUpdate::bytes() const {
-  std::uint64_t n = 0;
-  for (const auto& b : buckets_) n += b.data.size();
-  return n;
-}
-
 bool PendingTensorUpdate::discard_if_idle(std::chrono::steady_clock::time_point now,
                                           std::chrono::milliseconds timeout) {
   if (empty() || now - last_staged_ < timeout) return false;
-  discard();
+  discard(fmt::format("its client sent nothing for {} ms (update.staged_tensors_timeout_ms) and "
+                      "never completed the update",
+                      timeout.count()));
   return true;
 }
 
@@ -102,29 +125,22 @@ bool PendingTensorUpdate::covers(const std::vector<ferry_tensor_desc_t>& catalog
                      [&](const ferry_tensor_desc_t& t) { return names_.contains(t.name); });
 }
 
-receiver::UpdateReport PendingTensorUpdate::commit(receiver::Receiver& receiver) {
-  const std::uint64_t version = receiver.version().number + 1;
-  std::vector<receiver::Receiver::Bucket> buckets;
-  buckets.reserve(buckets_.size());
-  for (std::size_t i = 0; i < buckets_.size(); ++i) {
-    manifest::Manifest m;
-    m.version = version;
-    m.bucket_index = static_cast<std::uint32_t>(i);
-    m.bucket_count = static_cast<std::uint32_t>(buckets_.size());
-    m.bucket_bytes = buckets_[i].data.size();
-    m.tensors = std::move(buckets_[i].entries);
-    receiver::Receiver::Bucket b;
-    b.manifest = manifest::encode(m);
-    b.data = std::move(buckets_[i].data);
-    buckets.push_back(std::move(b));
+receiver::UpdateReport PendingTensorUpdate::commit() {
+  if (!update_) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "update_weights_from_tensor: no update in progress");
   }
+  auto update = std::move(update_);
   const auto label = label_;
   discard();
-  return receiver.apply_update(buckets, version, label);
+  return update->finish(label);
 }
 
-void PendingTensorUpdate::discard() {
-  buckets_.clear();
+void PendingTensorUpdate::discard(const std::string& reason) {
+  if (update_) update_->abort(reason);
+  update_.reset();
+  catalog_.clear();
+  buckets_ = 0;
+  bytes_ = 0;
   names_.clear();
   label_.reset();
 }
@@ -133,31 +149,46 @@ HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
   const auto& rc = c.receiver.receiver_config();
   const auto request =
       parse_tensor_update(parse_body(req), rc.receiver.tp_rank, rc.receiver.tp_size);
-  const auto catalog = c.receiver.checkpoint_catalog();
+  const std::lock_guard lock(c.state.tensor_mutex);
+  auto& pending = c.state.tensors;
+  const auto catalog =
+      pending.catalog() != nullptr ? *pending.catalog() : c.receiver.checkpoint_catalog();
   if (catalog.empty()) {
     fail(FERRY_STATUS_FAILED_PRECONDITION,
          "update_weights_from_tensor: the receiver has no model loaded (load the checkpoint "
          "first, or register the engine's parameters)");
   }
-  const std::lock_guard lock(c.state.tensor_mutex);
-  auto& pending = c.state.tensors;
-  try {
-    pending.stage(request, catalog, rc.update.bucket_bytes);
-  } catch (const Error& e) {
-    const std::size_t dropped = pending.size();
-    pending.discard();
-    throw Error(e.code(), dropped == 0 ? std::string(e.what())
-                                       : fmt::format("{} (the {} tensors staged before were "
-                                                     "discarded; the published version stays)",
-                                                     e.what(), dropped));
-  }
   const bool in_session = c.receiver.engine_control().state().session_open;
-  if (in_session || !pending.covers(catalog)) {
+  // Whether this call completes the update: then the engine's effects (abort_all_requests before
+  // the first write of the call, the cache flush after) wrap its writes and the commit.
+  std::set<std::string_view> sent;
+  for (const auto& t : request.tensors) sent.insert(t.name);
+  const bool completes =
+      !in_session && std::all_of(catalog.begin(), catalog.end(), [&](const ferry_tensor_desc_t& t) {
+        return pending.contains(t.name) || sent.contains(t.name);
+      });
+  const auto stage = [&] {
+    try {
+      pending.stage(request, catalog, c.receiver,
+                    std::chrono::milliseconds(rc.update.staged_tensors_timeout_ms));
+    } catch (const Error& e) {
+      const std::size_t dropped = pending.size();
+      pending.discard(e.what());
+      throw Error(e.code(),
+                  dropped == 0
+                      ? fmt::format("{} (nothing was written; the published version stays)",
+                                    e.what())
+                      : fmt::format("{} (the update in progress, {} tensors written, was "
+                                    "aborted; the published version stays: see /health)",
+                                    e.what(), dropped));
+    }
+  };
+  if (!completes) {
+    stage();
     return reply(
         200,
         json{{"success", true},
-             {"message", fmt::format("staged {} tensors ({} of {} pending; the "
-                                     "update commits {})",
+             {"message", fmt::format("wrote {} tensors ({} of {} in this update; it commits {})",
                                      request.tensors.size(), pending.size(), catalog.size(),
                                      in_session ? "at end_weight_update" : "with the last tensor")},
              {"committed", false},
@@ -166,8 +197,9 @@ HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
   }
   receiver::UpdateReport report;
   c.receiver.engine_control().run_update(request.effects, [&] {
+    stage();
     try {
-      report = pending.commit(c.receiver);
+      report = pending.commit();
     } catch (...) {
       pending.discard();
       throw;
@@ -185,23 +217,27 @@ HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
 std::optional<receiver::UpdateReport> commit_pending_tensors(Context& c) {
   const std::lock_guard lock(c.state.tensor_mutex);
   if (c.state.tensors.empty()) return std::nullopt;
-  // An update must cover every parameter: refused before any byte is written when it does not.
-  const auto catalog = c.receiver.checkpoint_catalog();
+  // An update must cover every parameter: one that does not is aborted, never published.
+  const auto catalog = c.state.tensors.catalog() != nullptr ? *c.state.tensors.catalog()
+                                                             : c.receiver.checkpoint_catalog();
   if (!c.state.tensors.covers(catalog)) {
     std::vector<std::string> missing;
     for (const auto& t : catalog) {
       if (!c.state.tensors.contains(t.name)) missing.emplace_back(t.name);
     }
-    c.state.tensors.discard();
     const std::size_t shown = std::min<std::size_t>(missing.size(), 8);
+    const std::string why = fmt::format(
+        "{} of {} checkpoint tensors were never sent ({}{})", missing.size(), catalog.size(),
+        fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+        missing.size() > shown ? ", ..." : "");
+    c.state.tensors.discard(why);
     fail(FERRY_STATUS_FAILED_PRECONDITION,
-         "{} of {} checkpoint tensors were never sent ({}{}); nothing was written", missing.size(),
-         catalog.size(),
-         fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
-         missing.size() > shown ? ", ..." : "");
+         "{}: the update was aborted (what its calls wrote is restored from the host mirror, or "
+         "the receiver is fenced: see /health)",
+         why);
   }
   try {
-    return c.state.tensors.commit(c.receiver);
+    return c.state.tensors.commit();
   } catch (...) {
     c.state.tensors.discard();
     throw;

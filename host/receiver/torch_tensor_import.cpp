@@ -1,5 +1,5 @@
-// receiver/torch_tensor_import.cpp: the bytes of a tensor shared by torch's reductions, copied
-// into host memory (see torch_tensor_import.hpp).
+// receiver/torch_tensor_import.cpp: a tensor shared by torch's reductions, opened in this
+// process, read in place or copied into host memory (see torch_tensor_import.hpp).
 #include "receiver/torch_tensor_import.hpp"
 
 #include <ferry/sdk/dtype.hpp>
@@ -31,48 +31,17 @@ using torch_reductions::SharedMemoryFile;
 // first 64 bytes of the file (its alignment); the storage's bytes follow.
 constexpr std::uint64_t kShmHeaderBytes = 64;
 
-void check_range(const torch_reductions::Tensor& t, std::uint64_t storage_bytes,
-                 std::uint64_t byte_offset, std::uint64_t bytes) {
+// Bytes from the tensor's first element to the end of a storage of `storage_bytes`, or an
+// INVALID_ARGUMENT naming why the tensor does not fit in it.
+std::uint64_t storage_after_start(const torch_reductions::Tensor& t, std::uint64_t storage_bytes) {
   const auto start = checked_mul(t.offset, dtype_size(t.dtype));
-  const auto begin = start ? checked_add(*start, byte_offset) : std::nullopt;
-  const auto end = begin ? checked_add(*begin, bytes) : std::nullopt;
-  if (!end || byte_offset + bytes > t.bytes() || *end > storage_bytes) {
+  const auto end = start ? checked_add(*start, t.bytes()) : std::nullopt;
+  if (!end || *end > storage_bytes) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "shared tensor: bytes [{}, +{}) lie outside its {} bytes or its storage of {} bytes",
-         byte_offset, bytes, t.bytes(), storage_bytes);
+         "shared tensor: its {} bytes at element {} lie outside its storage of {} bytes",
+         t.bytes(), t.offset, storage_bytes);
   }
-}
-
-void copy_from_file(const torch_reductions::Tensor& t, const SharedMemoryFile& f,
-                    std::span<const SharedTensorRange> ranges) {
-  for (const auto& r : ranges) check_range(t, f.size_bytes, r.byte_offset, r.bytes);
-  if (ranges.empty()) return;
-  const int fd = shm_open(f.name.c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) {
-    fail(errno == ENOENT ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO,
-         "shared tensor: shm_open('{}'): {} (is the trainer on this host, and the tensor still "
-         "alive while the request runs?)",
-         f.name, std::strerror(errno));
-  }
-  struct stat st {};
-  const std::uint64_t mapped = f.size_bytes + kShmHeaderBytes;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<std::uint64_t>(st.st_size) < mapped) {
-    close(fd);
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "shared tensor: '{}' is not a torch shared-memory file of at least {} bytes", f.name,
-         mapped);
-  }
-  void* map = mmap(nullptr, mapped, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) {
-    fail(FERRY_STATUS_IO, "shared tensor: mmap('{}', {} bytes): {}", f.name, f.size_bytes,
-         std::strerror(errno));
-  }
-  const auto* data =
-      static_cast<const std::byte*>(map) + kShmHeaderBytes + t.offset * dtype_size(t.dtype);
-  for (const auto& r : ranges) std::memcpy(r.dst, data + r.byte_offset, r.bytes);
-  munmap(map, mapped);
+  return storage_bytes - *start;
 }
 
 #if FERRY_HAVE_CUDA
@@ -97,66 +66,124 @@ int local_device(const CudaIpcTensor& h) {
   fail(FERRY_STATUS_NOT_FOUND, "shared CUDA tensor: no GPU of this host has UUID '{}'",
        h.device_uuid);
 }
+
+// Makes `device` current for the scope and restores the previous one.
+struct DeviceScope {
+  int previous = 0;
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(previous); }
+};
 #endif
 
-void copy_from_cuda(const torch_reductions::Tensor& t, const CudaIpcTensor& h,
-                    std::span<const SharedTensorRange> ranges) {
-  for (const auto& r : ranges) check_range(t, h.storage_size_bytes, r.byte_offset, r.bytes);
+}  // namespace
+
+SharedTensorMapping::SharedTensorMapping(const torch_reductions::Tensor& tensor)
+    : tensor_(tensor), bytes_(tensor.bytes()) {
+  if (const auto* f = std::get_if<SharedMemoryFile>(&tensor.storage)) {
+    storage_end_ = storage_after_start(tensor, f->size_bytes);
+    const int fd = shm_open(f->name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) {
+      fail(errno == ENOENT ? FERRY_STATUS_NOT_FOUND : FERRY_STATUS_IO,
+           "shared tensor: shm_open('{}'): {} (is the trainer on this host, and the tensor still "
+           "alive while the request runs?)",
+           f->name, std::strerror(errno));
+    }
+    struct stat st {};
+    const std::uint64_t mapped = f->size_bytes + kShmHeaderBytes;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<std::uint64_t>(st.st_size) < mapped) {
+      close(fd);
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "shared tensor: '{}' is not a torch shared-memory file of at least {} bytes", f->name,
+           mapped);
+    }
+    void* map = mmap(nullptr, mapped, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+      fail(FERRY_STATUS_IO, "shared tensor: mmap('{}', {} bytes): {}", f->name, f->size_bytes,
+           std::strerror(errno));
+    }
+    map_ = map;
+    map_bytes_ = mapped;
+    data_ = static_cast<const std::byte*>(map) + kShmHeaderBytes +
+            tensor.offset * dtype_size(tensor.dtype);
+    return;
+  }
+  const auto& h = std::get<CudaIpcTensor>(tensor.storage);
+  storage_end_ = storage_after_start(tensor, h.storage_size_bytes);
 #if FERRY_HAVE_CUDA
   if (h.handle_format == torch_reductions::CudaHandleFormat::expandable_segment) {
     fail(FERRY_STATUS_UNIMPLEMENTED,
          "shared CUDA tensor: torch's expandable-segment handles are not supported; start the "
          "trainer with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
-  int previous = 0;
-  check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
   const int device = local_device(h);
-  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  DeviceScope scope(device);
   cudaIpcMemHandle_t handle;
   static_assert(sizeof(handle) == 64);
   std::memcpy(&handle, h.ipc_mem_handle.data(), sizeof(handle));
   void* base = nullptr;
-  cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
-  if (e != cudaSuccess) {
-    cudaSetDevice(previous);
-    check_cuda(e, "cudaIpcOpenMemHandle (is the trainer on this host?)");
-  }
+  check_cuda(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+             "cudaIpcOpenMemHandle (is the trainer on this host?)");
   if (h.event_handle && h.event_sync_required) {
     // The producer's work on the tensor: wait for it before reading (torch records this event).
     cudaIpcEventHandle_t event_handle;
     std::memcpy(&event_handle, h.event_handle->data(), sizeof(event_handle));
     cudaEvent_t event = nullptr;
-    e = cudaIpcOpenEventHandle(&event, event_handle);
+    cudaError_t e = cudaIpcOpenEventHandle(&event, event_handle);
     if (e == cudaSuccess) e = cudaEventSynchronize(event);
     if (event != nullptr) cudaEventDestroy(event);
+    if (e != cudaSuccess) {
+      cudaIpcCloseMemHandle(base);
+      check_cuda(e, "waiting for the producer's event");
+    }
   }
-  const auto* src =
-      static_cast<const std::byte*>(base) + h.storage_offset_bytes + t.offset * dtype_size(t.dtype);
-  for (const auto& r : ranges) {
-    if (e != cudaSuccess) break;
-    if (r.bytes > 0) e = cudaMemcpy(r.dst, src + r.byte_offset, r.bytes, cudaMemcpyDeviceToHost);
-  }
-  cudaIpcCloseMemHandle(base);
-  cudaSetDevice(previous);
-  check_cuda(e, "copy from the trainer's tensor");
+  ipc_base_ = base;
+  kind_ = FERRY_MEMORY_CUDA;
+  device_ = device;
+  data_ = static_cast<const std::byte*>(base) + h.storage_offset_bytes +
+          tensor.offset * dtype_size(tensor.dtype);
 #else
-  (void)t;
-  (void)h;
-  (void)ranges;
   fail(FERRY_STATUS_UNIMPLEMENTED,
        "shared CUDA tensor: this ferry was built without CUDA; CUDA tensors cannot be imported");
 #endif
 }
 
-}  // namespace
-
-void copy_shared_tensor(const torch_reductions::Tensor& tensor,
-                        std::span<const SharedTensorRange> ranges) {
-  if (const auto* f = std::get_if<SharedMemoryFile>(&tensor.storage)) {
-    copy_from_file(tensor, *f, ranges);
-  } else {
-    copy_from_cuda(tensor, std::get<CudaIpcTensor>(tensor.storage), ranges);
+SharedTensorMapping::~SharedTensorMapping() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+#if FERRY_HAVE_CUDA
+  if (ipc_base_ != nullptr) {
+    const DeviceScope scope(device_);
+    cudaIpcCloseMemHandle(ipc_base_);
   }
+#endif
+}
+
+void SharedTensorMapping::check_range(std::uint64_t byte_offset, std::uint64_t bytes) const {
+  const auto end = checked_add(byte_offset, bytes);
+  if (!end || *end > bytes_ || *end > storage_end_) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "shared tensor: bytes [{}, +{}) lie outside its {} bytes or its storage", byte_offset,
+         bytes, bytes_);
+  }
+}
+
+void SharedTensorMapping::copy_to_host(void* dst, std::uint64_t byte_offset,
+                                       std::uint64_t bytes) const {
+  check_range(byte_offset, bytes);
+  if (bytes == 0) return;
+  if (kind_ == FERRY_MEMORY_HOST) {
+    std::memcpy(dst, data_ + byte_offset, bytes);
+    return;
+  }
+#if FERRY_HAVE_CUDA
+  const DeviceScope scope(device_);
+  check_cuda(cudaMemcpy(dst, data_ + byte_offset, bytes, cudaMemcpyDeviceToHost),
+             "copy from the trainer's tensor");
+#endif
 }
 
 void release_shared_tensor(const torch_reductions::Tensor& tensor) noexcept {

@@ -56,6 +56,8 @@ struct UpdateEnd {
   // Writer fingerprints of the buckets written in place, in recording order, for entries that
   // had none (UpdateEngine::attach_direct_fingerprints); absent when the sender sent none.
   std::optional<std::vector<std::uint64_t>> writer_fingerprints;
+  // The label to publish with, where the source learned it only now (else the run's).
+  std::optional<std::string> label;
 };
 
 // How a source's peer writes the parameters.

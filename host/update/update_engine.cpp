@@ -177,6 +177,12 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
   logger("update")->info("update {} begins ({} parameters)", version, targets_.size());
 }
 
+void UpdateEngine::set_label(std::string label) {
+  std::lock_guard state(state_mutex_);
+  if (!active_) fail(FERRY_STATUS_FAILED_PRECONDITION, "set_label: no update is active");
+  active_label_ = std::move(label);
+}
+
 void UpdateEngine::record_written(const ferry_plan_op_t& op) {
   written_[op.dst_param].add_block(op.dst_offset, op.dst_row_stride, op.rows, op.cols);
   if (op.transform != FERRY_TRANSFORM_FP8_BLOCK_QUANT || op.dst_row_stride == 0) return;

@@ -140,6 +140,9 @@ class UpdateEngine {
   // Clears the expected fingerprints. Waits for a running mirror refresh before it returns (see
   // Transactions): nothing may write the weights before.
   void begin(std::uint64_t version, std::string label);
+  // The label the active update publishes with, for a source that learns it at the end.
+  // FAILED_PRECONDITION without an active update.
+  void set_label(std::string label);
 
   // Applies one bucket: decodes and validates `manifest_bytes` (its bucket_bytes must equal
   // bucket.size(); a non-zero manifest version must equal the active one), verifies every entry

@@ -118,6 +118,7 @@ UpdateReport run_update(UpdateEngine& engine, BucketSource& source, const Update
     UpdateEnd end = source.end();
     if (end.writer_fingerprints) engine.attach_direct_fingerprints(*end.writer_fingerprints);
     if (!end.expected.empty()) engine.set_expected_fingerprints(std::move(end.expected));
+    if (end.label) engine.set_label(std::move(*end.label));
     engine.commit();
   } catch (const std::exception& e) {
     if (inflight.valid()) inflight.wait();

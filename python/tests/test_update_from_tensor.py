@@ -2,10 +2,11 @@
 clients drive it, from a trainer in another process (tensor_trainer.py: torch's ForkingPickler,
 base64, one entry per TP rank) into an embedded ferry.Receiver: CPU tensors shared through
 shared-memory files (file_system strategy) land bit-identical, direct and flattened_bucket, in
-one call or several (committed with the last tensor, or at end_weight_update; those of a client
-that went away are discarded after update.staged_tensors_timeout_ms); the file-descriptor
-strategy, hostile and malformed payloads are refused by the restricted reader, never executed,
-and change nothing. The CUDA variant (CUDA IPC handles, direct and flattened_bucket) skips
+one call or several (written as each call brings them, committed with the last tensor or at
+end_weight_update; an update a client left is aborted after update.staged_tensors_timeout_ms, and
+an incomplete one is rolled back from the host mirror, or fences a receiver with no committed
+version); the file-descriptor strategy, hostile and malformed payloads are refused by the
+restricted reader, never executed, and change nothing. The CUDA variant (CUDA IPC handles, direct and flattened_bucket) skips
 without a GPU."""
 
 import base64
@@ -127,17 +128,43 @@ def test_calls_inside_a_session_commit_at_end_weight_update(receiver):
     assert r.version.label == "sess"
 
 
-def test_an_incomplete_session_fails_at_end_and_changes_nothing(receiver):
+def test_an_incomplete_session_fails_at_end_and_is_rolled_back(ferry_module):
+    # The calls write the weights as they come; an update that never completes is aborted and
+    # what it wrote is restored from the host mirror (mirror_refresh "complete": the copy of the
+    # committed version always exists when the next update begins).
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    params = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
+    with ferry_module.Receiver(memory__mirror_refresh="complete") as r:
+        r.register(params)
+        r.serve(port=0)
+        first = _trainer(r.address, calls=[list(SHAPES)], fields={"weight_version": "one"})
+        assert first["answers"][0][1]["committed"], first["answers"]
+        prints, version = r.fingerprints(), r.version
+        assert _post(r.address, "/begin_weight_update", {})[0] == 200
+        result = _trainer(r.address, seed=8, calls=[list(SHAPES)[:2]])
+        assert result["answers"][0][0] == 200
+        status, body = _post(r.address, "/end_weight_update", {})
+        assert status >= 400 and "failed to commit" in body["message"], body
+        assert "never sent" in body["message"] and "aborted" in body["message"], body
+        assert r.version == version and r.fingerprints() == prints
+        _assert_identical(params, first["dump"])  # the first update's bytes, restored
+        assert r.health().ready, r.health()
+        assert _post(r.address, "/begin_weight_update", {})[0] == 200  # the session did close
+        assert _post(r.address, "/end_weight_update", {})[0] == 200
+
+
+def test_a_first_update_that_fails_midway_fences_the_receiver(receiver):
+    # No committed version to roll back to: the receiver says so instead of serving a mix.
     r, _ = receiver
-    prints, version = r.fingerprints(), r.version
-    assert _post(r.address, "/begin_weight_update", {})[0] == 200
-    result = _trainer(r.address, calls=[list(SHAPES)[:2]])
+    names = list(SHAPES)
+    result = _trainer(r.address, calls=[names[:1], names[:1]])
     assert result["answers"][0][0] == 200
-    status, body = _post(r.address, "/end_weight_update", {})
-    assert status >= 400 and "failed to commit" in body["message"], body
-    assert r.version == version and r.fingerprints() == prints
-    assert _post(r.address, "/begin_weight_update", {})[0] == 200  # the session did close
-    assert _post(r.address, "/end_weight_update", {})[0] == 200
+    assert result["answers"][1][0] == 400 and "aborted" in result["answers"][1][1]["message"]
+    health = r.health()
+    assert not health.ready and health.state == "fenced", health
+    whole = _trainer(r.address, seed=9, calls=[names], fields={"weight_version": "all"})
+    assert whole["answers"][0][1]["committed"], whole["answers"]
+    assert r.health().ready
 
 
 def test_file_descriptor_sharing_is_refused_naming_file_system(receiver):
@@ -203,9 +230,9 @@ def test_wrong_sizes_and_names_are_refused(receiver):
     result = _trainer(r.address, shapes=extra, calls=[["stranger"]])
     assert result["answers"][0][0] == 400
     assert "'stranger' is not one of" in result["answers"][0][1]["message"]
+    assert r.fingerprints() == prints  # each refused before anything was written
     result = _trainer(r.address, shapes=SHAPES, calls=[["norm"], ["norm"]])
     assert result["answers"][1][0] == 400 and "sent already" in result["answers"][1][1]["message"]
-    assert r.fingerprints() == prints
 
 
 @pytest.mark.parametrize("load_format", ["direct", "flattened_bucket"])
