@@ -54,7 +54,10 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
   }
   std::vector<std::vector<std::size_t>> of_source(request.sources.size());
   for (std::size_t i = 0; i < request.tensors.size(); ++i) {
-    of_source[request.tensors[i].source].push_back(i);
+    const auto& t = request.tensors[i];
+    // Every piece fits its storage (as the pickle describes it) before anything is written.
+    receiver::check_shared_range(request.sources[t.source], t.byte_offset, t.bytes);
+    of_source[t.source].push_back(i);
   }
   if (!update_) {
     catalog_ = catalog;

@@ -162,13 +162,31 @@ SharedTensorMapping::~SharedTensorMapping() {
 #endif
 }
 
-void SharedTensorMapping::check_range(std::uint64_t byte_offset, std::uint64_t bytes) const {
+namespace {
+
+void check_range_in(std::uint64_t byte_offset, std::uint64_t bytes, std::uint64_t tensor_bytes,
+                    std::uint64_t storage_end) {
   const auto end = checked_add(byte_offset, bytes);
-  if (!end || *end > bytes_ || *end > storage_end_) {
+  if (!end || *end > tensor_bytes || *end > storage_end) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
          "shared tensor: bytes [{}, +{}) lie outside its {} bytes or its storage", byte_offset,
-         bytes, bytes_);
+         bytes, tensor_bytes);
   }
+}
+
+}  // namespace
+
+void check_shared_range(const torch_reductions::Tensor& tensor, std::uint64_t byte_offset,
+                        std::uint64_t bytes) {
+  const std::uint64_t storage_bytes =
+      std::holds_alternative<SharedMemoryFile>(tensor.storage)
+          ? std::get<SharedMemoryFile>(tensor.storage).size_bytes
+          : std::get<CudaIpcTensor>(tensor.storage).storage_size_bytes;
+  check_range_in(byte_offset, bytes, tensor.bytes(), storage_after_start(tensor, storage_bytes));
+}
+
+void SharedTensorMapping::check_range(std::uint64_t byte_offset, std::uint64_t bytes) const {
+  check_range_in(byte_offset, bytes, bytes_, storage_end_);
 }
 
 void SharedTensorMapping::copy_to_host(void* dst, std::uint64_t byte_offset,

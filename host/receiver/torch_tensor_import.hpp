@@ -20,6 +20,11 @@
 
 namespace ferry::receiver {
 
+// Checks, from the tensor's description alone (nothing is opened), that bytes
+// [byte_offset, +bytes) of its elements lie in the tensor and in its storage (INVALID_ARGUMENT).
+void check_shared_range(const torch_reductions::Tensor& tensor, std::uint64_t byte_offset,
+                        std::uint64_t bytes);
+
 // One shared tensor, open for as long as the object lives (one at a time per storage: a request
 // names each storage once). data() is the tensor's first element: host memory, or device memory
 // of device() when kind() is FERRY_MEMORY_CUDA.
