@@ -71,8 +71,7 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     std::uint64_t lo = UINT64_MAX;
     std::uint64_t hi = 0;
     for (std::size_t i : of_source[s]) {
-      const auto& t = request.tensors[i];
-      mapping.check_range(t.byte_offset, t.bytes);
+      const auto& t = request.tensors[i];  // checked against the storage above
       lo = std::min(lo, t.byte_offset);
       hi = std::max(hi, t.byte_offset + t.bytes);
     }
