@@ -12,6 +12,7 @@
 #include <set>
 #include <string_view>
 
+#include "common/log.hpp"
 #include "config/config.hpp"
 #include "control/handlers.hpp"
 #include "receiver/torch_tensor_import.hpp"
@@ -64,10 +65,22 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     update_ = std::make_unique<receiver::FedUpdate>(receiver, catalog_, idle_timeout);
   }
   const int weights_device = receiver.weights_cuda_device();
+  // Where a call's time goes (debug log): opening the storages (cudaIpcOpenMemHandle and the
+  // producer's event, or shm_open + mmap), applying them (the update loop's write), closing.
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  double open_ms = 0;
+  double apply_ms = 0;
+  double close_ms = 0;
+  std::uint64_t call_bytes = 0;
   // One bucket per storage, read where it is: the span of its tensors' bytes.
   for (std::size_t s = 0; s < request.sources.size(); ++s) {
     if (of_source[s].empty()) continue;
-    const receiver::SharedTensorMapping mapping(request.sources[s]);
+    auto opened_at = Clock::now();
+    auto mapping = std::make_unique<receiver::SharedTensorMapping>(request.sources[s]);
+    open_ms += ms_since(opened_at);
     std::uint64_t lo = UINT64_MAX;
     std::uint64_t hi = 0;
     for (std::size_t i : of_source[s]) {
@@ -93,21 +106,32 @@ std::size_t PendingTensorUpdate::stage(const TensorUpdateRequest& request,
     b.manifest_bytes = manifest::encode(m);
     b.index = buckets_;
     std::vector<std::byte> copy;
-    const bool readable_here = mapping.kind() == FERRY_MEMORY_HOST ||
-                               (weights_device >= 0 && mapping.device() == weights_device);
+    const auto applied_at = Clock::now();
+    const bool readable_here = mapping->kind() == FERRY_MEMORY_HOST ||
+                               (weights_device >= 0 && mapping->device() == weights_device);
     if (readable_here) {
-      b.data = std::span<const std::byte>(mapping.data() + lo, hi - lo);
-      b.kind = mapping.kind();
+      b.data = std::span<const std::byte>(mapping->data() + lo, hi - lo);
+      b.kind = mapping->kind();
     } else {
       copy.resize(hi - lo);
-      mapping.copy_to_host(copy.data(), lo, hi - lo);
+      mapping->copy_to_host(copy.data(), lo, hi - lo);
       b.data = copy;
     }
     update_->apply(std::move(b));
+    apply_ms += ms_since(applied_at);
+    const auto closed_at = Clock::now();
+    mapping.reset();
+    close_ms += ms_since(closed_at);
     ++buckets_;
     bytes_ += hi - lo;
+    call_bytes += hi - lo;
     for (std::size_t i : of_source[s]) names_.insert(request.tensors[i].name);
   }
+  logger("control")->debug(
+      "update_weights_from_tensor: bucket {} of this update: {} tensors, {} bytes from {} "
+      "storages; open {:.3f} ms, apply {:.3f} ms, close {:.3f} ms",
+      buckets_, request.tensors.size(), call_bytes, request.sources.size(), open_ms, apply_ms,
+      close_ms);
   if (request.weight_version) label_ = request.weight_version;
   last_staged_ = std::chrono::steady_clock::now();
   return request.tensors.size();
@@ -149,8 +173,14 @@ void PendingTensorUpdate::discard(const std::string& reason) {
 
 HttpResponse update_from_tensor(Context& c, const HttpRequest& req) {
   const auto& rc = c.receiver.receiver_config();
+  const auto parsed_at = std::chrono::steady_clock::now();
   const auto request =
       parse_tensor_update(parse_body(req), rc.receiver.tp_rank, rc.receiver.tp_size);
+  logger("control")->debug(
+      "update_weights_from_tensor: {} body bytes parsed (JSON, base64, pickles) in {:.3f} ms",
+      req.body.size(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - parsed_at)
+          .count());
   const std::lock_guard lock(c.state.tensor_mutex);
   auto& pending = c.state.tensors;
   const auto catalog =
