@@ -273,6 +273,20 @@ def require_arrived(engine, url, state, step, token=None):
                            f"step {step}: {wrong[:5]}")
 
 
+def require_same_tokens(torch, control_url, model, prompt, label, step):
+    """The engine's /generate (on its own control server) serves `label` and gives the greedy
+    tokens the trainer's `model` gives for `prompt`, else an ExampleError naming both."""
+    status, rollout = http_json(f"{control_url}/generate", {"tokens": prompt})
+    if status != 200:
+        raise ExampleError(f"{control_url}/generate answered {status}: {rollout.get('message')}")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        mine = model(torch.tensor([prompt], device=device)).argmax(-1)[0].tolist()
+    if rollout["weight_version"] != label or rollout["next_tokens"] != mine:
+        raise ExampleError(f"step {step}: the engine generated {rollout} with {label}'s "
+                           f"weights; the trainer's model gives {mine}")
+
+
 def weight_version(url, token=None):
     """The receiver's published (label, version number): GET /get_weight_version."""
     status, answer = http_json(f"{url}/get_weight_version", token=token)

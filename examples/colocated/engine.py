@@ -9,6 +9,10 @@ pushes through CUDA IPC), and runs a small control server of its own on --contro
     POST /resume_memory_occupation    allocates the KV cache again
     POST /generate {"tokens": [...]}  greedy next tokens for a prompt, with the weight version
 
+The receiver's own SGLang routes (--port) reach the engine through its callbacks:
+/pause_generation stops /generate (it answers 409 until /continue_generation), which is how a
+trainer written for SGLang (examples/sglang_api/trainer.py) brackets its update.
+
     python3 examples/colocated/engine.py --device cuda:0 --port 30000 --control-port 30001
 
 Ctrl-C (or SIGTERM) stops it; --dump PATH saves its parameters then (to compare).
@@ -40,6 +44,10 @@ class Engine:
         # the work queued on torch's current stream (this thread's) before it writes.
         self.receiver = ferry.Receiver()
         self.receiver.register(self.model.named_parameters())
+        # /pause_generation and /continue_generation on the receiver's port. The callbacks run on
+        # the receiver's threads and must not call it back: they only set the flag /generate reads.
+        self.paused = None  # the pause mode while generation is paused
+        self.receiver.set_engine_callbacks(pause=self.pause, resume=self.unpause)
 
     def release(self):
         with self.lock:
@@ -61,6 +69,13 @@ class Engine:
                                              device=self.device)
             return 200, {"success": True, "message": f"allocated {self.kv_bytes} bytes"}
 
+    def pause(self, mode):
+        self.paused = mode
+        return 0  # requests paused: this engine serves one at a time and keeps none waiting
+
+    def unpause(self, torch_empty_cache):
+        self.paused = None
+
     def generate(self, body):
         tokens = body.get("tokens")
         vocab = self.model.embed.num_embeddings
@@ -71,6 +86,10 @@ class Engine:
         with self.lock:
             if self.kv_cache is None:
                 return 409, {"success": False, "message": "memory released: resume first"}
+            if self.paused is not None:
+                return 409, {"success": False,
+                             "message": f"generation is paused ({self.paused}): "
+                                        "/continue_generation first"}
             if self.receiver.health().state == "updating":  # never read half-written weights
                 return 409, {"success": False, "message": "an update is being written"}
             version = self.receiver.version

@@ -74,12 +74,7 @@ def main():
                 print(f"  warning: GPU tensors went through {r.transport}, not cuda_ipc: is the "
                       "engine on another host, or its parameters not on a GPU?", flush=True)
             ex.require_arrived(args.engine, receiver_url, model.state_dict(), step)
-            rollout = engine_call(control_url, "/generate", {"tokens": prompt})
-            with torch.no_grad():
-                mine = model(torch.tensor([prompt], device=device)).argmax(-1)[0].tolist()
-            if rollout["weight_version"] != label or rollout["next_tokens"] != mine:
-                raise ex.ExampleError(f"step {step}: the engine generated {rollout} with "
-                                      f"{label}'s weights; the trainer's model gives {mine}")
+            ex.require_same_tokens(torch, control_url, model, prompt, label, step)
             print(f"  the engine serves {label}: values read back and its greedy tokens match "
                   "the trainer's", flush=True)
     if args.save:

@@ -77,6 +77,12 @@ class Engine:
         return self.proc.returncode
 
 
+def colocated_engine(workdir, *extra):
+    """examples/colocated/engine.py on the CPU with free ports and an 8 MiB KV cache."""
+    return Engine([example("colocated", "engine.py"), "--device", "cpu", "--port", "0",
+                   "--control-port", "0", "--kv-cache-mib", "8", *extra], workdir)
+
+
 def same_weights(torch, a_path, b_path):
     """Names whose tensors differ between two torch.save'd state dicts (empty: identical)."""
     a, b = torch.load(a_path), torch.load(b_path)

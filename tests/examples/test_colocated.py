@@ -19,13 +19,8 @@ def torch():
     return pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
 
 
-def start_engine(tmp_path, *extra):
-    return ex.Engine([ENGINE, "--device", "cpu", "--port", "0", "--control-port", "0",
-                      "--kv-cache-mib", "8", *extra], tmp_path)
-
-
 def test_release_train_push_resume_on_cpu(torch, tmp_path):
-    engine = start_engine(tmp_path, "--dump", str(tmp_path / "engine.pt"))
+    engine = ex.colocated_engine(tmp_path, "--dump", str(tmp_path / "engine.pt"))
     control = f"127.0.0.1:{engine.info['control_port']}"
     try:
         result = ex.run([TRAINER, "--engine", engine.address, "--engine-control", control,
@@ -44,7 +39,7 @@ def test_release_train_push_resume_on_cpu(torch, tmp_path):
 
 
 def test_engine_control_answers(torch, tmp_path):
-    engine = start_engine(tmp_path)
+    engine = ex.colocated_engine(tmp_path)
     control = f"127.0.0.1:{engine.info['control_port']}"
     try:
         status, answer = http_post(control, "/generate", {"tokens": [1, 2, 3]})
@@ -86,7 +81,7 @@ def test_a_gpu_device_without_a_gpu_is_refused_clearly(torch):
 
 
 def test_a_wrong_control_port_is_named(torch, tmp_path):
-    engine = start_engine(tmp_path)
+    engine = ex.colocated_engine(tmp_path)
     try:
         result = ex.run([TRAINER, "--engine", engine.address, "--engine-control", "127.0.0.1:1",
                          "--device", "cpu", "--steps", "1"], timeout=60)
