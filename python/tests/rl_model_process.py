@@ -22,15 +22,19 @@ Commands on stdin, one JSON line on stdout per command (other stdout lines are n
                 KV-cache-sized buffer and overwrites every parameter with zeros (what an
                 allocator's new memory holds), then takes a new KV cache and tells ferry
                 (receiver.resume("weights")), which writes the weights back from its host
-                mirror; answers {"restored": bool, "health": state}.
+                mirror; answers {"restored": bool, "health": state}. With `vmm` the parameters
+                live in the rollout's own VMM arena (torch_memory_saver style) and the lend
+                unmaps and releases its physical memory instead of zeroing (answering also
+                how much device memory that freed) and maps new memory at the same addresses.
   quit          (or end of stdin) exits 0.
   connect HOST:PORT  (trainer) creates the ferry.Sender to the rollout (kept for every step).
 The first line is {"ready": ...}; a failure answers {"failure": "..."} (and exits 1 at startup).
 
-Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED
+Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED [vmm]
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import sys
@@ -113,8 +117,102 @@ def describe(model, config, redrawn):
             "dtypes": sorted({str(p.dtype) for _, p in params})}
 
 
-def rollout(torch, transformers, ferry, family, delivery, seed):
+class VmmArena:
+    """An engine allocator of the torch_memory_saver kind, through the CUDA driver (ctypes): one
+    reserved address range over `chunks` physical allocations (cuMemCreate, exportable as POSIX
+    fds, cuMemMap, cuMemSetAccess). unmap() unmaps and releases the physical memory (the
+    addresses stay reserved); map() creates new physical memory at the same addresses."""
+
+    class _Prop(ctypes.Structure):  # CUmemAllocationProp
+        _fields_ = [("type", ctypes.c_int), ("requested_handle_types", ctypes.c_int),
+                    ("location_type", ctypes.c_int), ("location_id", ctypes.c_int),
+                    ("win32_metadata", ctypes.c_void_p), ("compression_type", ctypes.c_ubyte),
+                    ("gpu_direct_rdma", ctypes.c_ubyte), ("usage", ctypes.c_ushort),
+                    ("reserved", ctypes.c_ubyte * 4)]
+
+    class _Access(ctypes.Structure):  # CUmemAccessDesc
+        _fields_ = [("location_type", ctypes.c_int), ("location_id", ctypes.c_int),
+                    ("flags", ctypes.c_int)]
+
+    def __init__(self, torch, nbytes, chunks=4):
+        self.torch = torch
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        device = torch.cuda.current_device()
+        # Pinned device memory of this GPU, exportable as a POSIX fd.
+        self.prop = self._Prop(type=1, requested_handle_types=1, location_type=1,
+                               location_id=device)
+        self.access = self._Access(location_type=1, location_id=device, flags=3)
+        granularity = ctypes.c_size_t()
+        self._check(self.cu.cuMemGetAllocationGranularity(
+            ctypes.byref(granularity), ctypes.byref(self.prop), ctypes.c_int(0)),
+            "cuMemGetAllocationGranularity")
+        g = granularity.value
+        self.chunk = -(-nbytes // chunks // g) * g
+        self.size = self.chunk * chunks
+        self.va = ctypes.c_uint64()
+        self._check(self.cu.cuMemAddressReserve(ctypes.byref(self.va), ctypes.c_size_t(self.size),
+                                                ctypes.c_size_t(0), ctypes.c_uint64(0),
+                                                ctypes.c_uint64(0)), "cuMemAddressReserve")
+        self.handles = []
+        self.map()
+
+    @staticmethod
+    def _check(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: CUresult {rc}")
+
+    def map(self):
+        for i in range(self.size // self.chunk):
+            h = ctypes.c_uint64()
+            self._check(self.cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(self.chunk),
+                                            ctypes.byref(self.prop), ctypes.c_uint64(0)),
+                        "cuMemCreate")
+            self._check(self.cu.cuMemMap(ctypes.c_uint64(self.va.value + i * self.chunk),
+                                         ctypes.c_size_t(self.chunk), ctypes.c_size_t(0), h,
+                                         ctypes.c_uint64(0)), "cuMemMap")
+            self.handles.append(h)
+        self._check(self.cu.cuMemSetAccess(ctypes.c_uint64(self.va.value),
+                                           ctypes.c_size_t(self.size), ctypes.byref(self.access),
+                                           ctypes.c_size_t(1)), "cuMemSetAccess")
+
+    def unmap(self):
+        self.torch.cuda.synchronize()
+        self._check(self.cu.cuMemUnmap(ctypes.c_uint64(self.va.value), ctypes.c_size_t(self.size)),
+                    "cuMemUnmap")
+        for h in self.handles:
+            self._check(self.cu.cuMemRelease(h), "cuMemRelease")
+        self.handles = []
+
+    def tensor(self, offset, nbytes):
+        """A uint8 tensor over [offset, offset + nbytes) of the arena (not owning it)."""
+        class Window:
+            __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                        "data": (self.va.value + offset, False), "version": 3}
+        return self.torch.as_tensor(Window(), device="cuda")
+
+
+def move_into_arena(torch, model):
+    """Moves every parameter's data into a new VmmArena (each at a 512-byte aligned offset);
+    returns the arena."""
+    params = list(model.parameters())
+    sizes = [p.numel() * p.element_size() for p in params]
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // 512) * 512
+    arena = VmmArena(torch, total)
+    with torch.no_grad():
+        for p, offset, n in zip(params, offsets, sizes):
+            view = arena.tensor(offset, n).view(p.dtype).view(p.shape)
+            view.copy_(p.data)
+            p.data = view
+    torch.cuda.synchronize()
+    return arena
+
+
+def rollout(torch, transformers, ferry, family, delivery, seed, vmm=False):
     model, config, redrawn = build_model(torch, transformers, family, seed)
+    arena = move_into_arena(torch, model) if vmm else None
     overrides = {} if delivery == "auto" else {"update__delivery": delivery}
     receiver = ferry.Receiver(**overrides)
     receiver.register(model.named_parameters())
@@ -137,14 +235,22 @@ def rollout(torch, transformers, ferry, family, delivery, seed):
                 kv_cache.clear()
                 if DEVICE.startswith("cuda"):
                     torch.cuda.empty_cache()
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.zero_()
+                freed = None
+                if arena is not None:
+                    free_before = torch.cuda.mem_get_info()[0]
+                    arena.unmap()  # the physical memory goes; the addresses stay reserved
+                    freed = torch.cuda.mem_get_info()[0] - free_before
+                    arena.map()  # new physical memory at the same addresses
+                else:
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.zero_()
                 kv_cache.append(torch.empty(KV_CACHE_BYTES, dtype=torch.uint8, device=DEVICE))
                 receiver.resume("weights")
                 restored = all(torch.equal(p.detach(), before[n])
                                for n, p in model.named_parameters())
-                say({"restored": restored, "health": receiver.health().state})
+                say({"restored": restored, "health": receiver.health().state,
+                     "freed_bytes": freed, "arena_bytes": arena.size if arena else None})
             elif words[0] == "logits":
                 logits = logits_of(torch, model, tokens)
                 save_snapshot(torch, words[1], logits, model.named_parameters())
@@ -233,6 +339,7 @@ def trainer(torch, transformers, ferry, family, delivery, seed):
 
 def main():
     role, family, delivery, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    vmm = sys.argv[5:] == ["vmm"]
     try:
         import torch
         import transformers
@@ -243,7 +350,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         if role == "rollout":
-            return rollout(torch, transformers, ferry, family, delivery, seed)
+            return rollout(torch, transformers, ferry, family, delivery, seed, vmm)
         return trainer(torch, transformers, ferry, family, delivery, seed)
     except Exception as e:
         say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})

@@ -6,7 +6,10 @@ push the rollout's logits for a fixed input and every one of its parameters must
 trainer's bit for bit, written in place (same data_ptr), at the pushed version, through CUDA IPC.
 In the `lend` cases the rollout releases and resumes its weights before every step (as a
 colocated engine lends its memory to training), and every push still goes through the kept
-session, rejoined.
+session, rejoined. In the `vmm` cases the rollout's parameters live in its own VMM allocator
+(torch_memory_saver style): each lend unmaps and releases their physical memory (which must
+give back that much device memory: no other process, the trainer included, still maps it) and
+maps new memory at the same addresses before the resume.
 The trainer delays its optimizer's kernels (torch.cuda._sleep queued on torch's current stream
 before optimizer.step()), so a push that reads the tensors without ordering itself after that
 stream commits stale weights, and this test fails.
@@ -182,7 +185,7 @@ def _differences(torch, trainer_snap, rollout_snap):
 
 
 @pytest.mark.parametrize("delivery,lend", [("direct", False), ("staged", False),
-                                           ("direct", True)])
+                                           ("direct", True), ("direct", "vmm")])
 @pytest.mark.parametrize("family", ["dense", "moe"])
 def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, delivery, lend):
     # lend: before every step after the first the rollout lends its memory (release and resume
@@ -191,7 +194,8 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
     torch = _requirements(family)
     # Both start at once (different seeds: different initial weights); the trainer connects
     # once the rollout serves.
-    rollout = peers("rollout", ["rollout", family, delivery, "1"])
+    rollout = peers("rollout", ["rollout", family, delivery, "1"] + (["vmm"] if lend == "vmm"
+                                                                       else []))
     trainer = peers("trainer", ["trainer", family, delivery, "2"])
     try:
         ready_r = rollout.answer(START_TIMEOUT_S)
@@ -224,6 +228,12 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
                 lent = rollout.ask("lend")
                 assert lent["restored"], f"step {step}: ferry did not write the weights back"
                 assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
+                if lend == "vmm":
+                    # Unmapping the arena gave its memory back to the device: nobody else (the
+                    # trainer's session included) still mapped it.
+                    assert lent["freed_bytes"] >= 0.9 * lent["arena_bytes"], (
+                        f"step {step}: releasing the arena's {lent['arena_bytes']} bytes freed "
+                        f"only {lent['freed_bytes']}: another process still maps them")
             report = trainer.ask(f"step {step} {t_path}")
             assert report["committed"], f"step {step}: the push did not commit: {report['error']}"
             assert report["version"] == step
