@@ -279,6 +279,8 @@ const std::vector<Key>& keys() {
                        [](Config& c) -> auto& { return c.update.transport_preference; }),
       string_key("update.group_transport",
                  [](Config& c) -> auto& { return c.update.group_transport; }, non_empty),
+      string_key("update.gloo_transport",
+                 [](Config& c) -> auto& { return c.update.gloo_transport; }, non_empty),
       string_key("update.ckpt_engine_transport",
                  [](Config& c) -> auto& { return c.update.ckpt_engine_transport; }, non_empty),
 

@@ -100,6 +100,9 @@ struct UpdateConfig {
   // /init_weights_update_group), and the source of /update_weights_from_ipc (the
   // checkpoint-engine protocol).
   std::string group_transport = "nccl";
+  // The broadcast transport of weight-update groups whose backend is "gloo" (a group a torch
+  // trainer created with torch.distributed; /init_weights_update_group's `backend`).
+  std::string gloo_transport = "torch_gloo";
   std::string ckpt_engine_transport = "ckpt_engine";
 };
 

@@ -384,7 +384,7 @@ class Suite {
       fail("FERRY-ABI-7", "get_caps failed: " + seen.message);
       return;
     }
-    const std::uint32_t known_flags = (1u << 9) - 1;  // through SEPARATE_PROCESSES (ABI 1.4)
+    const std::uint32_t known_flags = (1u << 10) - 1;  // through GROUP_RENDEZVOUS (ABI 1.5)
     const std::uint32_t known_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED | FERRY_MEMORY_CUDA;
     std::vector<std::string> problems;
     if ((caps.flags & ~known_flags) != 0) {
@@ -399,6 +399,10 @@ class Suite {
                                    FERRY_TRANSPORT_CAP_BROADCAST | FERRY_TRANSPORT_CAP_SOURCE;
     if ((caps.flags & topology) == 0) {
       problems.push_back("declares no topology (POINT_TO_POINT, BROADCAST or SOURCE)");
+    }
+    if ((caps.flags & FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS) != 0 &&
+        (caps.flags & FERRY_TRANSPORT_CAP_BROADCAST) == 0) {
+      problems.push_back("GROUP_RENDEZVOUS without BROADCAST (it says how a group meets)");
     }
     auto need = [&](std::uint32_t flag, const char* flag_name,
                     std::initializer_list<std::pair<const char*, bool>> functions) {

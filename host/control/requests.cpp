@@ -169,12 +169,15 @@ receiver::DistributedUpdate parse_distributed_update(const json& body) {
   if (auto it = body.find("load_format"); it != body.end() && !it->is_null()) {
     if (!it->is_string())
       fail(FERRY_STATUS_INVALID_ARGUMENT, "field 'load_format' must be a string");
-    // SGLang's "flattened_bucket" broadcasts the whole list as one unaligned byte tensor; ferry's
-    // group receives its own bucket layout (bucket_bytes), so that broadcast would be misread.
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "{}: load_format '{}' is not supported: ferry's group receives rank 0's bucketed layout "
-         "(leave load_format out)",
-         kRoute, it->get<std::string>());
+    // SGLang's "flattened_bucket": the whole list as one unaligned byte tensor (a torch
+    // trainer's group; WeightUpdateGroups::update refuses it for ferry's own rank 0).
+    if (it->get<std::string>() != "flattened_bucket") {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "{}: load_format '{}' is not supported (null: one broadcast per tensor, or ferry's "
+           "bucketed layout from ferry's rank 0; 'flattened_bucket': one broadcast of all)",
+           kRoute, it->get<std::string>());
+    }
+    update.flattened = true;
   }
   if (auto it = body.find("bucket_bytes"); it != body.end() && !it->is_null()) {
     update.bucket_bytes = unsigned_field(body, "bucket_bytes", nccl::kMaxBucketBytes);

@@ -35,12 +35,12 @@ void check_group_init(const GroupInit& init) {
          "weight-update group '{}': rank {} (rank_offset {}) is outside world_size {}",
          init.group_name, init.rank, init.rank_offset, init.world_size);
   }
-  if (init.backend != "nccl") {
+  if (init.backend != "nccl" && init.backend != "gloo") {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "weight-update group '{}': backend '{}' is not supported (only 'nccl')", init.group_name,
-         init.backend);
+         "weight-update group '{}': backend '{}' is not supported ('nccl' or 'gloo')",
+         init.group_name, init.backend);
   }
-  if (init.device < 0) {
+  if (init.backend == "nccl" && init.device < 0) {
     fail(FERRY_STATUS_INVALID_ARGUMENT, "weight-update group '{}': CUDA device {} is invalid",
          init.group_name, init.device);
   }
@@ -59,6 +59,11 @@ BroadcastGroup::BroadcastGroup(const ferry_transport_api_t* api, const ferry_hos
          "send_bucket, recv_bucket, request_wait, register_memory)",
          init_.group_name);
   }
+  caps_.struct_size = FERRY_STRUCT_SIZE(ferry_transport_caps_t, max_inflight_buckets);
+  if (api_->get_caps == nullptr) {
+    fail(FERRY_STATUS_INCOMPATIBLE, "{}: the transport has no get_caps", where());
+  }
+  if (ferry_error_t* e = api_->get_caps(&caps_)) rethrow(e, "get_caps");
   const auto deadline = Clock::now() + init_.init_timeout;
   const bool root = init_.rank == 0;
 
@@ -73,7 +78,11 @@ BroadcastGroup::BroadcastGroup(const ferry_transport_api_t* api, const ferry_hos
     GroupAddress address{init_.master_address, init_.master_port, init_.group_name,
                          init_.world_size};
     std::vector<std::uint8_t> id;
-    if (root) {
+    if (own_rendezvous()) {
+      // The plugin meets the group at rank 0's store: it gets only where that is.
+      const std::string store = fmt::format("{}:{}", init_.master_address, init_.master_port);
+      id.assign(store.begin(), store.end());
+    } else if (root) {
       if (api_->get_address == nullptr) {
         fail(FERRY_STATUS_INCOMPATIBLE, "{}: the transport has no get_address", where());
       }
@@ -95,8 +104,9 @@ BroadcastGroup::BroadcastGroup(const ferry_transport_api_t* api, const ferry_hos
     remote.size = id.size();
     ferry_connect_args_t connect{};
     connect.struct_size = FERRY_STRUCT_SIZE(ferry_connect_args_t, deadline_ns);
-    connect.remote_addresses = root ? nullptr : &remote;
-    connect.num_remote = root ? 0 : 1;
+    const bool carry = !root || own_rendezvous();
+    connect.remote_addresses = carry ? &remote : nullptr;
+    connect.num_remote = carry ? 1 : 0;
     connect.local_rank = init_.rank;
     connect.group_size = init_.world_size;
     connect.peer_name = init_.group_name.c_str();
@@ -128,6 +138,7 @@ const char* close_outcome_name(BroadcastGroup::CloseOutcome outcome) {
     case BroadcastGroup::CloseOutcome::finalized: return "finalized";
     case BroadcastGroup::CloseOutcome::aborted: return "aborted";
     case BroadcastGroup::CloseOutcome::background: return "continuing in the background";
+    case BroadcastGroup::CloseOutcome::left: return "left";
   }
   return "unknown";
 }
@@ -147,7 +158,10 @@ BroadcastGroup::CloseOutcome BroadcastGroup::close(Clock::time_point deadline, b
   }
   if (server_) server_->announce_leave(together);
   if (client_) client_->announce_leave(together);
-  if (!together && api_->abort != nullptr) {
+  // A group met at rank 0's own rendezvous has no leave handshake: a healthy one just leaves
+  // (nothing is in flight), a failed one aborts what still runs.
+  const bool leave_alone = own_rendezvous() && healthy && !aborted_.load();
+  if (!together && !leave_alone && api_->abort != nullptr) {
     // Local: the plugin's disconnect aborts a communicator with an abort request pending.
     api_->abort(transport_, "destroy_weights_update_group without every rank leaving together");
   }
@@ -175,6 +189,7 @@ BroadcastGroup::CloseOutcome BroadcastGroup::close(Clock::time_point deadline, b
   peer_ = nullptr;
   registrations_.clear();
   if (finished.wait_until(deadline) != std::future_status::ready) return CloseOutcome::background;
+  if (leave_alone) return CloseOutcome::left;
   return together ? CloseOutcome::finalized : CloseOutcome::aborted;
 }
 
@@ -198,12 +213,21 @@ std::vector<std::uint32_t> BroadcastGroup::dead_ranks() const {
 }
 
 ferry_memory_t* BroadcastGroup::register_device(void* base, std::uint64_t bytes) {
+  return register_memory(base, bytes, FERRY_MEMORY_CUDA);
+}
+
+ferry_memory_t* BroadcastGroup::register_host(void* base, std::uint64_t bytes) {
+  return register_memory(base, bytes, FERRY_MEMORY_HOST);
+}
+
+ferry_memory_t* BroadcastGroup::register_memory(void* base, std::uint64_t bytes,
+                                                ferry_memory_kind_t kind) {
   ferry_memory_desc_t desc{};
   desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
   desc.base = base;
   desc.size = bytes;
-  desc.kind = FERRY_MEMORY_CUDA;
-  desc.device = init_.device;
+  desc.kind = kind;
+  desc.device = kind == FERRY_MEMORY_CUDA ? init_.device : -1;
   ferry_memory_t* memory = nullptr;
   if (ferry_error_t* e = api_->register_memory(transport_, &desc, &memory)) {
     rethrow(e, "register_memory");

@@ -1,8 +1,11 @@
 // group/broadcast_group.hpp: one member of a weight-update group as the host sees it: the
-// rendezvous over TCP (rank 0 serves the NCCL unique id, the others fetch it), then the NCCL
+// rendezvous over TCP (rank 0 serves the NCCL unique id, the others fetch it), then a broadcast
 // transport plugin driven through its C table (get_address / connect / register_memory /
 // send_bucket or recv_bucket / request_wait / abort). Waits are sliced so that a rank whose
 // rendezvous link closed is named at once, instead of when the bucket's deadline passes.
+// A transport declaring FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS (torch_gloo: a group an unmodified
+// torch trainer created) meets its group itself at rank 0's store: then ferry's rendezvous, its
+// liveness links and its leave handshake are skipped, and the plugin names a dead peer.
 //
 // Used by the receiver (host/receiver/receiver_nccl.cpp), the trainer
 // (host/session/nccl_group.cpp) and `ferry bench nccl`. Needs no CUDA itself: device memory is
@@ -32,14 +35,14 @@ struct GroupInit {
   std::uint32_t rank_offset = 0;  // SGLang: the first rank of this engine in the group
   std::uint32_t world_size = 0;
   std::string group_name;
-  std::string backend = "nccl";     // only "nccl"
+  std::string backend = "nccl";     // "nccl" or "gloo" (torch.distributed's names)
   std::uint32_t rank = 0;           // this process: 0 for the trainer, rank_offset + tp rank else
-  int device = 0;                   // CUDA device ordinal of this rank
+  int device = 0;                   // CUDA device ordinal of this rank; -1: none (gloo)
   std::chrono::milliseconds init_timeout{120000};  // rendezvous + communicator init
 };
 
 // INVALID_ARGUMENT naming the field: empty address or group, world_size 0, rank outside it,
-// a backend other than "nccl".
+// a backend other than "nccl" and "gloo".
 void check_group_init(const GroupInit& init);
 
 class BroadcastGroup {
@@ -56,6 +59,12 @@ class BroadcastGroup {
 
   // Registers device memory (CUDA, this rank's device) as a bucket buffer; freed with the group.
   ferry_memory_t* register_device(void* base, std::uint64_t bytes);
+  // Registers host memory as a bucket buffer (a transport that moves host memory: gloo).
+  ferry_memory_t* register_host(void* base, std::uint64_t bytes);
+  // The transport's capabilities (get_caps at construction).
+  const ferry_transport_caps_t& caps() const { return caps_; }
+  // The transport met the group at rank 0's own rendezvous (CAP_GROUP_RENDEZVOUS).
+  bool own_rendezvous() const { return (caps_.flags & FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS) != 0; }
 
   // One bucket in flight: rank 0 sends, the others receive, `bytes` at `offset` of `memory`.
   struct Pending {
@@ -81,6 +90,7 @@ class BroadcastGroup {
     finalized,   // every rank left together: the communicator was finalized and destroyed
     aborted,     // one-sided, failed or unhealthy: aborted locally
     background,  // the deadline passed first: the teardown goes on on a detached thread
+    left,        // a group met at rank 0's own rendezvous (torch): each rank leaves on its own
   };
   // destroy_weights_update_group. A healthy group (`healthy` and never aborted) runs the leave
   // handshake with its peers (rendezvous.hpp) for at most kLeaveWindow: when every peer is
@@ -99,10 +109,12 @@ class BroadcastGroup {
  private:
   [[noreturn]] void rethrow(ferry_error_t* error, const std::string& context);
   std::string where() const;
+  ferry_memory_t* register_memory(void* base, std::uint64_t bytes, ferry_memory_kind_t kind);
 
   const ferry_transport_api_t* api_;
   const ferry_host_api_t* host_;
   GroupInit init_;
+  ferry_transport_caps_t caps_{};
   ferry_transport_t* transport_ = nullptr;
   ferry_peer_t* peer_ = nullptr;
   std::vector<ferry_memory_t*> registrations_;

@@ -68,7 +68,7 @@ def test_receiver_group_calls_name_the_group_and_the_field(ferry_module):
         with pytest.raises(ferry.InvalidArgumentError, match="rank_offset"):
             receiver.init_weights_update_group("127.0.0.1", free_port(), 0, 2)
         with pytest.raises(ferry.InvalidArgumentError, match="backend"):
-            receiver.init_weights_update_group("127.0.0.1", free_port(), 1, 2, backend="gloo")
+            receiver.init_weights_update_group("127.0.0.1", free_port(), 1, 2, backend="mpi")
         with pytest.raises(ferry.InvalidArgumentError, match="dtypes"):
             receiver.update_weights_from_distributed(names=["w"], dtypes=None, shapes=[[16]])
         with pytest.raises((ferry.NotFoundError, ferry.UnimplementedError)):

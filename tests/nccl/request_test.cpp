@@ -93,7 +93,7 @@ TEST(NcclRequest, InitRefusesBadFields) {
   EXPECT_NE(init_refusal(with("rank_offset", 3)).find("outside world_size 3"), std::string::npos);
   EXPECT_NE(init_refusal(with("world_size", 0)).find("'world_size' must be >= 1"),
             std::string::npos);
-  EXPECT_NE(init_refusal(with("backend", "gloo")).find("backend 'gloo' is not supported"),
+  EXPECT_NE(init_refusal(with("backend", "mpi")).find("backend 'mpi' is not supported"),
             std::string::npos);
   EXPECT_NE(init_refusal(with("group_name", "")).find("'group_name'"), std::string::npos);
   EXPECT_NE(init_refusal(with("timeout_s", -1)).find("'timeout_s'"), std::string::npos);

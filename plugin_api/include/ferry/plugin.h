@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 4
+#define FERRY_PLUGIN_ABI_MINOR 5
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -202,7 +202,16 @@ typedef enum ferry_transport_cap {
   /* ABI 1.4: the two peers must be different processes (CUDA IPC: a process cannot open the
    * handles it exported itself). The host does not choose this transport for a receiver embedded
    * in the sending process. */
-  FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES = 1u << 8
+  FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES = 1u << 8,
+  /* ABI 1.5 (with CAP_BROADCAST): the transport meets its group itself, at a rendezvous the
+   * group's rank 0 serves and the host only names (torch.distributed's TCPStore, as a trainer's
+   * `init_process_group(init_method="tcp://host:port")` starts it). The host runs no rendezvous
+   * of its own and never calls get_address: connect receives one remote address, the text
+   * "host:port" (no NUL), with peer_name the group's name. Each send_bucket / recv_bucket is one
+   * collective broadcast from rank 0 of exactly data.size bytes, matched with the peers' calls
+   * in the order issued (the trainer's `torch.distributed.broadcast`, one per tensor or per
+   * flattened bucket). */
+  FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS = 1u << 9
 } ferry_transport_cap_t;
 
 typedef struct ferry_transport_caps {

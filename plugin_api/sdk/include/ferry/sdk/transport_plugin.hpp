@@ -14,7 +14,8 @@
 //     static constexpr const char* const* kOptions = ferry::sdk::kNoOptions;
 //     static constexpr std::uint32_t kGroups =
 //         ferry::sdk::kPointToPoint | ferry::sdk::kMemory | ferry::sdk::kDirectWrite;
-//     // optional: SAME_NODE_ONLY, SEPARATE_PROCESSES (where the peers may be; default none)
+//     // optional: SAME_NODE_ONLY, SEPARATE_PROCESSES (where the peers may be), GROUP_RENDEZVOUS
+//     // (how a broadcast group meets); default none
 //     static constexpr std::uint32_t kConstraints = 0;
 //     static ferry::sdk::TransportCaps caps();           // memory kinds, bucket size, in flight
 //     static std::unique_ptr<Transport> create(const ferry_transport_create_args_t& args);
@@ -105,8 +106,9 @@ inline constexpr std::uint32_t kAllTransportGroups = (1u << 9) - 1;
 
 // The capability bits that say where the peers may be rather than which functions exist
 // (Family::kConstraints); every other bit comes from the groups.
-inline constexpr std::uint32_t kConstraintFlags =
-    FERRY_TRANSPORT_CAP_SAME_NODE_ONLY | FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;
+inline constexpr std::uint32_t kConstraintFlags = FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
+                                                  FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES |
+                                                  FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS;
 
 // The get_caps flags of a transport declaring `groups` and `constraints`.
 constexpr std::uint32_t transport_flags(std::uint32_t groups, std::uint32_t constraints) noexcept {
@@ -206,8 +208,8 @@ class TransportPlugin {
   // the constraint kind.
   static_assert((kGroups & ~kAllTransportGroups) == 0, "kGroups holds an unknown group");
   static_assert((kConstraints & ~kConstraintFlags) == 0,
-                "kConstraints may hold only SAME_NODE_ONLY and SEPARATE_PROCESSES: every other "
-                "capability bit comes from kGroups");
+                "kConstraints may hold only SAME_NODE_ONLY, SEPARATE_PROCESSES and "
+                "GROUP_RENDEZVOUS: every other capability bit comes from kGroups");
   static_assert(kPeers || kHasSource,
                 "kGroups declares no topology (kPointToPoint, kBroadcast or kSource)");
   static_assert(!kHasDirectWrite || (kHasMemory && kPeers),
