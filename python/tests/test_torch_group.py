@@ -213,3 +213,30 @@ def test_backend_and_load_format_are_checked(receiver):
         "names": ["norm.weight"], "dtypes": ["float32"], "shapes": [[16]],
         "load_format": "safetensors"})
     assert status == 400 and "load_format 'safetensors'" in body["message"], body
+
+
+def test_a_plugin_without_its_backend_is_refused_naming_the_file(ferry_module, tmp_path,
+                                                                 monkeypatch):
+    """A bundle or wheel carries the plugin without the build's libtorch backend: the plugin
+    loads, and a gloo join answers 409 naming the backend file it looked for."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    import shutil
+    library = Path(os.environ.get("FERRY_LIBRARY", "/nonexistent/lib/libferry.so")).resolve()
+    # Where this build keeps the plugin: the build folder (libferry.so in host/capi/), or a
+    # bundle's lib/ferry/plugins beside libferry.so.
+    candidates = [library.parents[2] / "plugins" / "torch_gloo",
+                  library.parent / "ferry" / "plugins"]
+    plugin = next((d / "libferry_transport_torch_gloo.so" for d in candidates
+                   if (d / "libferry_transport_torch_gloo.so").exists()), None)
+    if plugin is None:
+        pytest.skip("the torch_gloo plugin was not built (the libtorch feature)")
+    shutil.copy(plugin, tmp_path / plugin.name)
+    monkeypatch.setenv("FERRY_PLUGIN_PATH", str(tmp_path))
+    with ferry_module.Receiver() as r:
+        r.register({"w": __import__("torch").zeros(4)})
+        r.serve(port=0)
+        status, body = _post(r.address, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": _free_port(), "rank_offset": 1,
+            "world_size": 2, "backend": "gloo", "timeout_s": 2})
+    assert status == 409, body
+    assert "libferry_torch_gloo_backend.so" in body["message"], body
