@@ -8,6 +8,8 @@
 // prefix, then torch's own: `group` on torch 1.x; `group/` and the device's `cpu/` on torch 2.x),
 // then ProcessGroupGloo on one default device with two threads, as torch's Python binding builds
 // it. Both sides must run the same torch major (the prefixes and gloo's wire format follow it).
+// It links libtorch and the C++ runtime only (no fmt: it is built against whichever libtorch the
+// machine runs, and carried alone).
 #include "torch_gloo/gloo_backend.hpp"
 
 #include <ATen/ATen.h>
@@ -16,8 +18,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
-
-#include <fmt/format.h>
 
 #include <cstdlib>
 #include <exception>
@@ -56,6 +56,11 @@ ferry_status_code_t classify(std::string_view what) {
   return FERRY_STATUS_PEER_FAILED;
 }
 
+std::string describe_group(const JoinArgs& args) {
+  return std::string("torch ") + TORCH_VERSION + " gloo group '" + args.group_name + "' rank " +
+         std::to_string(args.rank) + "/" + std::to_string(args.world_size);
+}
+
 std::string first_line(const std::string& text) {
   const auto nl = text.find('\n');
   return nl == std::string::npos ? text : text.substr(0, nl);
@@ -63,7 +68,7 @@ std::string first_line(const std::string& text) {
 
 Outcome failure(const std::string& context, const std::exception& e) {
   const std::string what = first_line(e.what());
-  return {classify(what), fmt::format("{}: {}", context, what)};
+  return {classify(what), context + ": " + what};
 }
 
 class GlooBroadcast final : public PendingBroadcast {
@@ -128,8 +133,8 @@ class GlooGroup final : public Group {
 
   std::unique_ptr<PendingBroadcast> broadcast(std::uint8_t* data, std::uint64_t bytes,
                                               Outcome& outcome) noexcept override {
-    const std::string context = fmt::format("{} broadcast #{} ({} bytes)", describe(), count_,
-                                            bytes);
+    const std::string context = describe() + " broadcast #" + std::to_string(count_) + " (" +
+                                std::to_string(bytes) + " bytes)";
     try {
       std::vector<at::Tensor> tensors{at::from_blob(
           data, {static_cast<std::int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte))};
@@ -148,8 +153,7 @@ class GlooGroup final : public Group {
   }
 
   std::string describe() const override {
-    return fmt::format("torch {} gloo group '{}' rank {}/{}", TORCH_VERSION, args_.group_name,
-                       args_.rank, args_.world_size);
+    return describe_group(args_);
   }
 
  private:
@@ -171,9 +175,8 @@ ferry_torch_gloo_join_v1(const ferry::torch_gloo::JoinArgs& args,
     outcome = {};
     return group;
   } catch (const std::exception& e) {
-    outcome = failure(fmt::format("torch {} gloo group '{}' rank {}/{}: joining at {}:{}",
-                                  TORCH_VERSION, args.group_name, args.rank, args.world_size,
-                                  args.host, args.port),
+    outcome = failure(describe_group(args) + ": joining at " + args.host + ":" +
+                          std::to_string(args.port),
                       e);
     return nullptr;
   }
