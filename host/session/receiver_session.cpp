@@ -92,7 +92,7 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // A rank of a sharded update stays until that update ended: its loop may still call it.
   ~Session() override {
-    if (sharded_) sharded_->leave();
+    if (sharded_) sharded_->leave(rank_);
   }
 
   void run() {

@@ -54,11 +54,16 @@ void ShardedUpdate::fail_locked(std::unique_lock<std::mutex>& lock, ferry_status
     if (r.joined && r.join.member != nullptr) members.push_back(r.join.member);
   }
   const std::string text = error_;
+  // The members are called without the lock; none of them may leave (and be destroyed) before
+  // these calls returned: leave() waits for stopping_ to fall back to 0.
+  ++stopping_;
   changed_.notify_all();
   lock.unlock();
   logger("session")->warn("{}", text);
   for (auto* m : members) m->stop(code, text);
   lock.lock();
+  --stopping_;
+  changed_.notify_all();
 }
 
 void ShardedUpdate::add(ShardJoin join, std::unique_lock<std::mutex>& lock) {
@@ -152,9 +157,10 @@ void ShardedUpdate::fail_rank(std::uint32_t rank, ferry_status_code_t code,
   fail_locked(lock, code, std::move(text));
 }
 
-void ShardedUpdate::leave() noexcept {
+void ShardedUpdate::leave(std::uint32_t rank) noexcept {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return worker_done_; });
+  changed_.wait(lock, [&] { return worker_done_ && stopping_ == 0; });
+  if (rank < world_) ranks_[rank].join.member = nullptr;
 }
 
 // ---- the worker: joins, holdings and layout, begins, the update loop ------------------------

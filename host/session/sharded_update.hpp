@@ -12,8 +12,8 @@
 //
 // Threading: each session calls from its own thread; the ShardedUpdate's worker thread opens
 // the layout, runs the loop and releases the update lock (the thread that took it); the loop
-// calls the members' verify()/applied() on its applying thread. A member stays alive until
-// leave() returned.
+// calls the members' verify()/applied() on its applying thread; a failure, on whichever thread
+// it happens, calls every member's stop(). A member stays alive until leave() returned.
 #pragma once
 
 #include <atomic>
@@ -105,8 +105,9 @@ class ShardedUpdate final : public update::BucketSource {
   ShardOutcome finish(std::uint32_t rank);
   // Any thread: `rank` failed (its message names the peer and phase): the update aborts.
   void fail_rank(std::uint32_t rank, ferry_status_code_t code, const std::string& message) noexcept;
-  // Session thread, last: waits until the worker ended (nothing calls the member afterwards).
-  void leave() noexcept;
+  // Session thread, last: waits until the worker ended and no other session's failure is still
+  // stopping the members; nothing calls this rank's member afterwards.
+  void leave(std::uint32_t rank) noexcept;
 
   // ---- update::BucketSource (the worker's update loop) -----------------------------------
   bool double_buffered() const override { return true; }
@@ -159,6 +160,7 @@ class ShardedUpdate final : public update::BucketSource {
   std::uint64_t signature_ = 0;
   std::uint32_t num_params_ = 0;
   bool worker_done_ = false;
+  std::uint32_t stopping_ = 0;  // fail_locked calls stopping the members, outside the lock
   std::atomic<std::uint32_t> applying_{0};  // the origin of the bucket being applied
   std::thread worker_;
 };
