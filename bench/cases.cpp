@@ -10,6 +10,7 @@
 #include "bench/cuda_ipc/cuda_ipc.hpp"
 #include "bench/disk/disk.hpp"
 #include "bench/embedded/embedded.hpp"
+#include "bench/sharded/sharded.hpp"
 #include "bench/fingerprint/fingerprint.hpp"
 #include "bench/fp8/fp8.hpp"
 #include "bench/moe/moe.hpp"
@@ -48,6 +49,9 @@ void list_cases() {
       "  embedded     a real-model RL push from Python (bench/embedded_push.py): a trainer's\n"
       "               Qwen3 (8B dims, 5 layers, 4.4 GB) state_dict right after optimizer.step()\n"
       "               into a rollout process's default ferry.Receiver on the same GPU vs D2D\n"
+      "  sharded      a sharded trainer's push (bench/sharded_push.py): 1, 2, 4 sender processes\n"
+      "               holding dim-0 shards of a Qwen3-8B-shaped model into 2 ferry serve\n"
+      "               receivers vs one sender holding it whole, same run (and D2D on a GPU)\n"
       "  store        the CUDA weight store's release and resume (100 GiB; 64 GiB with backup\n"
       "               through the page-locked host mirror) vs a plain pinned cudaMemcpy\n"
       "common options: --device cuda|cpu (default %s), --json FILE, --repeat N, --warmup N,\n"
@@ -130,14 +134,16 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
   const NcclBenchCommand nccl = add_nccl_bench_command(bench_cmd, globals);
   const CudaIpcBenchCommand cuda_ipc = add_cuda_ipc_bench_command(bench_cmd, globals);
   const EmbeddedBenchCommand embedded = add_embedded_bench_command(bench_cmd);
+  const ShardedBenchCommand sharded = add_sharded_bench_command(bench_cmd);
   const StoreBenchCommand store = add_store_bench_command(bench_cmd);
 
   return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc,
-          embedded, store, fp8, moe, &globals]() -> int {
+          embedded, sharded, store, fp8, moe, &globals]() -> int {
     if (ucx.app->parsed()) return ucx.action();  // its own options, watchdog and JSON
     if (nccl.app->parsed()) return nccl.action();  // likewise
     if (cuda_ipc.app->parsed()) return cuda_ipc.action();  // likewise
     if (embedded.app->parsed()) return embedded.action();  // likewise
+    if (sharded.app->parsed()) return sharded.action();  // likewise
     if (store.app->parsed()) return store.action();  // its own options and JSON
     if (!scatter->parsed() && !fingerprint->parsed() && !disk->parsed() && !fp8->parsed() &&
         !moe->parsed()) {

@@ -269,13 +269,13 @@ def rollout_main(args):
     return 0
 
 
-class Rollout:
-    """The rollout child: commands on stdin, JSON lines on stdout (read by a thread so that every
-    wait has a timeout), its stderr shared with ours."""
+class Child:
+    """A child process of a bench script: commands on stdin, JSON lines on stdout (read by a
+    thread so that every wait has a timeout), its stderr shared with ours. `what` names it in
+    the errors (bench/sharded_push.py uses it for its senders)."""
 
-    def __init__(self, args):
-        cmd = [sys.executable, os.path.abspath(__file__), "--role", "rollout",
-               "--layers", str(args.layers), "--device", args.device]
+    def __init__(self, cmd, what):
+        self.what = what
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
         self.lines = queue.Queue()
@@ -292,10 +292,10 @@ class Rollout:
             try:
                 line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
-                raise RuntimeError("the rollout process gave no answer within %.0f s" % timeout)
+                raise RuntimeError("%s gave no answer within %.0f s" % (self.what, timeout))
             if line is None:
                 self.proc.wait(timeout=10)
-                raise RuntimeError("the rollout process exited (code %s)" % self.proc.returncode)
+                raise RuntimeError("%s exited (code %s)" % (self.what, self.proc.returncode))
             try:
                 msg = json.loads(line)
             except ValueError:
@@ -303,7 +303,7 @@ class Rollout:
             if not isinstance(msg, dict):
                 continue
             if "failure" in msg:
-                raise RuntimeError("the rollout process failed: %s" % msg["failure"])
+                raise RuntimeError("%s failed: %s" % (self.what, msg["failure"]))
             return msg
 
     def ask(self, command, timeout):
@@ -324,6 +324,15 @@ class Rollout:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+
+
+class Rollout(Child):
+    """The rollout child (this script, --role rollout)."""
+
+    def __init__(self, args):
+        super().__init__([sys.executable, os.path.abspath(__file__), "--role", "rollout",
+                          "--layers", str(args.layers), "--device", args.device],
+                         "the rollout process")
 
 
 # ---- the trainer (this process) ---------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "bench/common/ferry_program.hpp"
+#include "bench/common/python_script.hpp"
 #include "common/log.hpp"
 
 extern char** environ;
@@ -35,16 +36,6 @@ constexpr std::size_t kKeptStderr = 16u << 10;
 std::string find_script(const BenchOptions& options, std::string* looked) {
   *looked = options.torch_script.empty() ? "bench/torch_baselines.py" : options.torch_script;
   return find_bench_script(options.torch_script, "torch_baselines.py");
-}
-
-std::string last_line(const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  std::string last;
-  while (std::getline(in, line)) {
-    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
-  }
-  return last;
 }
 
 struct ChildOutput {

@@ -14,21 +14,18 @@
 #include <string>
 
 #include "bench/common/case.hpp"
+#include "bench/common/python_script.hpp"
 #include "bench/common/report.hpp"
 
 namespace ferry::bench {
 
-struct EmbeddedBenchOptions {
+struct EmbeddedBenchOptions : ScriptBenchOptions {
   int layers = 5;                  // decoder layers (5: 4.42 GB of bf16)
   int steps = 8;                   // optimizer steps, each followed by a push
   std::string delivery = "auto";   // the Sender's update.delivery (auto: not set)
   std::string path = "push";       // push, or sglang-tensor (/update_weights_from_tensor)
   int bucket_mib = 512;            // sglang-tensor: flattened bucket size
   std::string device = "cuda";     // cuda; cpu runs the script's own CPU check (tiny model)
-  std::string python = "python3";  // interpreter for the script
-  std::string script;              // empty: searched (bench/README.md)
-  std::string json_path;
-  int timeout_s = 570;
 };
 
 struct EmbeddedBenchCommand {

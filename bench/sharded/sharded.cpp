@@ -1,0 +1,123 @@
+// bench/sharded/sharded.cpp: `ferry bench sharded` (see sharded.hpp): runs bench/sharded_push.py
+// (bench/common/python_script.hpp) with this ferry as its receivers' executable, then prints the
+// table and appends the record.
+#include "bench/sharded/sharded.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "bench/common/ferry_program.hpp"
+#include "bench/common/python_script.hpp"
+
+namespace ferry::bench {
+namespace {
+
+constexpr double kTarget = 0.70;  // the target for 4 senders on the H200
+
+std::string ms(const Json& row, const char* key) {
+  return row.contains(key) && row[key].is_number()
+             ? fmt::format("{:.2f}", row[key].get<double>() * 1e3)
+             : "-";
+}
+
+std::string ratio(const Json& row, const char* key) {
+  return row.contains(key) && row[key].is_number() ? fmt::format("{:.2f}", row[key].get<double>())
+                                                   : "-";
+}
+
+void print_result(const Json& d) {
+  const double bytes = d.value("model_bytes", 0.0);
+  fmt::print("\nbench sharded: {} layers, {} tensors, {} ({}) of bf16 into {} receivers on {}; "
+             "transport {}; {} rounds per row\n",
+             d.value("layers", 0), d.value("tensors", 0), decimal_bytes(bytes),
+             binary_size(static_cast<std::uint64_t>(bytes)), d.value("receivers", 0),
+             d.value("device_name", std::string("?")), d.value("transport", std::string("?")),
+             d.value("rounds", 0));
+  Table table({"senders", "sharded ms (median)", "best ms", "one sender ms", "sharded / one",
+               "of D2D", "one sender of D2D", "moved = needed", "transports"});
+  if (d.contains("rows") && d["rows"].is_array()) {
+    for (const Json& row : d["rows"]) {
+      std::string transports;
+      for (const auto& t : row.value("transports", Json::array())) {
+        transports += (transports.empty() ? "" : ",") + t.get<std::string>();
+      }
+      table.add_row({std::to_string(row.value("senders", 0)), ms(row, "sharded_median_s"),
+                     ms(row, "sharded_best_s"), ms(row, "whole_median_s"),
+                     ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
+                     row.value("moved_equals_needed", false) ? "yes" : "NO", transports});
+    }
+  }
+  std::printf("\n");
+  table.print();
+  fmt::print(
+      "\nsharded / one: the one-sender push's time over the sharded push's (above 1: faster). "
+      "of D2D: the device copy\nof the bytes the receivers wrote (each receiver writes the whole "
+      "model), over the push's time; target >= {:.2f}\nwith 4 senders.\nverification: {}\n",
+      kTarget, d.value("verification", std::string("?")));
+}
+
+}  // namespace
+
+int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
+  Json record = record_header("sharded", fmt::format("qwen3-8b-dims-{}-layers", o.layers),
+                              Device::cpu);
+  record["senders"] = o.senders;
+  record["receivers"] = o.receivers;
+  record["layers"] = o.layers;
+  record["transport"] = o.transport;
+  const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
+                                .string();
+  const ScriptRun run = run_bench_script(
+      "sharded", "sharded_push.py", o.script, o.python,
+      {"--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
+       std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
+       o.transport, "--device", o.device, "--ferry", ferry, "--no-table"},
+      record);
+  if (run.exit_code == 2) return 2;
+  if (!run.ran()) {
+    records.push_back(record);
+    return run.exit_code;
+  }
+  const Json& parsed = run.result;
+  print_result(parsed);
+  if (parsed.value("device", std::string("cuda")) != "cpu") {
+    Json header = record_header("sharded", fmt::format("qwen3-8b-dims-{}-layers", o.layers),
+                                Device::cuda);
+    record["device"] = header["device"];
+    record["machine"] = header["machine"];
+  }
+  record["target"] = kTarget;
+  record["verified"] = parsed.value("verified", false);
+  record["result"] = parsed;
+  records.push_back(record);
+  return parsed.value("verified", false) ? 0 : 1;
+}
+
+ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
+  CLI::App* app = bench->add_subcommand(
+      "sharded",
+      "a sharded trainer's push (S sender processes holding dim-0 shards of a Qwen3-shaped "
+      "model) vs one sender holding it whole, into R ferry serve receivers");
+  auto o = std::make_shared<ShardedBenchOptions>();
+  app->add_option("--senders", o->senders, "sender counts, comma-separated (1,2,4)");
+  app->add_option("--receivers", o->receivers, "ferry serve receivers (2)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--layers", o->layers, "decoder layers (36: Qwen3-8B, 16.38 GB of bf16)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--rounds", o->rounds, "pushes per sender count (3)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--transport", o->transport, "the senders' transport (auto)");
+  app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+  add_script_bench_options(app, o.get(), "sharded_push.py");
+  Action action = [o]() -> int {
+    return run_script_bench(*o, [&](Json& records) { return run_sharded_bench(*o, records); });
+  };
+  return {app, action};
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""bench/sharded_push.py: a sharded trainer's push, timed against the one-sender push of the same
+model in the same run (docs/sharded.md). S sender processes (this script, --role sender), rank r
+holding rows [r*n/S, (r+1)*n/S) of every tensor of a Qwen3-shaped model (FSDP-style dim-0
+shards, as ferry.Block views of its own device memory), push one version together into R
+`ferry serve` receivers on the same device; then this process, holding the whole model, pushes
+the same values as the next version with one ferry.Sender into the same receivers.
+
+Run by `ferry bench sharded` as a child process (or by hand); prints exactly one JSON object on
+stdout, as its last line (the protocol of bench/embedded_push.py):
+
+  {"ok": true, ...numbers...}                 the bench ran (see "verified")
+  {"ok": false, "unavailable": "<reason>"}    torch, CUDA, ferry or the ferry executable is
+                                              missing; exit 3
+  {"ok": false, "error": "<reason>"}          the run failed; exit 1
+
+The model: hidden 4096, intermediate 12288, 32 heads, 8 KV heads, head_dim 128, vocab 151936,
+untied lm_head, --layers N (36: Qwen3-8B, 16.38 GB of bf16), values a function of the element's
+global index and the round's seed (no download, no transformers needed). With --device cpu the
+same flow runs on host tensors of a tiny model (hidden 256): over UCX or inline on a CPU machine.
+
+Per S (--senders, default 1,2,4) and round (--rounds, default 3): every sender refills its
+shards with the round's values, the sharded push runs (timed on the wall clock from the moment
+the senders were told to push to the last one's answer; each rank's push returns once every
+receiver committed), every receiver's /get_fingerprints is read; then the one-sender push of the
+same values (timed), the fingerprints again. Verified: every sharded version equal to the
+one-sender push of the same values on every receiver (and different from the round before), and
+each receiver's report of bytes moved per rank adding up to its bytes needed. The ceiling, in the
+same run: one device-to-device copy of the model's bytes (--device cuda), times R (each receiver
+writes the whole model: receivers with a tensor-parallel size do not take part yet).
+
+Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
+                       [--transport auto] [--ferry PATH] [--device cuda|cpu] [--no-table]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import embedded_push as common  # noqa: E402  (the child protocol and the D2D ceiling)
+
+TARGET = 0.70  # the issue's target for 4 senders on the H200: >= 0.7 of D2D
+
+
+def unavailable(reason):
+    sys.stderr.write("sharded_push: unavailable: %s\n" % reason)
+    common.emit({"ok": False, "unavailable": reason}, 3)
+
+
+def note(text):
+    sys.stderr.write("sharded_push: %s\n" % text)
+    sys.stderr.flush()
+
+
+def model_shapes(layers, device):
+    """[(name, shape)] of a Qwen3 checkpoint's tensors (Hugging Face names)."""
+    if device == "cpu":
+        vocab, hidden, inter, heads, kv, hd = 4096, 256, 768, 4, 2, 64
+    else:
+        vocab, hidden, inter, heads, kv, hd = 151936, 4096, 12288, 32, 8, 128
+    out = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = "model.layers.%d." % i
+        out += [(p + "input_layernorm.weight", (hidden,)),
+                (p + "self_attn.q_proj.weight", (heads * hd, hidden)),
+                (p + "self_attn.k_proj.weight", (kv * hd, hidden)),
+                (p + "self_attn.v_proj.weight", (kv * hd, hidden)),
+                (p + "self_attn.o_proj.weight", (hidden, heads * hd)),
+                (p + "self_attn.q_norm.weight", (hd,)),
+                (p + "self_attn.k_norm.weight", (hd,)),
+                (p + "post_attention_layernorm.weight", (hidden,)),
+                (p + "mlp.gate_proj.weight", (inter, hidden)),
+                (p + "mlp.up_proj.weight", (inter, hidden)),
+                (p + "mlp.down_proj.weight", (hidden, inter))]
+    out += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return out
+
+
+def rows_of(n, rank, world):
+    return n * rank // world, n * (rank + 1) // world
+
+
+def fill(torch, t, seed, tensor_index, row0):
+    """Writes the values of rows [row0, row0 + len(t)) of tensor `tensor_index` for `seed` into t:
+    a function of the global element index (so every rank computes its own rows alone)."""
+    cols = 1
+    for d in t.shape[1:]:
+        cols *= d
+    flat = t.view(t.shape[0], cols)
+    step = max(1, (1 << 24) // cols)
+    for lo in range(0, t.shape[0], step):
+        hi = min(t.shape[0], lo + step)
+        idx = torch.arange((row0 + lo) * cols, (row0 + hi) * cols, device=t.device,
+                           dtype=torch.int64)
+        v = (idx * 2654435761 + seed * 40503 + tensor_index * 9973) % 65521
+        flat[lo:hi].copy_((v.to(torch.float32) / 65521.0 - 0.5).view(hi - lo, cols))
+
+
+def device_of(args):
+    return "cuda:0" if args.device == "cuda" else "cpu"
+
+
+# ---- a sender rank (a child process) ----------------------------------------------------------
+
+def sender_main(args):
+    import torch
+    import ferry
+    shapes = model_shapes(args.layers, args.device)
+    shards = []
+    for i, (name, shape) in enumerate(shapes):
+        lo, hi = rows_of(shape[0], args.rank, args.world)
+        shards.append((name, shape, lo,
+                       torch.empty((hi - lo,) + tuple(shape[1:]), dtype=torch.bfloat16,
+                                   device=device_of(args))))
+    sender = ferry.Sender(args.to.split(","), transport=args.transport, progress=False)
+    print(json.dumps({"ready": True, "bytes": sum(t.numel() * 2 for *_, t in shards)}),
+          flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        try:
+            if words[0] == "fill":
+                seed = int(words[1])
+                for i, (name, shape, lo, t) in enumerate(shards):
+                    fill(torch, t, seed, i, lo)
+                if args.device == "cuda":
+                    torch.cuda.synchronize()
+                print(json.dumps({"filled": seed}), flush=True)
+            elif words[0] == "push":
+                version = int(words[1])
+                state = {name: ferry.Block(t, shape, (lo,) + (0,) * (len(shape) - 1))
+                         for name, shape, lo, t in shards}
+                t0 = time.perf_counter()
+                report = sender.push(state, version, check=False, rank=args.rank,
+                                     world=args.world)
+                seconds = time.perf_counter() - t0
+                print(json.dumps({
+                    "pushed": version, "seconds": seconds, "committed": report.all_committed,
+                    "errors": [r.error for r in report.receivers if not r.committed],
+                    "transports": [r.transport for r in report.receivers],
+                    "rank_bytes": [list(r.rank_bytes) for r in report.receivers],
+                    "needed_bytes": [r.needed_bytes for r in report.receivers]}), flush=True)
+            else:
+                print(json.dumps({"failure": "unknown command %r" % words[0]}), flush=True)
+        except Exception as e:
+            print(json.dumps({"failure": "%s: %s" % (type(e).__name__, e)}), flush=True)
+    sender.close()
+    return 0
+
+
+# ---- the receivers: `ferry serve` processes -----------------------------------------------------
+
+class Serve:
+    def __init__(self, ferry_exe, device, folder, index):
+        self.ready_file = os.path.join(folder, "serve-%d.port" % index)
+        self.log_path = os.path.join(folder, "serve-%d.log" % index)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [ferry_exe, "--log-level", "warn", "serve", "--port", "0", "--ready-file",
+             self.ready_file, "--device", device, "--model-family", "identity"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(self.ready_file) and os.path.getsize(self.ready_file) > 0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("ferry serve %d did not start: %s" % (index, self.tail()))
+            time.sleep(0.05)
+        with open(self.ready_file) as f:
+            self.address = "127.0.0.1:%d" % int(f.read().strip())
+
+    def tail(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()[-2000:]
+
+    def fingerprints(self):
+        with urllib.request.urlopen("http://%s/get_fingerprints" % self.address,
+                                    timeout=120) as r:
+            body = json.loads(r.read())
+        return body["weight_version"], body["fingerprints"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.log.close()
+
+
+# ---- the bench (this process) -----------------------------------------------------------------
+
+def bench_main(args, torch, ferry):
+    shapes = model_shapes(args.layers, args.device)
+    model_bytes = sum(2 * _numel(s) for _, s in shapes)
+    note("%d tensors, %.2f GB bf16, %s senders into %d receivers on %s"
+         % (len(shapes), model_bytes / 1e9, args.senders, args.receivers, args.device))
+    whole = [(name, torch.empty(shape, dtype=torch.bfloat16, device=device_of(args)))
+             for name, shape in shapes]
+    folder = tempfile.mkdtemp(prefix="ferry-sharded-bench-")
+    serves = []
+    try:
+        for i in range(args.receivers):
+            serves.append(Serve(args.ferry, device_of(args), folder, i))
+        addresses = [s.address for s in serves]
+        one = ferry.Sender(addresses, transport=args.transport, progress=False)
+        version = [0]
+
+        def push_whole(seed):
+            for i, (name, t) in enumerate(whole):
+                fill(torch, t, seed, i, 0)
+            common.sync(torch, args.device)
+            version[0] += 1
+            t0 = time.perf_counter()
+            report = one.push(dict(whole), version[0], check=False)
+            seconds = time.perf_counter() - t0
+            if not report.all_committed:
+                raise RuntimeError("the one-sender push of version %d failed: %s"
+                                   % (version[0], report))
+            return seconds, report
+
+        first_s, first_report = push_whole(0)  # creates the receivers' layout
+        rows, verified, notes = [], True, []
+        previous = [s.fingerprints()[1] for s in serves]
+        for world in args.senders:
+            senders = [common.Child([sys.executable, os.path.abspath(__file__), "--role",
+                                     "sender", "--rank", str(r), "--world", str(world),
+                                     "--to", ",".join(addresses), "--layers", str(args.layers),
+                                     "--device", args.device, "--transport", args.transport],
+                                    "sender rank %d of %d" % (r, world))
+                       for r in range(world)]
+            try:
+                for s in senders:
+                    s.answer(args.answer_timeout)
+                sharded_s, whole_s, moved_ok, transports = [], [], True, set()
+                for k in range(args.rounds):
+                    seed = 1000 * world + k + 1
+                    for s in senders:
+                        s.proc.stdin.write("fill %d\n" % seed)
+                        s.proc.stdin.flush()
+                    for s in senders:
+                        s.answer(args.answer_timeout)
+                    version[0] += 1
+                    t0 = time.perf_counter()
+                    for s in senders:
+                        s.proc.stdin.write("push %d\n" % version[0])
+                        s.proc.stdin.flush()
+                    answers = [s.answer(args.answer_timeout) for s in senders]
+                    sharded_s.append(time.perf_counter() - t0)
+                    for r, a in enumerate(answers):
+                        if not a["committed"]:
+                            raise RuntimeError("rank %d of %d: version %d failed: %s"
+                                               % (r, world, version[0], a["errors"]))
+                        transports.update(a["transports"])
+                    for i, needed in enumerate(answers[0]["needed_bytes"]):
+                        if sum(answers[0]["rank_bytes"][i]) != needed:
+                            moved_ok = False
+                    sharded = [s.fingerprints() for s in serves]
+                    seconds, _ = push_whole(seed)
+                    whole_s.append(seconds)
+                    reference = [s.fingerprints() for s in serves]
+                    for i in range(len(serves)):
+                        same = sharded[i][1] == reference[i][1]
+                        fresh = sharded[i][1] != previous[i]
+                        if not (same and fresh):
+                            verified = False
+                            notes.append("receiver %d, %d senders, round %d: %s" % (
+                                i, world, k, "not the one-sender push's values" if not same
+                                else "unchanged from the round before"))
+                    previous = [r[1] for r in reference]
+                rows.append({"senders": world, "sharded_median_s": statistics.median(sharded_s),
+                             "sharded_best_s": min(sharded_s), "whole_median_s":
+                             statistics.median(whole_s), "transports": sorted(transports),
+                             "moved_equals_needed": moved_ok,
+                             "rank_bytes": answers[0]["rank_bytes"][0],
+                             "needed_bytes": answers[0]["needed_bytes"][0]})
+                verified = verified and moved_ok
+            finally:
+                for s in senders:
+                    s.close()
+        one.close()
+    finally:
+        for s in serves:
+            s.close()
+    d2d = None
+    if args.device == "cuda":
+        runs, same = common.d2d_ceiling(torch, model_bytes, 10, args.device)
+        d2d = statistics.median(runs) if same else None
+    for row in rows:
+        row["of_d2d"] = (args.receivers * d2d / row["sharded_median_s"]) if d2d else None
+        row["whole_of_d2d"] = (args.receivers * d2d / row["whole_median_s"]) if d2d else None
+        row["vs_whole"] = row["whole_median_s"] / row["sharded_median_s"]
+    return {"ok": True, "device": args.device,
+            "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+            "layers": args.layers, "tensors": len(shapes), "model_bytes": model_bytes,
+            "receivers": args.receivers, "transport": args.transport, "rounds": args.rounds,
+            "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
+            "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
+            "verification": "; ".join(notes) or
+            "every sharded version equal to the one-sender push of the same values on every "
+            "receiver, bytes moved = bytes needed"}
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def ms(s):
+    return "-" if s is None else "%.2f" % (s * 1e3)
+
+
+def print_table(r):
+    out = sys.stderr
+    out.write("\nsharded push: %d layers, %d tensors, %.2f GB bf16 into %d receivers on %s (%s)\n"
+              % (r["layers"], r["tensors"], r["model_bytes"] / 1e9, r["receivers"],
+                 r["device_name"], r["transport"]))
+    out.write("%8s %14s %14s %10s %10s %10s  %s\n" % ("senders", "sharded ms", "one sender ms",
+                                                      "vs one", "of D2D", "one/D2D",
+                                                      "transports"))
+    for row in r["rows"]:
+        of = "-" if row["of_d2d"] is None else "%.2f" % row["of_d2d"]
+        wof = "-" if row["whole_of_d2d"] is None else "%.2f" % row["whole_of_d2d"]
+        out.write("%8d %14s %14s %10.2f %10s %10s  %s\n" % (
+            row["senders"], ms(row["sharded_median_s"]), ms(row["whole_median_s"]),
+            row["vs_whole"], of, wof, ",".join(row["transports"])))
+    out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
+    out.flush()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="ferry bench sharded: S sender ranks vs one")
+    parser.add_argument("--role", choices=["bench", "sender"], default="bench",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--to", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--senders", default="1,2,4", help="sender counts, comma-separated")
+    parser.add_argument("--receivers", type=int, default=2, help="ferry serve receivers (2)")
+    parser.add_argument("--layers", type=int, default=36, help="decoder layers (36: Qwen3-8B)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per sender count (3)")
+    parser.add_argument("--transport", default="auto", help="the Senders' transport (auto)")
+    parser.add_argument("--ferry", default=os.environ.get("FERRY_EXE", "ferry"),
+                        help="the ferry executable the receivers run ($FERRY_EXE or ferry)")
+    parser.add_argument("--answer-timeout", type=float, default=300,
+                        help="seconds to wait for a sender at any point (300)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda (cuda:0); cpu: host tensors of a tiny model")
+    parser.add_argument("--no-table", action="store_true",
+                        help="no table on stderr (ferry bench sharded prints its own)")
+    args = parser.parse_args()
+    try:
+        args.senders = [int(s) for s in str(args.senders).split(",") if s]
+    except ValueError:
+        parser.error("--senders takes counts separated by commas, e.g. 1,2,4")
+    if (not args.senders or min(args.senders) < 1 or args.receivers < 1 or args.layers < 1
+            or args.rounds < 1):
+        parser.error("need --senders >= 1, --receivers >= 1, --layers >= 1 and --rounds >= 1")
+
+    if args.role == "sender":
+        try:
+            return sender_main(args)
+        except Exception as e:
+            print(json.dumps({"failure": "%s: %s" % (type(e).__name__, e)}), flush=True)
+            return 1
+
+    try:
+        import torch
+    except Exception as e:
+        unavailable("torch is not importable by %s: %s" % (sys.executable, e))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        unavailable("torch %s sees no CUDA device" % torch.__version__)
+    try:
+        import ferry
+        ferry.library_path()
+    except Exception as e:
+        unavailable("the ferry package or libferry.so is not found by %s: %s" % (sys.executable, e))
+    try:
+        subprocess.run([args.ferry, "--version"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=True, timeout=60)
+    except Exception as e:
+        unavailable("the ferry executable %r does not run: %s (--ferry or $FERRY_EXE)"
+                    % (args.ferry, e))
+    try:
+        result = bench_main(args, torch, ferry)
+    except Exception as e:
+        sys.stderr.write("sharded_push: error: %s: %s\n" % (type(e).__name__, e))
+        common.emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)
+    if not args.no_table:
+        print_table(result)
+    common.emit(result, 0 if result["verified"] else 1)
+
+
+if __name__ == "__main__":
+    main()
