@@ -81,7 +81,7 @@ struct DeviceScope {
 }  // namespace
 
 SharedTensorMapping::SharedTensorMapping(const torch_reductions::Tensor& tensor)
-    : tensor_(tensor), bytes_(tensor.bytes()) {
+    : bytes_(tensor.bytes()) {
   if (const auto* f = std::get_if<SharedMemoryFile>(&tensor.storage)) {
     storage_end_ = storage_after_start(tensor, f->size_bytes);
     const int fd = shm_open(f->name.c_str(), O_RDONLY | O_CLOEXEC, 0);

@@ -45,7 +45,6 @@ class SharedTensorMapping {
   void copy_to_host(void* dst, std::uint64_t byte_offset, std::uint64_t bytes) const;
 
  private:
-  const torch_reductions::Tensor& tensor_;
   const std::byte* data_ = nullptr;
   std::uint64_t bytes_ = 0;
   std::uint64_t storage_end_ = 0;  // bytes from data_ to the end of its storage
@@ -53,7 +52,7 @@ class SharedTensorMapping {
   int device_ = -1;
   void* map_ = nullptr;        // shared-memory file: the mapping
   std::uint64_t map_bytes_ = 0;
-  void* ipc_base_ = nullptr;   // CUDA: the opened IPC allocation
+  [[maybe_unused]] void* ipc_base_ = nullptr;  // CUDA: the opened IPC allocation (CUDA builds)
 };
 
 // Gives a CUDA tensor's reference back to its producer (torch_reductions::
