@@ -30,7 +30,8 @@ same run: one device-to-device copy of the model's bytes (--device cuda), times 
 writes the whole model: receivers with a tensor-parallel size do not take part yet).
 
 Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
-                       [--transport auto] [--ferry PATH] [--device cuda|cpu] [--no-table]
+                       [--transport auto] [--ferry PATH] [--device cuda|cpu] [--log-dir DIR]
+                       [--no-table]
 """
 
 import argparse
@@ -159,12 +160,13 @@ def sender_main(args):
 # ---- the receivers: `ferry serve` processes -----------------------------------------------------
 
 class Serve:
-    def __init__(self, ferry_exe, device, folder, index):
+    def __init__(self, ferry_exe, device, folder, index, log_dir=None):
         self.ready_file = os.path.join(folder, "serve-%d.port" % index)
-        self.log_path = os.path.join(folder, "serve-%d.log" % index)
+        self.log_path = os.path.join(log_dir or folder, "serve-%d.log" % index)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [ferry_exe, "--log-level", "warn", "serve", "--port", "0", "--ready-file",
+            [ferry_exe, "--log-level", "debug" if log_dir else "warn", "serve", "--port", "0",
+             "--ready-file",
              self.ready_file, "--device", device, "--model-family", "identity"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -210,7 +212,7 @@ def bench_main(args, torch, ferry):
     serves = []
     try:
         for i in range(args.receivers):
-            serves.append(Serve(args.ferry, device_of(args), folder, i))
+            serves.append(Serve(args.ferry, device_of(args), folder, i, args.log_dir))
         addresses = [s.address for s in serves]
         one = ferry.Sender(addresses, transport=args.transport, progress=False)
         version = [0]
@@ -353,6 +355,8 @@ def main():
     parser.add_argument("--transport", default="auto", help="the Senders' transport (auto)")
     parser.add_argument("--ferry", default=os.environ.get("FERRY_EXE", "ferry"),
                         help="the ferry executable the receivers run ($FERRY_EXE or ferry)")
+    parser.add_argument("--log-dir", default=None,
+                        help="keep each receiver's log here, at debug level (where time goes)")
     parser.add_argument("--answer-timeout", type=float, default=300,
                         help="seconds to wait for a sender at any point (300)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
