@@ -30,7 +30,8 @@ same run: one device-to-device copy of the model's bytes (--device cuda), times 
 writes the whole model: receivers with a tensor-parallel size do not take part yet).
 
 Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
-                       [--transport auto] [--ferry PATH] [--device cuda|cpu] [--log-dir DIR]
+                       [--transport auto] [--bucket-mib 0] [--ferry PATH] [--device cuda|cpu]
+                       [--log-dir DIR]
                        [--no-table]
 """
 
@@ -120,7 +121,8 @@ def sender_main(args):
         shards.append((name, shape, lo,
                        torch.empty((hi - lo,) + tuple(shape[1:]), dtype=torch.bfloat16,
                                    device=device_of(args))))
-    sender = ferry.Sender(args.to.split(","), transport=args.transport, progress=False)
+    sender = ferry.Sender(args.to.split(","), transport=args.transport, progress=False,
+                          bucket_bytes=args.bucket_mib << 20)
     print(json.dumps({"ready": True, "bytes": sum(t.numel() * 2 for *_, t in shards)}),
           flush=True)
     for line in sys.stdin:
@@ -237,7 +239,8 @@ def bench_main(args, torch, ferry):
             senders = [common.Child([sys.executable, os.path.abspath(__file__), "--role",
                                      "sender", "--rank", str(r), "--world", str(world),
                                      "--to", ",".join(addresses), "--layers", str(args.layers),
-                                     "--device", args.device, "--transport", args.transport],
+                                     "--device", args.device, "--transport", args.transport,
+                                     "--bucket-mib", str(args.bucket_mib)],
                                     "sender rank %d of %d" % (r, world))
                        for r in range(world)]
             try:
@@ -305,6 +308,7 @@ def bench_main(args, torch, ferry):
             "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
             "layers": args.layers, "tensors": len(shapes), "model_bytes": model_bytes,
             "receivers": args.receivers, "transport": args.transport, "rounds": args.rounds,
+            "bucket_mib": args.bucket_mib,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
             "verification": "; ".join(notes) or
@@ -355,6 +359,9 @@ def main():
     parser.add_argument("--transport", default="auto", help="the Senders' transport (auto)")
     parser.add_argument("--ferry", default=os.environ.get("FERRY_EXE", "ferry"),
                         help="the ferry executable the receivers run ($FERRY_EXE or ferry)")
+    parser.add_argument("--bucket-mib", type=int, default=0,
+                        help="the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB "
+                             "or the largest block)")
     parser.add_argument("--log-dir", default=None,
                         help="keep each receiver's log here, at debug level (where time goes)")
     parser.add_argument("--answer-timeout", type=float, default=300,

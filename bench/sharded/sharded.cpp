@@ -69,13 +69,15 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["receivers"] = o.receivers;
   record["layers"] = o.layers;
   record["transport"] = o.transport;
+  record["bucket_mib"] = o.bucket_mib;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
                                 .string();
   const ScriptRun run = run_bench_script(
       "sharded", "sharded_push.py", o.script, o.python,
       {"--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
        std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
-       o.transport, "--device", o.device, "--ferry", ferry, "--no-table"},
+       o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--device", o.device,
+       "--ferry", ferry, "--no-table"},
       record);
   if (run.exit_code == 2) return 2;
   if (!run.ran()) {
@@ -111,6 +113,10 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
   app->add_option("--rounds", o->rounds, "pushes per sender count (3)")
       ->check(CLI::PositiveNumber);
   app->add_option("--transport", o->transport, "the senders' transport (auto)");
+  app->add_option("--bucket-mib", o->bucket_mib,
+                  "the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB or the "
+                  "largest block)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   add_script_bench_options(app, o.get(), "sharded_push.py");

@@ -24,6 +24,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   int layers = 36;                 // decoder layers (36: Qwen3-8B, 16.38 GB of bf16)
   int rounds = 3;                  // pushes per sender count (medians)
   std::string transport = "auto";  // the senders' transport
+  int bucket_mib = 0;              // the sender ranks' bucket size (0: ferry's default)
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model
 };
 
