@@ -3,7 +3,9 @@ ferry.Block wrappers (row blocks, column blocks copied out, replicas) from threa
 into an embedded receiver land bit-identical and report bytes moved per rank and bytes needed;
 overlapping blocks are refused naming the ranks and the tensor, the version unchanged; the
 DTensor placements (Shard(d) on several mesh dimensions, Replicate) give the blocks torch.chunk
-does; with PyTorch installed, a real DTensor of a one-process gloo mesh is pushed as one."""
+does; with PyTorch installed, a real DTensor of a one-process gloo mesh is pushed as one. On a GPU,
+4 sender processes holding quarters of a model in CUDA memory push into 2 `ferry serve` receivers
+by CUDA IPC (bench/sharded_push.py), verified against the one-sender push of the same values."""
 
 import ctypes
 import math
@@ -215,3 +217,46 @@ def test_a_real_dtensor_of_a_one_process_mesh(ferry_module, receiver, tmp_path):
             assert params[name].values() == _global(shape, seed=i + 7), name
     finally:
         dist.destroy_process_group()
+
+
+def _ferry_executable(ferry):
+    """The ferry executable beside the library in use: a bundle's bin/ferry (lib/../bin) or a
+    build tree's host/cli/ferry (host/capi/../cli); $FERRY_EXE first."""
+    import os
+    from pathlib import Path
+    if os.environ.get("FERRY_EXE"):
+        return os.environ["FERRY_EXE"]
+    lib = Path(ferry.library_path()).resolve().parent
+    for candidate in (lib.parent / "bin" / "ferry", lib.parent / "cli" / "ferry"):
+        if candidate.is_file():
+            return str(candidate)
+    pytest.skip(f"no ferry executable beside {lib} (set FERRY_EXE)")
+
+
+def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module):
+    """bench/sharded_push.py on cuda:0: 4 sender processes, each holding a quarter (dim-0 rows) of
+    every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
+    push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
+    both receivers, the one-sender push of the same values (fingerprints), bytes moved = bytes
+    needed, and the transport cuda_ipc."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the sharded CUDA IPC push runs on a GPU machine "
+                    "(tests/bench runs the same program on the CPU)")
+    script = Path(__file__).resolve().parents[2] / "bench" / "sharded_push.py"
+    if not script.is_file():
+        pytest.skip(f"{script} is not here")
+    done = subprocess.run([sys.executable, str(script), "--ferry", _ferry_executable(ferry_module),
+                           "--layers", "8", "--senders", "4", "--rounds", "2", "--no-table"],
+                          stdout=subprocess.PIPE, text=True, timeout=400)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.get("ok"), result
+    assert result["verified"], result["verification"]
+    (row,) = result["rows"]
+    assert row["transports"] == ["cuda_ipc"], row
+    assert row["moved_equals_needed"] and len(row["rank_bytes"]) == 4, row
+    assert sum(row["rank_bytes"]) == row["needed_bytes"] == result["model_bytes"], row
