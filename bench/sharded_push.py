@@ -38,6 +38,7 @@ Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -296,6 +297,7 @@ def bench_main(args, torch, ferry):
     finally:
         for s in serves:
             s.close()
+        shutil.rmtree(folder, ignore_errors=True)  # the port files (and logs without --log-dir)
     d2d = None
     if args.device == "cuda":
         runs, same = common.d2d_ceiling(torch, model_bytes, 10, args.device)
