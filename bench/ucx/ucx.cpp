@@ -1,12 +1,14 @@
-// bench/ucx/ucx.cpp: `ferry bench ucx`: the UCX plugin between this process (sender) and a forked
-// receiver, per UCX transport and bucket size, through the plugin's C table exactly as the
-// session protocol drives it (put + flush where the plugin allows put, else tagged buckets into
-// posted receives with two in flight), next to ucx_perftest on the same transport and sizes.
+// bench/ucx/ucx.cpp: `ferry bench ucx`: the UCX plugin between this process (sender) and a
+// receiver process (this program run again), per UCX transport and bucket size, in host or GPU
+// memory, through the plugin's C table exactly as the session protocol drives it (put + flush
+// where the plugin allows put, else tagged buckets into posted receives with two in flight), next
+// to ucx_perftest on the same transport, memory type and sizes.
 #include "bench/common/process_channel.hpp"
 #include "bench/ucx/ucx.hpp"
 
 #include <ferry/sdk/error.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -17,12 +19,18 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/host_api.hpp"
+#include "ferry_build_config.h"
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace ferry::bench {
 namespace {
@@ -37,15 +45,55 @@ std::int64_t now_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// The plugin options of each benchmarked UCX transport (the same the tests use).
-// `rma` is the plugin's rma option ("auto": let the plugin choose; "never": force tagged buckets).
-std::vector<ferry_option_t> transport_options(const std::string& name, const char* rma = "auto") {
-  if (name == "tcp") return {{"tls", "tcp"}, {"rma", rma}};
-  if (name == "shm") return {{"tls", "sm"}, {"error_mode", "none"}, {"rma", rma}};
-  fail(FERRY_STATUS_INVALID_ARGUMENT, "ferry bench ucx: unknown transport '{}' (tcp, shm)", name);
+// One benchmarked UCX transport: its UCX_TLS with host and with GPU buffers (cuda_copy moves
+// the small and staged pieces of CUDA memory; cuda_ipc maps the peer's GPU memory), and whether
+// the plugin runs with peer error handling. ucx_perftest runs on the same UCX_TLS.
+struct BenchTransport {
+  const char* name;
+  const char* host_tls;  // nullptr: GPU memory only
+  const char* cuda_tls;  // nullptr: host memory only
+  bool peer_errors;      // error_mode = peer (else none: UCX 1.13 shared memory needs it)
+};
+constexpr BenchTransport kTransports[] = {
+    {"tcp", "tcp", "tcp,cuda_copy", true},
+    {"shm", "sm", "sm,cuda_copy", false},
+    // What a GPU receiver on this host gets with UCX's own transport choice: cuda_ipc for the
+    // bulk, tcp (which reports peer failure) for control messages and wireup.
+    {"cuda_ipc", nullptr, "cuda_ipc,cuda_copy,tcp", true},
+};
+
+const BenchTransport& bench_transport(const std::string& name, bool cuda) {
+  for (const auto& t : kTransports) {
+    if (name == t.name && (cuda ? t.cuda_tls : t.host_tls) != nullptr) return t;
+  }
+  fail(FERRY_STATUS_INVALID_ARGUMENT,
+       "ferry bench ucx: unknown transport '{}' for --device {} (cpu: tcp, shm; cuda: cuda_ipc, "
+       "tcp, shm)",
+       name, cuda ? "cuda" : "cpu");
 }
-// UCX_TLS for ucx_perftest on the same transport.
-std::string perftest_tls(const std::string& name) { return name == "tcp" ? "tcp" : "sm"; }
+std::string tls_of(const std::string& name, bool cuda) {
+  const auto& t = bench_transport(name, cuda);
+  return cuda ? t.cuda_tls : t.host_tls;
+}
+
+// The memory kinds the plugin moves (its caps; CUDA only where its UCX has CUDA support).
+std::uint32_t supported_memory_kinds_of(const ferry_transport_api_t& api) {
+  ferry_transport_caps_t caps{};
+  caps.struct_size = sizeof caps;
+  throw_if_error(api.get_caps(&caps), "ucx get_caps");
+  return caps.memory_kinds;
+}
+
+// The plugin options of a benchmarked transport. `rma` is the plugin's rma option ("auto": let
+// the plugin choose; "never": force tagged buckets). The strings live in `storage`.
+std::vector<ferry_option_t> transport_options(const std::string& name, bool cuda, const char* rma,
+                                              std::string& storage) {
+  const auto& t = bench_transport(name, cuda);
+  storage = tls_of(name, cuda);
+  std::vector<ferry_option_t> options = {{"tls", storage.c_str()}, {"rma", rma}};
+  if (!t.peer_errors) options.push_back({"error_mode", "none"});
+  return options;
+}
 
 // 64-bit words of a pattern that depends on the slot, so a stale or shifted bucket shows.
 std::uint64_t pattern_word(std::uint64_t i, std::uint64_t seed) {
@@ -53,14 +101,14 @@ std::uint64_t pattern_word(std::uint64_t i, std::uint64_t seed) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   return z ^ (z >> 27);
 }
-void fill(std::uint8_t* p, std::uint64_t n, std::uint64_t seed) {
+void fill_pattern(std::uint8_t* p, std::uint64_t n, std::uint64_t seed) {
   for (std::uint64_t w = 0; w < n / 8; ++w) {
     const std::uint64_t v = pattern_word(w, seed);
     std::memcpy(p + w * 8, &v, 8);
   }
   for (std::uint64_t b = n / 8 * 8; b < n; ++b) p[b] = static_cast<std::uint8_t>(b ^ seed);
 }
-bool matches(const std::uint8_t* p, std::uint64_t n, std::uint64_t seed) {
+bool matches_pattern(const std::uint8_t* p, std::uint64_t n, std::uint64_t seed) {
   for (std::uint64_t w = 0; w < n / 8; ++w) {
     const std::uint64_t v = pattern_word(w, seed);
     if (std::memcmp(p + w * 8, &v, 8) != 0) return false;
@@ -71,9 +119,32 @@ bool matches(const std::uint8_t* p, std::uint64_t n, std::uint64_t seed) {
   return true;
 }
 
-// Page-aligned memory that is not zero-filled lazily during the timed runs.
-struct Buffer {
-  explicit Buffer(std::uint64_t n) : size(n) {
+#if FERRY_HAVE_CUDA
+void cuda_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    fail(err == cudaErrorMemoryAllocation ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_INTERNAL,
+         "ferry bench ucx: {}: {}", what, cudaGetErrorString(err));
+  }
+}
+#endif
+
+// The bench's bucket memory: page-aligned host memory that is not zero-filled lazily during the
+// timed runs, or (cuda) device memory of GPU 0, filled and checked through a host copy.
+class Buffer {
+ public:
+  Buffer(std::uint64_t n, bool cuda) : size(n), cuda_(cuda) {
+    if (cuda_) {
+#if FERRY_HAVE_CUDA
+      void* p = nullptr;
+      cuda_ok(cudaSetDevice(0), "cudaSetDevice(0)");
+      cuda_ok(cudaMalloc(&p, std::max<std::uint64_t>(n, 8)), "cudaMalloc");
+      data = static_cast<std::uint8_t*>(p);
+      zero(0, n);
+      return;
+#else
+      fail(FERRY_STATUS_UNIMPLEMENTED, "ferry bench ucx --device cuda: built without CUDA");
+#endif
+    }
     void* p = nullptr;
     if (posix_memalign(&p, 4096, std::max<std::uint64_t>(n, 8)) != 0) {
       fail(FERRY_STATUS_OUT_OF_MEMORY, "ferry bench ucx: cannot allocate {} bytes", n);
@@ -81,11 +152,56 @@ struct Buffer {
     data = static_cast<std::uint8_t*>(p);
     std::memset(data, 0, n);
   }
-  ~Buffer() { std::free(data); }
+  ~Buffer() {
+#if FERRY_HAVE_CUDA
+    if (cuda_) {
+      (void)cudaFree(data);
+      return;
+    }
+#endif
+    std::free(data);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
+
+  ferry_memory_kind_t kind() const { return cuda_ ? FERRY_MEMORY_CUDA : FERRY_MEMORY_HOST; }
+  // The pattern of `seed` into [offset, offset + n).
+  void fill(std::uint64_t offset, std::uint64_t n, std::uint64_t seed) {
+    if (!cuda_) return fill_pattern(data + offset, n, seed);
+    std::vector<std::uint8_t> host(n);
+    fill_pattern(host.data(), n, seed);
+    copy(data + offset, host.data(), n, true);
+  }
+  bool matches(std::uint64_t offset, std::uint64_t n, std::uint64_t seed) const {
+    if (!cuda_) return matches_pattern(data + offset, n, seed);
+    std::vector<std::uint8_t> host(n);
+    copy(host.data(), data + offset, n, false);
+    return matches_pattern(host.data(), n, seed);
+  }
+  void zero(std::uint64_t offset, std::uint64_t n) {
+#if FERRY_HAVE_CUDA
+    if (cuda_) {
+      cuda_ok(cudaMemset(data + offset, 0, n), "cudaMemset");
+      cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      return;
+    }
+#endif
+    std::memset(data + offset, 0, n);
+  }
+
   std::uint8_t* data = nullptr;
   std::uint64_t size = 0;
+
+ private:
+  static void copy(void* to, const void* from, std::uint64_t n, bool to_device) {
+#if FERRY_HAVE_CUDA
+    cuda_ok(cudaMemcpy(to, from, n, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
+#else
+    (void)to, (void)from, (void)n, (void)to_device;
+#endif
+  }
+  bool cuda_ = false;
 };
 
 // Commands and rendezvous bytes between this process and the forked receiver.
@@ -98,15 +214,16 @@ class Channel : public ProcessChannel {
 class Endpoint {
  public:
   Endpoint(const ferry_transport_api_t& api, ferry_role_t role, const std::string& transport,
-           const char* rma = "auto")
+           bool cuda, const char* rma = "auto")
       : api_(api) {
-    auto options = transport_options(transport, rma);
+    std::string tls;
+    auto options = transport_options(transport, cuda, rma, tls);
     ferry_transport_create_args_t args{};
     args.struct_size = FERRY_STRUCT_SIZE(ferry_transport_create_args_t, device);
     args.role = role;
     args.options = options.data();
     args.num_options = options.size();
-    args.device = -1;
+    args.device = cuda ? 0 : -1;
     throw_if_error(api_.create(&args, &t_), "ucx create");
   }
   ~Endpoint() {
@@ -145,8 +262,8 @@ class Endpoint {
     desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
     desc.base = buffer.data;
     desc.size = buffer.size;
-    desc.kind = FERRY_MEMORY_HOST;
-    desc.device = -1;
+    desc.kind = buffer.kind();
+    desc.device = desc.kind == FERRY_MEMORY_CUDA ? 0 : -1;
     ferry_memory_t* m = nullptr;
     throw_if_error(api_.register_memory(t_, &desc, &m), "ucx register_memory");
     memories_.push_back(m);
@@ -218,17 +335,27 @@ int iterations_for(const UcxBenchOptions& o, std::uint64_t size) {
                                                     static_cast<std::uint64_t>(o.max_iterations)));
 }
 
-// The forked receiver: answers the sender's commands until "quit". Exit status 0 when every
+constexpr const char* kReceiverEnv = "FERRY_BENCH_UCX_RECEIVER";
+
+std::vector<std::uint64_t> bench_sizes(const UcxBenchOptions& o) {
+  if (!o.sizes.empty()) return o.sizes;
+  return {kMiB, 16 * kMiB, 256 * kMiB, 1024 * kMiB};
+}
+
+// The receiver process: answers the sender's commands until "quit". Exit status 0 when every
 // bucket it checked was intact.
-int receiver_main(const ferry_transport_api_t& api, const std::string& transport,
-                  const std::vector<std::uint64_t>& sizes, int channel_fd) {
+int receiver_main(const UcxBenchOptions& o, const ferry_transport_api_t& api,
+                  const std::string& transport, int channel_fd) {
   Channel ch(channel_fd);
+  const bool cuda = o.device == "cuda";
   try {
     std::uint64_t largest = 0;
-    for (auto s : sizes) largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(s)));
-    Endpoint ep(api, FERRY_ROLE_RECEIVER, transport);
+    for (auto s : bench_sizes(o)) {
+      largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(s)));
+    }
+    Endpoint ep(api, FERRY_ROLE_RECEIVER, transport, cuda);
     ep.connect(ch, "bench sender");
-    Buffer buffer(largest);
+    Buffer buffer(largest, cuda);
     ferry_memory_t* m = ep.reg(buffer);
     ch.send(ep.key(m));
     std::uint32_t next_index = 0;
@@ -259,13 +386,13 @@ int receiver_main(const ferry_transport_api_t& api, const std::string& transport
         }
         ch.send(std::string("done"));
         const int last_slot = (n - 1) % slots;
-        ch.send(std::string(matches(buffer.data + last_slot * size, size, last_slot) ? "intact"
-                                                                                      : "corrupt"));
+        ch.send(std::string(buffer.matches(last_slot * size, size, last_slot) ? "intact"
+                                                                                  : "corrupt"));
       } else if (verb == "verify") {
         // After puts: slot s must hold pattern s.
         bool ok = true;
-        for (int s = 0; s < std::min(n, slots); ++s) ok = ok && matches(buffer.data + s * size, size, s);
-        std::memset(buffer.data, 0, std::min<std::uint64_t>(buffer.size, size * slots));
+        for (int s = 0; s < std::min(n, slots); ++s) ok = ok && buffer.matches(s * size, size, s);
+        buffer.zero(0, std::min<std::uint64_t>(buffer.size, size * slots));
         ch.send(std::string(ok ? "intact" : "corrupt"));
       } else {
         fail(FERRY_STATUS_INTERNAL, "ferry bench ucx receiver: unknown command '{}'", verb);
@@ -293,22 +420,51 @@ struct TransportRun {
   std::vector<Measurement> results;
 };
 
-// This process is the sender; returns the measurements per size.
-TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& api,
-                       const std::string& transport, const std::vector<std::uint64_t>& sizes) {
-  int fds[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
-    fail(FERRY_STATUS_IO, "ferry bench ucx: socketpair failed");
+// This program's arguments, from /proc/self/cmdline (the receiver runs with the same ones).
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::size_t start = 0;
+  while (start < all.size()) {
+    const std::size_t end = all.find('\0', start);
+    args.push_back(all.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
   }
+  return args;
+}
+
+// Starts the receiver: this program again, same arguments, with kReceiverEnv naming its end of
+// the channel and the transport.
+pid_t start_receiver(const std::string& transport, int fd) {
+  std::vector<std::string> args = own_arguments();
+  if (args.empty()) fail(FERRY_STATUS_IO, "ferry bench ucx: cannot read /proc/self/cmdline");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string value = fmt::format("{} {}", fd, transport);
   std::fflush(nullptr);
   const pid_t child = fork();
   if (child < 0) fail(FERRY_STATUS_IO, "ferry bench ucx: fork failed");
   if (child == 0) {
-    close(fds[0]);
-    const int code = receiver_main(api, transport, sizes, fds[1]);
-    std::fflush(nullptr);
-    _exit(code);
+    setenv(kReceiverEnv, value.c_str(), 1);
+    execv("/proc/self/exe", argv.data());
+    std::fprintf(stderr, "ferry bench ucx: cannot run /proc/self/exe: %s\n", std::strerror(errno));
+    _exit(127);
   }
+  return child;
+}
+
+// This process is the sender; returns the measurements per size.
+TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& api,
+                       const std::string& transport, const std::vector<std::uint64_t>& sizes) {
+  int fds[2];
+  // The sender's end is not inherited; the receiver's is (it is named in kReceiverEnv).
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0 || fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0) {
+    fail(FERRY_STATUS_IO, "ferry bench ucx: socketpair failed");
+  }
+  const pid_t child = start_receiver(transport, fds[1]);
   close(fds[1]);
   Watchdog::set_child(child);
   struct Reaper {
@@ -333,10 +489,11 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
   for (auto s : sizes) largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(s)));
   // --primitive auto lets the plugin decide, as the session does (rma = auto on the sender).
   const char* rma = o.primitive == "tag" ? "never" : o.primitive == "put" ? "always" : "auto";
-  Endpoint ep(api, FERRY_ROLE_SENDER, transport, rma);
+  const bool cuda = o.device == "cuda";
+  Endpoint ep(api, FERRY_ROLE_SENDER, transport, cuda, rma);
   ep.connect(ch, "bench receiver");
   const Bytes key = ch.receive();
-  Buffer buffer(largest);
+  Buffer buffer(largest, cuda);
   ferry_memory_t* m = ep.reg(buffer);
 
   // Ask the plugin: a one-byte put is accepted only where it does RMA natively (rma = auto).
@@ -356,7 +513,7 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
   for (const std::uint64_t size : sizes) {
     const int slots = slots_for(size);
     const int n = iterations_for(o, size);
-    for (int s = 0; s < slots; ++s) fill(buffer.data + s * size, size, s);
+    for (int s = 0; s < slots; ++s) buffer.fill(s * size, size, s);
     Measurement best;
     // One untimed warm-up run (registration caches, page faults), then the timed one.
     for (int pass = 0; pass < 2; ++pass) {
@@ -442,16 +599,48 @@ std::uint64_t parse_size(const std::string& text) {
   return value * scale;
 }
 
+int run_ucx_receiver_if_asked(const UcxBenchOptions& o, const ferry_transport_api_t& api) {
+  const char* value = std::getenv(kReceiverEnv);
+  if (value == nullptr) return -1;
+  std::istringstream in(value);
+  int fd = -1;
+  std::string transport;
+  if (!(in >> fd >> transport) || fd < 0) {
+    std::fprintf(stderr, "ferry bench ucx: %s='%s': expected '<fd> <transport>'\n", kReceiverEnv,
+                 value);
+    return 2;
+  }
+  unsetenv(kReceiverEnv);
+  const int code = receiver_main(o, api, transport, fd);
+  close(fd);
+  return code;
+}
+
 int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Json& records) {
-  std::vector<std::uint64_t> sizes = o.sizes;
-  if (sizes.empty()) sizes = {kMiB, 16 * kMiB, 256 * kMiB, 1024 * kMiB};
+  const std::vector<std::uint64_t> sizes = bench_sizes(o);
+  const bool cuda = o.device == "cuda";
+  const std::string memory = cuda ? "cuda" : "host";
+  std::vector<std::string> transports = o.transports;
+  if (transports.empty()) {
+    transports = cuda ? std::vector<std::string>{"cuda_ipc", "tcp"}
+                      : std::vector<std::string>{"tcp", "shm"};
+  }
+  for (const auto& t : transports) bench_transport(t, cuda);  // validates every name first
+  if (cuda && (supported_memory_kinds_of(api) & FERRY_MEMORY_CUDA) == 0) {
+    std::fprintf(stderr,
+                 "ferry bench ucx --device cuda: the UCX plugin does not move CUDA memory here "
+                 "(its UCX has no CUDA support, or no GPU is visible): build against a UCX with "
+                 "CUDA (-Ducx_dir, e.g. pip install libucx-cu13)\n");
+    return 3;
+  }
   int code = 0;
-  Table table({"transport", "bucket", "iters", "primitive", "ferry", "ucp_put_bw", "tag_bw",
-               "best baseline", "ratio", ">=70%"});
-  for (const std::string& transport : o.transports) {
-    transport_options(transport);  // validates the name
-    std::printf("ucx %s: ferry through the plugin (sender here, receiver forked)\n",
-                transport.c_str());
+  Table table({"transport", "memory", "bucket", "iters", "primitive", "ferry", "ucp_put_bw",
+               "tag_bw", "best baseline", "ratio", ">=70%"});
+  for (const std::string& transport : transports) {
+    const std::string tls = tls_of(transport, cuda);
+    std::printf("ucx %s (UCX_TLS %s, %s memory): ferry through the plugin (sender here, receiver "
+                "a second process)\n",
+                transport.c_str(), tls.c_str(), memory.c_str());
     Watchdog::phase("pushing buckets through the UCX plugin");
     TransportRun run;
     try {
@@ -471,13 +660,14 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
         // Over tcp UCX emulates RMA at ~45 MB/s: a put_bw baseline of large sizes would take
         // minutes and cannot be the best baseline there, so it is measured up to 16 MiB only.
         if (transport != "tcp" || meas.size <= 16 * kMiB) {
-          put = run_perftest(o.perftest, perftest_tls(transport), "ucp_put_bw", meas.size,
-                             transport == "tcp" ? std::min(n, 5) : n, o.perftest_timeout_s);
+          put = run_perftest(o.perftest, tls, "ucp_put_bw", meas.size,
+                             transport == "tcp" ? std::min(n, 5) : n, o.perftest_timeout_s,
+                             memory);
         } else {
           put.error = "skipped: RMA is emulated over tcp (measured up to 16 MiB)";
         }
-        tag = run_perftest(o.perftest, perftest_tls(transport), "tag_bw", meas.size, n,
-                           o.perftest_timeout_s);
+        tag = run_perftest(o.perftest, tls, "tag_bw", meas.size, n, o.perftest_timeout_s,
+                           memory);
         for (const auto* r : {&put, &tag}) {
           if (!r->bytes_per_second && r->error.rfind("skipped", 0) != 0) {
             std::fprintf(stderr, "ucx_perftest %s %s: %s\n", transport.c_str(),
@@ -499,13 +689,16 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
       std::optional<double> ratio;
       if (best && *best > 0) ratio = ferry_bps / *best;
       if (!meas.intact) code = 1;
-      table.add_row({transport, binary_size(meas.size), std::to_string(meas.iterations),
+      table.add_row({transport, memory, binary_size(meas.size), std::to_string(meas.iterations),
                      run.primitive, rate(ferry_bps) + (meas.intact ? "" : " CORRUPT"),
                      rate(put.bytes_per_second), rate(tag.bytes_per_second),
                      best ? rate(best) + " (" + best_name + ")" : "-", ratio_text(ratio),
                      ratio ? (*ratio >= 0.7 ? "yes" : "no") : "-"});
-      Json record = record_header("ucx", transport + "-" + binary_size(meas.size), Device::cpu);
+      Json record = record_header("ucx", transport + "-" + memory + "-" + binary_size(meas.size),
+                                  cuda ? Device::cuda : Device::cpu);
       record["transport"] = transport;
+      record["ucx_tls"] = tls;
+      record["memory"] = memory;
       record["bucket_bytes"] = meas.size;
       record["iterations"] = meas.iterations;
       record["primitive"] = run.primitive;
@@ -527,10 +720,11 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
   }
   std::printf("\n");
   table.print();
-  std::printf("ferry: sender here -> forked receiver through libferry_transport_ucx.so; baselines:\n"
-              "ucx_perftest (MB/s read as 2^20 B/s) on the same UCX_TLS and sizes; ratio = ferry /\n"
-              "best baseline (target >= 70%%). tcp: tls=tcp, error_mode=peer; shm: tls=sm,\n"
-              "error_mode=none (UCX 1.13 offers shared memory only without peer error handling).\n");
+  std::printf("ferry: sender here -> receiver process through libferry_transport_ucx.so; baselines:\n"
+              "ucx_perftest (MB/s read as 2^20 B/s) on the same UCX_TLS, memory type (-m) and\n"
+              "sizes; ratio = ferry / best baseline (target >= 70%%). tcp and cuda_ipc:\n"
+              "error_mode=peer; shm: error_mode=none (UCX 1.13 offers shared memory only without\n"
+              "peer error handling).\n");
   return code;
 }
 

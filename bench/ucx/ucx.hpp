@@ -1,8 +1,9 @@
 // bench/ucx/ucx.hpp: `ferry bench ucx`: buckets of 1 MiB to 1 GiB pushed through the UCX transport
-// plugin between two processes of this host, per UCX transport (tcp; shared memory), next to
-// ucx_perftest's ucp_put_bw and tag_bw on the same transport and sizes in the same run. Prints
-// ferry's throughput, the best baseline, the ratio (target >= 70%) and the primitive the plugin
-// chose; writes JSON records (bench/README.md).
+// plugin between two processes of this host, per UCX transport (tcp; shared memory; cuda_ipc),
+// in host memory or (--device cuda) GPU memory, next to ucx_perftest's ucp_put_bw and tag_bw on
+// the same transport, memory type and sizes in the same run. Prints ferry's throughput, the best
+// baseline, the ratio (target >= 70%) and the primitive the plugin chose; writes JSON records
+// (bench/README.md).
 #pragma once
 
 #include <ferry/plugin.h>
@@ -18,7 +19,8 @@
 namespace ferry::bench {
 
 struct UcxBenchOptions {
-  std::vector<std::string> transports = {"tcp", "shm"};  // --transports
+  std::vector<std::string> transports;  // --transports; empty: tcp,shm (cpu), cuda_ipc,tcp (cuda)
+  std::string device = "cpu";           // --device: cpu (host buffers) or cuda (GPU 0 buffers)
   std::string primitive = "auto";  // --primitive: auto (the plugin's choice), put, tag
   std::vector<std::uint64_t> sizes;     // --sizes (bytes); empty: 1 MiB, 16 MiB, 256 MiB, 1 GiB
   std::uint64_t bytes_per_size = 1ull << 30;  // --bytes-per-size: iterations = this / size
@@ -46,10 +48,17 @@ struct PerftestResult {
 };
 
 // Runs `ucx_perftest` as a server and a client on this host with UCX_TLS = `tls`, test `test`
-// (ucp_put_bw, tag_bw), message `size`, `iterations` runs. Never throws for a failed baseline.
+// (ucp_put_bw, tag_bw), message `size`, `iterations` runs, buffers of `memory` ("host", "cuda":
+// perftest's -m). Never throws for a failed baseline.
 PerftestResult run_perftest(const std::string& program, const std::string& tls,
                             const std::string& test, std::uint64_t size, int iterations,
-                            int timeout_s);
+                            int timeout_s, const std::string& memory = "host");
+
+// The receiver side of the bench in a process of its own: `ferry-bench` re-executes itself with
+// the same arguments and FERRY_BENCH_UCX_RECEIVER="<fd> <transport>" (a fresh process, not a
+// fork: CUDA, which UCX initialises when it loads its CUDA module, does not survive fork).
+// Returns -1 when this process is not such a receiver, else its exit status.
+int run_ucx_receiver_if_asked(const UcxBenchOptions& options, const ferry_transport_api_t& api);
 
 // The overall bandwidth (bytes/s) of ucx_perftest's "Final:" line; nullopt when there is none.
 // ucx_perftest prints MB/s meaning 2^20 bytes per second.

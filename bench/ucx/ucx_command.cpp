@@ -15,9 +15,15 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   auto sizes = std::make_shared<std::vector<std::string>>();
   CLI::App* sub = bench->add_subcommand(
       "ucx", "buckets through the UCX plugin between two processes vs ucx_perftest (tcp, shm)");
-  sub->add_option("--transports", o->transports, "UCX transports to measure: tcp, shm")
+  sub->add_option("--transports", o->transports,
+                  "UCX transports to measure: tcp, shm (default tcp,shm); with --device cuda also "
+                  "cuda_ipc (default cuda_ipc,tcp)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tcp", "shm"}));
+      ->check(CLI::IsMember({"tcp", "shm", "cuda_ipc"}));
+  sub->add_option("--device", o->device,
+                  "cpu: host buffers (default); cuda: GPU 0 buffers on both sides (needs a UCX "
+                  "with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--sizes", *sizes, "bucket sizes, e.g. 1MiB,16MiB,256MiB,1GiB (the default)")
       ->delimiter(',');
   auto bytes_per_size = std::make_shared<std::string>();
@@ -48,6 +54,10 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
     const auto config = load_config(globals);
     const auto registry = make_registry(globals, config);
     const auto plugin = registry->transport("ucx");  // NOT_FOUND names what was searched
+    // The receiver process of a run (this program started again by the sender) stops here.
+    if (const int receiver = run_ucx_receiver_if_asked(*o, *plugin->transport()); receiver >= 0) {
+      return receiver;
+    }
     Json records = Json::array();
     int code = 0;
     try {

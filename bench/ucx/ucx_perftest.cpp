@@ -72,7 +72,7 @@ std::optional<double> parse_perftest_output(const std::string& output) {
 
 PerftestResult run_perftest(const std::string& program, const std::string& tls,
                             const std::string& test, std::uint64_t size, int iterations,
-                            int timeout_s) {
+                            int timeout_s, const std::string& memory) {
   PerftestResult result;
   const int warmup = iterations > 10 ? 5 : 1;
   for (int attempt = 0; attempt < 3 && !result.bytes_per_second; ++attempt) {
@@ -80,6 +80,10 @@ PerftestResult run_perftest(const std::string& program, const std::string& tls,
     std::vector<std::string> common = {"-t", test, "-s", std::to_string(size), "-n",
                                        std::to_string(iterations), "-w", std::to_string(warmup),
                                        "-p", port};
+    if (memory != "host") {  // both sides' buffers of that type (UCX's default is host memory)
+      common.push_back("-m");
+      common.push_back(memory + "," + memory);
+    }
     std::vector<std::string> server_argv = {program};
     server_argv.insert(server_argv.end(), common.begin(), common.end());
     std::vector<std::string> client_argv = {program, "localhost"};

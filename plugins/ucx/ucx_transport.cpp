@@ -241,10 +241,13 @@ ferry_transport::ferry_transport(const ferry_transport_create_args_t& args,
   if (options.tls) modify("TLS", *options.tls, "tls");
   modify("KEEPALIVE_INTERVAL", options.keepalive_interval, "keepalive_interval");
   // UCX 1.13's new protocol engine (UCX_PROTO_ENABLE=y) completed puts into user memory over
-  // shared memory without writing the bytes (measured here: `ferry bench ucx` reported CORRUPT);
-  // the plugin is tested on the classic protocols, so it pins them. Versions without the key
-  // simply refuse the modification.
-  (void)ucp_config_modify(config, "PROTO_ENABLE", "n");
+  // shared memory without writing the bytes (measured here: `ferry bench ucx` reported CORRUPT),
+  // so on 1.13 the plugin pins the classic protocols. Later UCX (1.22, the PyPI build with CUDA)
+  // keeps the new engine: its classic protocols refuse put ("Unsupported operation") and the new
+  // one is what moves CUDA memory by cuda_ipc. Both are tested (tests/ucx, either build).
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  if (major == 1 && minor < 14) (void)ucp_config_modify(config, "PROTO_ENABLE", "n");
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -279,8 +282,6 @@ ferry_transport::ferry_transport(const ferry_transport_create_args_t& args,
   ucp_worker_release_address(worker, address);
   own_stream = ferry::ucx::stream_id(worker_address);
 
-  unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
   ferry::ucx::log(
       FERRY_LOG_DEBUG,
       fmt::format("UCX {}.{}.{} worker ready ({}): tls = {}, error_mode = {}, rma = {}; GPU "
