@@ -312,6 +312,7 @@ def bench_main(args, torch, ferry):
             "receivers": args.receivers, "transport": args.transport, "rounds": args.rounds,
             "bucket_mib": args.bucket_mib,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
+            "first_direct": first_report.receivers[0].direct,
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
             "verification": "; ".join(notes) or
             "every sharded version equal to the one-sender push of the same values on every "

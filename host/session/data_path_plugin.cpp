@@ -98,10 +98,17 @@ class StagingSlot {
 };
 
 // A device transport: it shares CUDA memory between processes of one node (cuda_ipc); its
-// receivers need device slots.
+// receivers need device slots, and it writes the peer's memory natively (nothing to probe).
 bool is_device_transport(const ferry_transport_caps_t& caps) {
   return (caps.flags & FERRY_TRANSPORT_CAP_SAME_NODE_ONLY) != 0 &&
          (caps.memory_kinds & FERRY_MEMORY_CUDA) != 0;
+}
+
+// A transport that moves CUDA memory (a device transport, or UCX built with CUDA), used by a side
+// whose weights are on a GPU: the receiver's slots are device memory and the sender's CUDA
+// tensors are registered as they are, so no byte goes through host memory on ferry's account.
+bool moves_device_memory(const ferry_transport_caps_t& caps, int device) {
+  return device >= 0 && (caps.memory_kinds & FERRY_MEMORY_CUDA) != 0;
 }
 
 // One plugin instance with its registered slots; shared by both roles. The receiver registers
@@ -140,10 +147,10 @@ class PluginInstance {
            "(serve with --device cuda:N)",
            name);
     }
-    // Receiver slots live on the receiver's GPU for device transports. (Network transports
-    // keep host slots even where they could register device memory: their receivers apply
-    // host buckets, as before.)
-    slot_device_ = role == FERRY_ROLE_RECEIVER && device_transport_ ? device : -1;
+    // Receiver slots live on the receiver's GPU whenever the transport moves CUDA memory (a
+    // network transport's GPU receiver too: UCX with CUDA lands buckets in them directly).
+    device_memory_ = device_transport_ || moves_device_memory(caps_, device);
+    slot_device_ = role == FERRY_ROLE_RECEIVER && device_memory_ ? device : -1;
     std::map<std::string, std::string> options;
     if (auto it = config.transports.find(name); it != config.transports.end()) options = it->second;
     std::vector<ferry_option_t> opts;
@@ -153,7 +160,7 @@ class PluginInstance {
     args.role = role;
     args.options = opts.data();
     args.num_options = opts.size();
-    args.device = device_transport_ ? device : -1;
+    args.device = device_memory_ ? device : -1;
     throw_if_error(api_->create(&args, &transport_), "transport '" + name + "' create");
     try {
       if (role == FERRY_ROLE_RECEIVER) {
@@ -335,6 +342,7 @@ class PluginInstance {
   std::map<std::tuple<std::uintptr_t, std::uint64_t, int>, ferry_memory_t*> local_;
   int slot_device_ = -1;           // receiver: the GPU its slots are on; -1: host slots
   bool device_transport_ = false;  // see is_device_transport()
+  bool device_memory_ = false;     // see moves_device_memory()
   bool rma_native_ = false;        // put + flush + pack_key exist
   bool can_send_ = false;          // send_bucket + recv_bucket exist
 };
@@ -362,7 +370,7 @@ class PluginReceiverPath final : public ReceiverDataPath {
   std::vector<std::uint8_t> address() override { return p_.address(); }
   std::vector<std::uint8_t> slot_key(std::uint32_t slot) override { return p_.slot_key(slot); }
   std::vector<std::uint8_t> share_region(void* base, std::uint64_t bytes) override {
-    if (!p_.rma_native_ || !p_.device_transport_ || p_.slot_device_ < 0) {
+    if (!p_.rma_native_ || !p_.device_memory_ || p_.slot_device_ < 0) {
       fail(FERRY_STATUS_UNIMPLEMENTED, "transport '{}' cannot put into device memory here",
            p_.name_);
     }
@@ -465,10 +473,10 @@ class PluginSenderPath final : public SenderDataPath {
   }
   bool uses_put() const override { return rma_; }
   bool delivers_pieces(ferry_memory_kind_t kind) const override {
-    return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_transport_;
+    return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_memory_;
   }
   bool fingerprints_pieces() const override {
-    return p_.device_transport_ && p_.rma_native_ &&
+    return p_.device_memory_ && p_.rma_native_ &&
            (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0;
   }
   void set_regions(std::vector<std::vector<std::uint8_t>> keys) override {
@@ -479,11 +487,15 @@ class PluginSenderPath final : public SenderDataPath {
     regions_ = std::move(keys);
   }
 
-  // A put of 256 zero bytes from a small host buffer into the receiver's slot 0.
+  // A put of 256 bytes into the receiver's slot 0, from memory of the kind this side puts from:
+  // a small host buffer, or device memory on this side's GPU where the transport moves CUDA
+  // memory (whether a put is native can depend on the memory: UCX maps GPU memory by cuda_ipc).
   void probe(Clock::time_point deadline) {
-    if (!probe_buffer_) probe_buffer_.emplace(256);
-    std::fill(probe_buffer_->bytes().begin(), probe_buffer_->bytes().end(), std::byte{0});
-    auto* memory = p_.local(probe_buffer_->bytes().data(), 256, FERRY_MEMORY_HOST, -1);
+    const int device = p_.device_memory_ ? device_ : -1;
+    if (!probe_buffer_) probe_buffer_.emplace(256, device);
+    if (device < 0) std::fill(probe_buffer_->bytes().begin(), probe_buffer_->bytes().end(), std::byte{0});
+    auto* memory = p_.local(probe_buffer_->bytes().data(), 256,
+                            device >= 0 ? FERRY_MEMORY_CUDA : FERRY_MEMORY_HOST, device);
     const std::uint64_t bytes = std::min<std::uint64_t>(256, p_.capacity_);
     ferry_request_t* request = put(PluginInstance::whole(memory, bytes), 0, 0, deadline, "put probe");
     p_.finish(request, deadline, "put probe (put)");
@@ -749,7 +761,7 @@ class PluginSenderPath final : public SenderDataPath {
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;
   std::vector<std::vector<std::uint8_t>> regions_;  // the receiver's shared regions (direct)
-  std::optional<SlotBuffer> probe_buffer_;
+  std::optional<StagingSlot> probe_buffer_;
 };
 
 }  // namespace

@@ -75,7 +75,8 @@ std::string_view trim(std::string_view s) {
 // The transports of an endpoint's lanes and whether put is worth using, from ucp_ep_print_info
 // (UCX 1.13 has no query for it). A lane line reads
 //   "lane[2]:  2:cma/memory.0 md[2]  -> md[2]/cma/sysdev[255] rma_bw#0".
-// put is chosen when an rma_bw lane runs over RDMA or mapped shared memory. Not over tcp (UCX
+// put is chosen when an rma_bw lane runs over RDMA, mapped shared memory or mapped GPU memory
+// (cuda_ipc). Not over tcp (UCX
 // emulates RMA: ~1% of tagged throughput) and not over cma: there a put of 1 MiB took ~1.6 ms
 // while a tagged rendezvous of the same bucket (receiver-driven cma reads) took ~0.6 ms (UCX
 // 1.13.1, measured here), so tagged buckets are faster on cma-only shared memory.
@@ -105,7 +106,10 @@ void describe_lanes(ucp_ep_h ep, std::string* lanes, bool* rma_native) {
     const bool rma_lane = line.find("rma_bw#") != std::string::npos;
     if (!lanes->empty()) *lanes += ",";
     *lanes += transport + (rma_lane ? "(rma)" : "");
-    if (rma_lane && transport != "tcp" && transport != "cma") *rma_native = true;
+    // cuda_copy copies between host and GPU memory within one process: not a way into the peer.
+    if (rma_lane && transport != "tcp" && transport != "cma" && transport != "cuda_copy") {
+      *rma_native = true;
+    }
   }
   if (lanes->empty()) *lanes = "unknown";
 }

@@ -1,5 +1,5 @@
 """python/tests/conftest.py: fixtures: the library (skip with the reason when it cannot be
-found) and embedded receivers running in second processes."""
+found), the ferry executable beside it, and embedded receivers running in second processes."""
 
 import os
 import subprocess
@@ -20,6 +20,19 @@ def ferry_module():
     except ferry.NotFoundError as e:
         pytest.skip(f"libferry.so is not available: {e.message}")
     return ferry
+
+
+@pytest.fixture(scope="session")
+def ferry_executable(ferry_module):
+    """The ferry executable beside the library in use: a bundle's bin/ferry (lib/../bin) or a
+    build tree's host/cli/ferry (host/capi/../cli); $FERRY_EXE first."""
+    if os.environ.get("FERRY_EXE"):
+        return os.environ["FERRY_EXE"]
+    lib = Path(ferry_module.library_path()).resolve().parent
+    for candidate in (lib.parent / "bin" / "ferry", lib.parent / "cli" / "ferry"):
+        if candidate.is_file():
+            return str(candidate)
+    pytest.skip(f"no ferry executable beside {lib} (set FERRY_EXE)")
 
 
 class ReceiverProcess:

@@ -219,21 +219,7 @@ def test_a_real_dtensor_of_a_one_process_mesh(ferry_module, receiver, tmp_path):
         dist.destroy_process_group()
 
 
-def _ferry_executable(ferry):
-    """The ferry executable beside the library in use: a bundle's bin/ferry (lib/../bin) or a
-    build tree's host/cli/ferry (host/capi/../cli); $FERRY_EXE first."""
-    import os
-    from pathlib import Path
-    if os.environ.get("FERRY_EXE"):
-        return os.environ["FERRY_EXE"]
-    lib = Path(ferry.library_path()).resolve().parent
-    for candidate in (lib.parent / "bin" / "ferry", lib.parent / "cli" / "ferry"):
-        if candidate.is_file():
-            return str(candidate)
-    pytest.skip(f"no ferry executable beside {lib} (set FERRY_EXE)")
-
-
-def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module):
+def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_executable):
     """bench/sharded_push.py on cuda:0: 4 sender processes, each holding a quarter (dim-0 rows) of
     every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
     push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
@@ -250,7 +236,7 @@ def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module):
     script = Path(__file__).resolve().parents[2] / "bench" / "sharded_push.py"
     if not script.is_file():
         pytest.skip(f"{script} is not here")
-    done = subprocess.run([sys.executable, str(script), "--ferry", _ferry_executable(ferry_module),
+    done = subprocess.run([sys.executable, str(script), "--ferry", ferry_executable,
                            "--layers", "8", "--senders", "4", "--rounds", "2", "--no-table"],
                           stdout=subprocess.PIPE, text=True, timeout=400)
     result = json.loads(done.stdout.strip().splitlines()[-1])
