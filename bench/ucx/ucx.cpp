@@ -536,14 +536,24 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
         meas.seconds = static_cast<double>(now_ns() - start) / 1e9;
         meas.intact = ch.receive_text() == "intact";
       } else {
+        // Each bucket is put and flushed (visible at the receiver: what the session waits for
+        // before a BucketReady); as with tagged buckets, `slots` buckets are in flight, a slot
+        // reused once the flush after its previous put has completed.
+        std::vector<ferry_request_t*> puts(static_cast<std::size_t>(slots), nullptr);
+        std::vector<ferry_request_t*> flushes(static_cast<std::size_t>(slots), nullptr);
+        const auto settle = [&](int slot) {
+          ep.finish(puts[slot]);
+          ep.finish(flushes[slot]);
+          puts[slot] = flushes[slot] = nullptr;
+        };
         const std::int64_t start = now_ns();
         for (int k = 0; k < iterations; ++k) {
           const int slot = k % slots;
-          ferry_request_t* r = nullptr;
-          throw_if_error(ep.put(m, slot * size, size, key, slot * size, &r), "ucx put");
-          ep.finish(r);
-          ep.finish(ep.flush());  // visible at the receiver: what the session does before an ack
+          settle(slot);
+          throw_if_error(ep.put(m, slot * size, size, key, slot * size, &puts[slot]), "ucx put");
+          flushes[slot] = ep.flush();
         }
+        for (int slot = 0; slot < slots; ++slot) settle(slot);
         meas.seconds = static_cast<double>(now_ns() - start) / 1e9;
         ch.send(fmt::format("verify {} {} {}", size, iterations, slots));
         meas.intact = ch.receive_text() == "intact";

@@ -45,6 +45,28 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+// What makes two processes "on the same host" for the plugin: one kernel (boot id) and one PID
+// namespace, so that /proc/<pid> of the peer is the peer (two containers on one machine share the
+// boot id, not the PID namespace).
+std::string process_space() {
+  char ns[128] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  return read_first_line("/proc/sys/kernel/random/boot_id") + "/" +
+         (n > 0 ? std::string(ns, static_cast<std::size_t>(n)) : std::string("?"));
+}
+
+const char* mode_name(ErrorMode mode) {
+  switch (mode) {
+    case ErrorMode::none:
+      return "none";
+    case ErrorMode::peer:
+      return "peer";
+    case ErrorMode::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
@@ -154,13 +176,15 @@ Options parse_options(const ferry_option_t* options, std::size_t count) {
       if (value.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "ucx transport option 'tls' is empty");
       o.tls = std::string(value);
     } else if (key == "error_mode") {
-      if (value == "peer") {
-        o.peer_error_handling = true;
+      if (value == "auto") {
+        o.error_mode = ErrorMode::automatic;
+      } else if (value == "peer") {
+        o.error_mode = ErrorMode::peer;
       } else if (value == "none") {
-        o.peer_error_handling = false;
+        o.error_mode = ErrorMode::none;
       } else {
         fail(FERRY_STATUS_INVALID_ARGUMENT,
-             "ucx transport option 'error_mode' = '{}': must be 'peer' or 'none'", value);
+             "ucx transport option 'error_mode' = '{}': must be 'auto', 'peer' or 'none'", value);
       }
     } else if (key == "rma") {
       if (value == "auto") {
@@ -188,6 +212,10 @@ Options parse_options(const ferry_option_t* options, std::size_t count) {
     }
   }
   return o;
+}
+
+bool peer_errors_for(ErrorMode mode, bool same_host) {
+  return mode == ErrorMode::peer || (mode == ErrorMode::automatic && !same_host);
 }
 
 std::uint32_t supported_memory_kinds() {
@@ -292,7 +320,7 @@ ferry_transport::ferry_transport(const ferry_transport_create_args_t& args,
                   "memory: {}",
                   major, minor, release, role == FERRY_ROLE_SENDER ? "sender" : "receiver",
                   options.tls.value_or("UCX default"),
-                  options.peer_error_handling ? "peer" : "none",
+                  ferry::ucx::mode_name(options.error_mode),
                   options.rma == ferry::ucx::RmaPolicy::automatic ? "auto"
                   : options.rma == ferry::ucx::RmaPolicy::always  ? "always"
                                                                   : "never",
@@ -401,7 +429,7 @@ unsigned ferry_transport::progress_once_locked() {
   const unsigned progressed = ucp_worker_progress(worker);
   if (peers_to_reap) reap_failed_peers_locked();
   if (!closing.empty()) reap_closing_locked();
-  if (!options.peer_error_handling && now_ns() >= next_liveness_ns) {
+  if (liveness_checked && now_ns() >= next_liveness_ns) {
     check_liveness_locked();
     next_liveness_ns = now_ns() + ferry::ucx::kLivenessPeriodNs;
   }
@@ -491,7 +519,7 @@ void ferry_transport::close_endpoint_locked(ferry_peer* peer, bool force) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // Forcing is only safe when both sides handle peer errors (ucp.h); otherwise flush-close.
-  param.flags = force && options.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.flags = force && peer->peer_errors ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t status = ucp_ep_close_nbx(peer->ep, &param);
   peer->ep = nullptr;
   if (UCS_PTR_IS_PTR(status)) closing.push_back(status);
@@ -629,9 +657,9 @@ void* ferry_transport::local_pointer(const ferry_memory_range_t& range, const ch
 
 std::vector<std::uint8_t> ferry_transport::address() const {
   ferry::ucx::AddressInfo info;
-  info.peer_error_handling = options.peer_error_handling;
+  info.error_mode = static_cast<std::uint32_t>(options.error_mode);
   info.pid = static_cast<std::uint32_t>(getpid());
-  info.boot_id = ferry::ucx::read_first_line("/proc/sys/kernel/random/boot_id");
+  info.boot_id = ferry::ucx::process_space();
   info.host = ferry::ucx::host_name();
   info.worker_address = worker_address;
   return ferry::ucx::encode_address(info);
@@ -653,16 +681,18 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
   const auto info = ferry::ucx::decode_address(
       std::span<const std::uint8_t>(blob.data, static_cast<std::size_t>(blob.size)),
       "ucx connect to " + name);
-  if (info.peer_error_handling != options.peer_error_handling) {
+  const std::string own_space = ferry::ucx::process_space();
+  const bool same_host = !info.boot_id.empty() && info.boot_id == own_space;
+  const auto their_mode = static_cast<ferry::ucx::ErrorMode>(info.error_mode);
+  const bool peer_errors = ferry::ucx::peer_errors_for(options.error_mode, same_host);
+  if (peer_errors != ferry::ucx::peer_errors_for(their_mode, same_host)) {
     fail(FERRY_STATUS_INCOMPATIBLE,
-         "ucx connect to {}: the peer runs error_mode = {}, this side {}; set the same "
-         "[transport.ucx] error_mode on both",
-         name, info.peer_error_handling ? "peer" : "none",
-         options.peer_error_handling ? "peer" : "none");
+         "ucx connect to {}: the peer runs error_mode = {}, this side {}, which give this "
+         "{}endpoint different error handling; set the same [transport.ucx] error_mode on both",
+         name, ferry::ucx::mode_name(their_mode), ferry::ucx::mode_name(options.error_mode),
+         same_host ? "same-host " : "");
   }
-  const std::string own_boot = ferry::ucx::read_first_line("/proc/sys/kernel/random/boot_id");
-  const bool same_host = !info.boot_id.empty() && info.boot_id == own_boot;
-  if (!options.peer_error_handling && !same_host) {
+  if (!peer_errors && !same_host) {
     fail(FERRY_STATUS_INVALID_ARGUMENT,
          "ucx connect to {} on host {}: error_mode = none is for shared memory on one host only "
          "(a dead remote peer could not be detected)",
@@ -678,15 +708,16 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
     owned->owner = this;
     owned->name = name;
     owned->same_host = same_host;
+    owned->peer_errors = peer_errors;
+    liveness_checked = liveness_checked || !peer_errors;
     owned->pid = info.pid;
     owned->sender_stream =
         role == FERRY_ROLE_SENDER ? own_stream : ferry::ucx::stream_id(info.worker_address);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     params.address = reinterpret_cast<const ucp_address_t*>(info.worker_address.data());
-    params.err_mode =
-        options.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-    if (options.peer_error_handling) {
+    params.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    if (peer_errors) {
       params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
       params.err_handler.cb = ferry::ucx::endpoint_error_callback;
       params.err_handler.arg = owned.get();
@@ -718,8 +749,10 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
                            (options.rma == ferry::ucx::RmaPolicy::automatic && peer->rma_native);
   ferry::ucx::log(
       FERRY_LOG_DEBUG,
-      fmt::format("connected to {} ({}, pid {}): lanes {}; RMA {}; primitive: {}", name, info.host,
-                  info.pid, peer->lanes,
+      fmt::format("connected to {} ({}, pid {}): lanes {}; errors: {}; RMA {}; primitive: {}",
+                  name, info.host, info.pid, peer->lanes,
+                  peer->peer_errors ? "UCX peer error handling"
+                                    : "none in UCX, the peer's /proc entry checked every 100 ms",
                   peer->rma_native ? "native (RDMA or mapped shared memory)"
                                    : "emulated (tcp) or slower than tagged rendezvous (cma)",
                   put_allowed ? "put + flush into registered memory (tagged rendezvous also served)"

@@ -37,9 +37,20 @@ enum class RmaPolicy {
   never,      // put always refused: buckets go by tagged rendezvous only
 };
 
+// How endpoints handle a peer's failure (option `error_mode`).
+enum class ErrorMode : std::uint32_t {
+  none = 0,       // UCP_ERR_HANDLING_MODE_NONE + the plugin's liveness check (same host only)
+  peer = 1,       // UCP_ERR_HANDLING_MODE_PEER: UCX fails requests to a dead peer
+  automatic = 2,  // per endpoint: none for a peer on this host (UCX's zero-copy protocols, which
+                  // peer mode gives up over tcp and shared memory), peer for any other
+};
+
+// The endpoint mode `mode` gives for a peer on this host (`same_host`) or not: true = peer.
+bool peer_errors_for(ErrorMode mode, bool same_host);
+
 struct Options {
   std::optional<std::string> tls;       // UCX_TLS for this instance
-  bool peer_error_handling = true;      // error_mode = peer (default) | none
+  ErrorMode error_mode = ErrorMode::automatic;  // error_mode = auto (default) | peer | none
   RmaPolicy rma = RmaPolicy::automatic;
   std::string keepalive_interval = "1s";  // UCX_KEEPALIVE_INTERVAL: how soon a dead peer shows
   std::uint32_t spin_polls = 4096;        // idle polls before the progress thread naps
@@ -106,7 +117,8 @@ struct ferry_transport {
   std::vector<void*> closing;  // ucp_ep_close_nbx requests still running
   std::atomic<int> api_waiting{0};  // API calls waiting for the mutex (the progress thread yields)
   std::size_t waiters = 0;          // threads in request_wait, polling the worker themselves
-  std::int64_t next_liveness_ns = 0;  // error_mode = none: next /proc check of the peers
+  std::int64_t next_liveness_ns = 0;  // next /proc check of the peers
+  bool liveness_checked = false;      // a peer's endpoint has no UCX error handling (NONE)
   std::thread progress_thread;
 
  private:
@@ -142,8 +154,9 @@ struct ferry_peer {
   std::string lanes;                // transports of the endpoint's lanes, for the log
   bool failed = false;
   std::string failure;              // why (names the peer)
-  bool same_host = false;
-  std::uint32_t pid = 0;            // for the liveness check when error_mode = none
+  bool same_host = false;           // same kernel and PID namespace (the liveness check works)
+  bool peer_errors = true;          // this endpoint's UCP_ERR_HANDLING_MODE_PEER (else NONE)
+  std::uint32_t pid = 0;            // for the liveness check of a NONE endpoint
   std::map<std::uint64_t, ucp_rkey_h> rkeys;  // by key blob checksum
 };
 

@@ -120,7 +120,7 @@ std::vector<std::uint8_t> encode_address(const AddressInfo& info) {
   Writer w;
   w.bytes(kAddressMagic, 8);
   w.pod(kFormatVersion);
-  w.pod<std::uint32_t>(info.peer_error_handling ? 1 : 0);
+  w.pod<std::uint32_t>(info.error_mode);
   w.pod(info.pid);
   w.text(info.boot_id);
   w.text(info.host);
@@ -133,8 +133,8 @@ AddressInfo decode_address(std::span<const std::uint8_t> blob, const std::string
   AddressInfo info;
   r.magic(kAddressMagic);
   const auto mode = r.pod<std::uint32_t>();
-  if (mode > 1) r.bad("error mode {}", mode);
-  info.peer_error_handling = mode == 1;
+  if (mode > 2) r.bad("error mode {}", mode);
+  info.error_mode = mode;
   info.pid = r.pod<std::uint32_t>();
   info.boot_id = r.text();
   info.host = r.text();

@@ -16,9 +16,11 @@ std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes, std::uint64_t seed = 
 
 // What get_address publishes about this side.
 struct AddressInfo {
-  bool peer_error_handling = true;  // false: error_mode = none (shared memory, same host only)
+  std::uint32_t error_mode = 1;     // the side's option: 0 none, 1 peer, 2 auto (ErrorMode)
   std::uint32_t pid = 0;
-  std::string boot_id;              // /proc/sys/kernel/random/boot_id: "same host" test
+  // "<boot_id>/<pid namespace>" (/proc/sys/kernel/random/boot_id, /proc/self/ns/pid): equal on
+  // both sides when they share a kernel and can see each other's /proc/<pid>.
+  std::string boot_id;
   std::string host;                 // host name, for messages
   std::vector<std::uint8_t> worker_address;  // ucp_worker_get_address bytes
 };
