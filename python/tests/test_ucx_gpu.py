@@ -46,6 +46,8 @@ def test_a_16gb_model_crosses_ucx_in_gpu_memory_bit_identical(ferry_module, ferr
                            "--receivers", "1", "--rounds", "1", "--no-table"],
                           stdout=subprocess.PIPE, text=True, timeout=500, env=env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"ucx {tls}: {json.dumps({k: result.get(k) for k in ('model_bytes', 'first_push_s', 'first_transport', 'first_direct', 'd2d_s')})} "
+          f"rows {json.dumps(result.get('rows'))}")
     assert result.get("ok"), result
     assert result["verified"], result["verification"]
     assert result["model_bytes"] > 16e9, result["model_bytes"]
