@@ -560,6 +560,13 @@ void ferry_transport::complete_locked(ferry_request* request, ucs_status_t statu
         // knows the bucket's size from its manifest.
         request->done = true;
       }
+    } else if (status == UCS_ERR_UNSUPPORTED) {
+      // UCX has no protocol for this operation on this endpoint and memory (a put between memory
+      // types no lane connects): nothing was moved; tagged buckets may still go.
+      fail_request_locked(request, FERRY_STATUS_UNIMPLEMENTED,
+                          fmt::format("{}: UCX reported {} (no protocol for it on this endpoint "
+                                      "and memory; send buckets with send_bucket/recv_bucket)",
+                                      request->what, ucs_status_string(status)));
     } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
       fail_request_locked(request, FERRY_STATUS_CORRUPT_DATA,
                           fmt::format("{}: the sender sent more than the {} bytes posted",
