@@ -49,10 +49,12 @@ struct PerftestResult {
 
 // Runs `ucx_perftest` as a server and a client on this host with UCX_TLS = `tls`, test `test`
 // (ucp_put_bw, tag_bw), message `size`, `iterations` runs, buffers of `memory` ("host", "cuda":
-// perftest's -m). Never throws for a failed baseline.
+// perftest's -m), with UCX peer error handling on its endpoints when `error_handling` (-e).
+// Never throws for a failed baseline.
 PerftestResult run_perftest(const std::string& program, const std::string& tls,
                             const std::string& test, std::uint64_t size, int iterations,
-                            int timeout_s, const std::string& memory = "host");
+                            int timeout_s, const std::string& memory = "host",
+                            bool error_handling = false);
 
 // The receiver side of the bench in a process of its own: `ferry-bench` re-executes itself with
 // the same arguments and FERRY_BENCH_UCX_RECEIVER="<fd> <transport>" (a fresh process, not a

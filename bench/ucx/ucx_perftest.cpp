@@ -72,7 +72,7 @@ std::optional<double> parse_perftest_output(const std::string& output) {
 
 PerftestResult run_perftest(const std::string& program, const std::string& tls,
                             const std::string& test, std::uint64_t size, int iterations,
-                            int timeout_s, const std::string& memory) {
+                            int timeout_s, const std::string& memory, bool error_handling) {
   PerftestResult result;
   const int warmup = iterations > 10 ? 5 : 1;
   for (int attempt = 0; attempt < 3 && !result.bytes_per_second; ++attempt) {
@@ -80,6 +80,7 @@ PerftestResult run_perftest(const std::string& program, const std::string& tls,
     std::vector<std::string> common = {"-t", test, "-s", std::to_string(size), "-n",
                                        std::to_string(iterations), "-w", std::to_string(warmup),
                                        "-p", port};
+    if (error_handling) common.push_back("-e");
     if (memory != "host") {  // both sides' buffers of that type (UCX's default is host memory)
       common.push_back("-m");
       common.push_back(memory + "," + memory);

@@ -42,7 +42,9 @@ enum class ErrorMode : std::uint32_t {
   none = 0,       // UCP_ERR_HANDLING_MODE_NONE + the plugin's liveness check (same host only)
   peer = 1,       // UCP_ERR_HANDLING_MODE_PEER: UCX fails requests to a dead peer
   automatic = 2,  // per endpoint: none for a peer on this host (UCX's zero-copy protocols, which
-                  // peer mode gives up over tcp and shared memory), peer for any other
+                  // peer mode gives up over tcp and shared memory), peer for any other. Not the
+                  // default: over tcp UCX logs "error during flush" whenever a NONE endpoint is
+                  // closed after its peer's worker (a normal end of a session)
 };
 
 // The endpoint mode `mode` gives for a peer on this host (`same_host`) or not: true = peer.
@@ -50,7 +52,7 @@ bool peer_errors_for(ErrorMode mode, bool same_host);
 
 struct Options {
   std::optional<std::string> tls;       // UCX_TLS for this instance
-  ErrorMode error_mode = ErrorMode::automatic;  // error_mode = auto (default) | peer | none
+  ErrorMode error_mode = ErrorMode::peer;  // error_mode = peer (default) | auto | none
   RmaPolicy rma = RmaPolicy::automatic;
   std::string keepalive_interval = "1s";  // UCX_KEEPALIVE_INTERVAL: how soon a dead peer shows
   std::uint32_t spin_polls = 4096;        // idle polls before the progress thread naps

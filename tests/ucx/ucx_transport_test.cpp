@@ -25,12 +25,12 @@ struct Flavor {
   Options options;
 };
 
-// tcp: RMA emulated (buckets by tagged rendezvous), error_mode = auto: the two processes share a
-// host, so no UCX error handling and the plugin watches the peer's pid. tcp_peer: the same with
-// UCX peer error handling, what a peer on another host gets. shm: sysv/posix/cma, which UCX 1.13
-// only offers without peer error handling.
+// tcp: RMA emulated (buckets by tagged rendezvous), UCX peer error handling (the default).
+// tcp_auto: error_mode = auto: the two processes share a host, so no UCX error handling and the
+// plugin watches the peer's pid. shm: sysv/posix/cma, which UCX 1.13 only offers without peer
+// error handling.
 const Flavor kTcp{"tcp", {{"tls", "tcp"}}};
-const Flavor kTcpPeer{"tcp_peer", {{"tls", "tcp"}, {"error_mode", "peer"}}};
+const Flavor kTcpAuto{"tcp_auto", {{"tls", "tcp"}, {"error_mode", "auto"}}};
 const Flavor kShm{"shm", {{"tls", "sm"}, {"error_mode", "none"}}};
 
 Options with(Options base, const std::string& key, const std::string& value) {
@@ -381,7 +381,7 @@ TEST(UcxEnvironment, ShmPutStaysByteExactWhenTheEnvironmentAsksForNewProtocols) 
   expect_child_ok(sender);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxPairTest, ::testing::Values(kTcp, kTcpPeer, kShm),
+INSTANTIATE_TEST_SUITE_P(Transports, UcxPairTest, ::testing::Values(kTcp, kTcpAuto, kShm),
                          [](const ::testing::TestParamInfo<Flavor>& info) {
                            return std::string(info.param.name);
                          });
@@ -573,7 +573,7 @@ TEST_F(UcxLocalTest, RangesOutsideRegisteredMemoryAreRefused) {
 
 TEST_F(UcxLocalTest, MismatchedErrorModesAreIncompatible) {
   // peer against none: different endpoints on any host. (auto against none agrees on one host.)
-  Side tcp(FERRY_ROLE_SENDER, kTcpPeer.options);
+  Side tcp(FERRY_ROLE_SENDER, kTcp.options);
   Side shm(FERRY_ROLE_RECEIVER, kShm.options);
   ferry_peer_t* peer = nullptr;
   const Status s = tcp.try_connect(shm.address(), "receiver-shm", &peer);
