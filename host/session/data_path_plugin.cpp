@@ -459,8 +459,14 @@ class PluginSenderPath final : public SenderDataPath {
         probe(deadline);
         rma_ = true;
       } catch (const Error& e) {
-        if (e.code() != FERRY_STATUS_UNIMPLEMENTED || !p_.can_send_) throw;
-        logger("sender")->info("{}: {}", peer, e.what());
+        // Refused (UNIMPLEMENTED), or a put the transport could not carry between these memories
+        // (a GPU sender's device memory into a host receiver's slot, say): buckets go by tagged
+        // sends. A dead peer, a deadline or an abort ends the session as it would anyway.
+        const bool fatal = e.code() == FERRY_STATUS_PEER_FAILED || e.code() == FERRY_STATUS_TIMEOUT ||
+                           e.code() == FERRY_STATUS_ABORTED;
+        if (fatal || !p_.can_send_) throw;
+        logger("sender")->info("{}: put probe: {}; moving buckets by tagged sends", peer,
+                               e.what());
       }
     }
     if (!rma_ && !p_.can_send_) {
