@@ -3,6 +3,7 @@
 // memory, through the plugin's C table exactly as the session protocol drives it (put + flush
 // where the plugin allows put, else tagged buckets into posted receives with two in flight), next
 // to ucx_perftest on the same transport, memory type and sizes.
+#include "bench/common/ferry_program.hpp"
 #include "bench/common/process_channel.hpp"
 #include "bench/ucx/ucx.hpp"
 
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -600,6 +602,15 @@ std::string rate(std::optional<double> bps) {
 }
 
 }  // namespace
+
+std::string default_perftest() {
+  if (const auto& ferry = ferry_program()) {
+    const auto beside = ferry->parent_path() / "ucx_perftest";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
+  }
+  return "ucx_perftest";
+}
 
 std::uint64_t parse_size(const std::string& text) {
   std::size_t pos = 0;

@@ -26,12 +26,16 @@ struct UcxBenchOptions {
   std::uint64_t bytes_per_size = 1ull << 30;  // --bytes-per-size: iterations = this / size
   int min_iterations = 3;               // --min-iterations
   int max_iterations = 200;             // --max-iterations
-  std::string perftest = "ucx_perftest";  // --perftest: the baseline program
+  std::string perftest;                 // --perftest: the baseline program (see default_perftest)
   bool no_perftest = false;             // --no-perftest
   std::string json_path;                // --json
   int timeout_s = 570;                  // --timeout
   int perftest_timeout_s = 120;         // --perftest-timeout: one ucx_perftest pair
 };
+
+// The ucx_perftest of the UCX a bundle carries (bin/ucx_perftest beside the ferry executable,
+// scripts/bundle), else "ucx_perftest" from PATH.
+std::string default_perftest();
 
 // Parses "1MiB", "16M", "1GiB", "4096" into bytes; throws INVALID_ARGUMENT naming the text.
 std::uint64_t parse_size(const std::string& text);

@@ -36,7 +36,9 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   sub->add_option("--primitive", o->primitive,
                   "auto (the plugin's choice, as the session makes it), put or tag (forced)")
       ->check(CLI::IsMember({"auto", "put", "tag"}));
-  sub->add_option("--perftest", o->perftest, "the ucx_perftest program (default: from PATH)");
+  sub->add_option("--perftest", o->perftest,
+                  "the ucx_perftest program (default: the bundle's bin/ucx_perftest, of the UCX "
+                  "it carries, else from PATH)");
   sub->add_flag("--no-perftest", o->no_perftest, "skip the ucx_perftest baselines");
   sub->add_option("--perftest-timeout", o->perftest_timeout_s,
                   "kill one ucx_perftest pair after this many seconds (default 120)")
@@ -48,6 +50,7 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
 
   Action action = [o, sizes, bytes_per_size, &globals]() -> int {
     for (const auto& s : *sizes) o->sizes.push_back(parse_size(s));
+    if (o->perftest.empty()) o->perftest = default_perftest();
     if (!bytes_per_size->empty()) o->bytes_per_size = parse_size(*bytes_per_size);
     Watchdog watchdog(o->timeout_s);
     Watchdog::phase("loading the UCX plugin");
