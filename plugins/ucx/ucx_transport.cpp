@@ -414,19 +414,20 @@ void ferry_transport::progress_loop() {
       idle = 0;
       continue;
     }
-    if (outstanding == 0 && closing.empty() && ++idle > options.spin_polls) {
-      // Nothing in flight and nothing arrived for `spin_polls` polls: park until a request
-      // starts. Not at once: a peer's puts where UCX emulates RMA by active messages (shared
-      // memory on UCX 1.13) and its flushes land only while this side polls; parked, each took
-      // a millisecond wakeup (1 MiB puts at 0.4 GB/s). Wake every millisecond anyway, so that
-      // wireup, unexpected messages and peer failures are still noticed by an idle worker.
+    ++idle;
+    if (outstanding == 0 && closing.empty()) {
+      // Nothing in flight: spin `spin_polls` empty polls, then park until a request starts. Not
+      // at once: a peer's puts where UCX emulates RMA by active messages (shared memory on UCX
+      // 1.13) and its flushes land only while this side polls; parked at once, each took a
+      // millisecond wakeup (1 MiB puts at 0.4 GB/s). Parked, it wakes every millisecond anyway,
+      // so that wireup, unexpected messages and peer failures are still noticed.
+      if (idle <= options.spin_polls) continue;
       changed.wait_for(lock, std::chrono::milliseconds(1));
       // A request started: spin for it; still idle: park again after the next empty poll.
       idle = outstanding == 0 && closing.empty() ? options.spin_polls : 0;
       continue;
     }
-    if (outstanding == 0 && closing.empty()) continue;  // spinning before it parks
-    nap_if_idle(lock, ++idle);
+    nap_if_idle(lock, idle);
   }
 }
 
