@@ -672,7 +672,7 @@ std::vector<std::uint8_t> ferry_transport::address() const {
   ferry::ucx::AddressInfo info;
   info.error_mode = static_cast<std::uint32_t>(options.error_mode);
   info.pid = static_cast<std::uint32_t>(getpid());
-  info.boot_id = ferry::ucx::process_space();
+  info.process_space = ferry::ucx::process_space();
   info.host = ferry::ucx::host_name();
   info.worker_address = worker_address;
   return ferry::ucx::encode_address(info);
@@ -695,7 +695,7 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
       std::span<const std::uint8_t>(blob.data, static_cast<std::size_t>(blob.size)),
       "ucx connect to " + name);
   const std::string own_space = ferry::ucx::process_space();
-  const bool same_host = !info.boot_id.empty() && info.boot_id == own_space;
+  const bool same_host = !info.process_space.empty() && info.process_space == own_space;
   const auto their_mode = static_cast<ferry::ucx::ErrorMode>(info.error_mode);
   const bool peer_errors = ferry::ucx::peer_errors_for(options.error_mode, same_host);
   if (peer_errors != ferry::ucx::peer_errors_for(their_mode, same_host)) {

@@ -122,7 +122,7 @@ std::vector<std::uint8_t> encode_address(const AddressInfo& info) {
   w.pod(kFormatVersion);
   w.pod<std::uint32_t>(info.error_mode);
   w.pod(info.pid);
-  w.text(info.boot_id);
+  w.text(info.process_space);
   w.text(info.host);
   w.block(info.worker_address);
   return w.finish();
@@ -136,7 +136,7 @@ AddressInfo decode_address(std::span<const std::uint8_t> blob, const std::string
   if (mode > 2) r.bad("error mode {}", mode);
   info.error_mode = mode;
   info.pid = r.pod<std::uint32_t>();
-  info.boot_id = r.text();
+  info.process_space = r.text();
   info.host = r.text();
   info.worker_address = r.block();
   r.verify_end();

@@ -20,7 +20,7 @@ struct AddressInfo {
   std::uint32_t pid = 0;
   // "<boot_id>/<pid namespace>" (/proc/sys/kernel/random/boot_id, /proc/self/ns/pid): equal on
   // both sides when they share a kernel and can see each other's /proc/<pid>.
-  std::string boot_id;
+  std::string process_space;
   std::string host;                 // host name, for messages
   std::vector<std::uint8_t> worker_address;  // ucp_worker_get_address bytes
 };
