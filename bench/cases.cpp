@@ -32,8 +32,8 @@ void list_cases() {
       "  scatter      one-launch scatter of a bucket into many parameters vs a flat D2D copy of\n"
       "               the same bytes and torch (_foreach_copy_, per-tensor copy_ loop):\n"
       "               moe-3mib (9216 x 3 MiB bf16) and tiny-8kib (20,000 x 8 KiB)\n"
-      "  fingerprint  xxh64-chunked-v1 rate on the GPU (8 GiB) vs the CPU twin (1 GiB sample),\n"
-      "               checking both give the same value\n"
+      "  fingerprint  xxh64-interleaved-v1 rate on the GPU (8 GiB) vs the CPU twin (1 GiB\n"
+      "               sample), checking both give the same value\n"
       "  disk         load a multi-GiB safetensors checkpoint into GPU memory through the\n"
       "               receiver vs safetensors.torch.load_file(device=\"cuda\")\n"
       "  ucx          buckets of 1 MiB to 1 GiB through the UCX plugin between two processes\n"
@@ -96,7 +96,7 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
       ->check(CLI::PositiveNumber);
 
   CLI::App* fingerprint = bench_cmd->add_subcommand(
-      "fingerprint", "xxh64-chunked-v1 rate on the GPU vs the CPU twin");
+      "fingerprint", "xxh64-interleaved-v1 rate on the GPU vs the CPU twin");
   add_common_options(fingerprint, options.get(), device.get());
   fingerprint->add_option("--gib", options->gib, "GiB to fingerprint (cuda 8, cpu 1)")
       ->check(CLI::PositiveNumber);

@@ -78,7 +78,7 @@ class SenderTensors {
   // return, so that a push may read them.
   virtual void fill(std::uint64_t seed) = 0;
   virtual const void* data(std::size_t index) const = 0;
-  // xxh64-chunked-v1 of tensor `index` (what the receiver must report for it).
+  // xxh64-interleaved-v1 of tensor `index` (what the receiver must report for it).
   virtual std::uint64_t fingerprint(std::size_t index) const = 0;
   virtual ferry_memory_kind_t memory_kind() const = 0;
   virtual std::size_t count() const = 0;

@@ -81,7 +81,7 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
               decimal_bytes(static_cast<double>(bytes)).c_str(), device_name(options.device),
               warmup, repeat);
   std::fflush(stdout);
-  Json record = record_header("fingerprint", "xxh64-chunked-v1", options.device);
+  Json record = record_header("fingerprint", FERRY_FINGERPRINT_ALGORITHM, options.device);
   const FingerprintMeasurement m = cuda ? measure_fingerprint_cuda(bytes, warmup, repeat, 0x5eed00f1)
                                         : measure_fingerprint_cpu(bytes, warmup, repeat, 0x5eed00f1);
 
@@ -96,7 +96,7 @@ int run_fingerprint_bench(const BenchOptions& options, Json& records) {
 
   Table table({"algorithm", "bytes", "GPU TB/s", "GPU ms", "CPU sample", "CPU GB/s", "CPU ms",
                "CPU threads", "values equal"});
-  table.add_row({"xxh64-chunked-v1", decimal_bytes(static_cast<double>(m.bytes)),
+  table.add_row({FERRY_FINGERPRINT_ALGORITHM, decimal_bytes(static_cast<double>(m.bytes)),
                  number(gpu_tbps, 3), cuda ? number(gpu_med * 1e3, 3) : "-",
                  decimal_bytes(static_cast<double>(m.sample_bytes)), number(cpu_gbps, 2),
                  number(cpu_med * 1e3, 3), std::to_string(m.cpu_threads),

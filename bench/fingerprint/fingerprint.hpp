@@ -1,4 +1,4 @@
-// bench/fingerprint/fingerprint.hpp: `ferry bench fingerprint`: the xxh64-chunked-v1 rate
+// bench/fingerprint/fingerprint.hpp: `ferry bench fingerprint`: the xxh64-interleaved-v1 rate
 // (docs/fingerprint.md) on the GPU against its CPU twin, which must give the same value on the
 // same bytes.
 #pragma once

@@ -239,7 +239,7 @@ HttpResponse weights_checker(Context& c, const HttpRequest& req) {
     return reply(200, json{{"success", true},
                            {"message", fmt::format("checksum of {} tensors", prints.size())},
                            {"ranks", json::array({rank})},
-                           {"algorithm", "xxh64-chunked-v1"},
+                           {"algorithm", manifest::kFingerprintAlgorithm},
                            {"weight_version", c.receiver.version().label}});
   }
   if (check.action == "snapshot") {

@@ -3,6 +3,7 @@
 
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
+#include <ferry/sdk/manifest.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -131,7 +132,7 @@ HttpResponse fingerprints(Context& c, const HttpRequest&) {
   for (const auto& [name, value] : c.receiver.fingerprints()) {
     prints[name] = fmt::format("{:016x}", value);
   }
-  return reply(200, json{{"algorithm", "xxh64-chunked-v1"},
+  return reply(200, json{{"algorithm", manifest::kFingerprintAlgorithm},
                          {"weight_version", c.receiver.version().label},
                          {"fingerprints", prints}});
 }

@@ -37,7 +37,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr std::uint64_t kDemoSeed = 20250101;
-constexpr const char* kFingerprintAlgorithm = "xxh64-chunked-v1";
+constexpr const char* kFingerprintAlgorithm = FERRY_FINGERPRINT_ALGORITHM;
 
 struct StepRow {
   std::uint32_t step = 0;

@@ -115,6 +115,9 @@ bool moves_device_memory(const ferry_transport_caps_t& caps, int device) {
 // its slots at once (their keys go into the Welcome); the sender registers its host slots on
 // first use (a sender that delivers CUDA tensors piece by piece never needs them) and the
 // memory of the tensors it puts from, once per session.
+// The plugin ABI minor from which a put's fingerprint_out is FERRY_FINGERPRINT_ALGORITHM.
+constexpr std::uint32_t kPutFingerprintMinor = 6;
+
 class PluginInstance {
  public:
   PluginInstance(const registry::Registry& registry, const config::Config& config,
@@ -481,9 +484,13 @@ class PluginSenderPath final : public SenderDataPath {
   bool delivers_pieces(ferry_memory_kind_t kind) const override {
     return rma_ && kind == FERRY_MEMORY_CUDA && p_.device_memory_;
   }
+  // A plugin of ABI minor < 6 that fingerprints its puts computes xxh64-chunked-v1, not
+  // FERRY_FINGERPRINT_ALGORITHM (plugin_api/CHANGELOG.md): its puts then carry no
+  // fingerprint_out and the host fingerprints what they wrote itself.
   bool fingerprints_pieces() const override {
     return p_.device_memory_ && p_.rma_native_ &&
-           (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0;
+           (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0 &&
+           p_.plugin_->info().abi_minor >= kPutFingerprintMinor;
   }
   void set_regions(std::vector<std::vector<std::uint8_t>> keys) override {
     if (!delivers_pieces(FERRY_MEMORY_CUDA)) {

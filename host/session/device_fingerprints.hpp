@@ -9,7 +9,7 @@
 
 namespace ferry::session {
 
-// xxh64-chunked-v1 (docs/fingerprint.md) of each range [data[i], +bytes[i]) on CUDA device
+// xxh64-interleaved-v1 (docs/fingerprint.md) of each range [data[i], +bytes[i]) on CUDA device
 // `device`, in order. One fingerprint kernel covers one tensor with one block per 1 MiB chunk and
 // takes about the time of one chunk (~1 ms) however few chunks it has, so the kernels run side by
 // side (kernels::fingerprint_many_cuda_async); one wait at the end. The ranges are read after

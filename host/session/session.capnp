@@ -9,7 +9,9 @@
 
 $import "/capnp/c++.capnp".namespace("ferry::session::wire");
 
-const protocolVersion :UInt32 = 1;
+# 2: fingerprints are xxh64-interleaved-v1 (Ack and Commit carry bare values, so a peer that
+# computes another algorithm is refused at Hello rather than failing every commit).
+const protocolVersion :UInt32 = 2;
 
 # One tensor: a checkpoint tensor (Hello) or a parameter of the receiver's layout.
 struct TensorDesc {
@@ -136,7 +138,7 @@ struct BucketReady {
 struct Ack {
   index @0 :UInt32;
   slot @1 :UInt32;
-  fingerprints @2 :List(UInt64);  # xxh64-chunked-v1 of each manifest entry as received, in order
+  fingerprints @2 :List(UInt64);  # xxh64-interleaved-v1 of each manifest entry as received, in order
 }
 
 struct Commit {

@@ -27,7 +27,8 @@ namespace {
 
 constexpr char kMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'M', 'I', 'R'};
 // 2: owner metadata, the committed record's time and checksum, notes of why nothing is committed.
-constexpr std::uint32_t kFormatVersion = 2;
+// 3: the entries' fingerprints are xxh64-interleaved-v1 (they were xxh64-chunked-v1).
+constexpr std::uint32_t kFormatVersion = 3;
 constexpr std::uint64_t kHeaderAlign = 4096;
 constexpr std::uint64_t kEntryAlign = 256;
 constexpr std::uint64_t kLabelArea = 256;

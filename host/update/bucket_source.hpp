@@ -34,7 +34,7 @@ struct Bucket {
   // encoded bytes, by the update engine (which then stores it here).
   std::vector<std::uint8_t> manifest_bytes;
   std::optional<manifest::Manifest> manifest;
-  // How the source verified the bytes: the fingerprints (xxh64-chunked-v1) of the entries as
+  // How the source verified the bytes: the fingerprints (xxh64-interleaved-v1) of the entries as
   // they are in `data`, one per manifest entry, computed by the source from those bytes (for its
   // peer's acknowledgement). The engine compares the manifest's fingerprints with them instead
   // of reading the bytes a second time. Empty: the engine computes those it checks.

@@ -69,7 +69,7 @@ class CudaApplier {
   // The same, for failure paths: never throws; returns the error text ("" when none).
   std::string drain() noexcept;
 
-  // xxh64-chunked-v1 of each device range, computed on the apply stream after everything
+  // xxh64-interleaved-v1 of each device range, computed on the apply stream after everything
   // enqueued before, with one wait at the end.
   std::vector<std::uint64_t> fingerprints(std::span<const std::byte* const> data,
                                           std::span<const std::uint64_t> bytes);

@@ -1,4 +1,4 @@
-// update/param_fingerprint.hpp: the fingerprint (xxh64-chunked-v1, docs/fingerprint.md) of one
+// update/param_fingerprint.hpp: the fingerprint (xxh64-interleaved-v1, docs/fingerprint.md) of one
 // parameter wherever it lives: the CPU kernel for host memory, the CUDA kernel for device memory
 // (the same value either way).
 #pragma once

@@ -205,7 +205,7 @@ class UpdateEngine {
   // fingerprints (begin_direct_writes(true)), commit fails for any entry still without one.
   void attach_direct_fingerprints(std::span<const std::uint64_t> prints);
 
-  // Fingerprints (xxh64-chunked-v1 of the parameter bytes) the sender computed, checked at
+  // Fingerprints (xxh64-interleaved-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
   void set_expected_fingerprints(std::map<std::string, std::uint64_t> expected);
 

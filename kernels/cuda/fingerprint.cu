@@ -1,12 +1,11 @@
-// The CUDA fingerprint: xxh64-chunked-v1 (docs/fingerprint.md) of a batch of ranges in two
-// launches. The chunk kernel hashes every 1 MiB chunk of every range with four threads of one
-// warp, one per XXH64 accumulator, so a warp hashes eight chunks at once; each thread reads its
-// accumulator's 8-byte word of every 32-byte stripe straight from global memory, with a ring of
-// loads kept in flight in registers, and the group's first thread converges the accumulators and
-// finishes the chunk's tail. The combine kernel hashes each range's chunk hashes (XXH64 of 8 bytes
-// per chunk, seeded with the range's length) with the same four-thread routine. That routine
-// (group_hash) lives in the plugin SDK (ferry/sdk/fingerprint_cuda.cuh), which the cuda_ipc
-// plugin's fingerprinting copy uses too.
+// The CUDA fingerprint: xxh64-interleaved-v1 (docs/fingerprint.md) of a batch of ranges in two
+// launches. The chunk kernel hashes every 1 MiB chunk of every range with one warp, lane j
+// running accumulators 2j and 2j + 1 over the chunk's 16-byte units j, j + 32, .. (so a warp
+// reads 512 contiguous bytes at a time), with a ring of loads kept in flight in registers; lane 0
+// then hashes the 64 accumulators. The combine kernel hashes each range's chunk hashes (XXH64 of
+// 8 bytes per chunk, seeded with the range's length) with four threads per range. Both routines
+// (warp_chunk_hash, group_hash) live in the plugin SDK (ferry/sdk/fingerprint_cuda.cuh), which
+// the cuda_ipc plugin's fingerprinting copy uses too.
 #include "launch.hpp"
 
 #include "ferry/sdk/fingerprint_cuda.cuh"
@@ -21,9 +20,10 @@ namespace fp = ferry::sdk::fingerprint_cuda;
 
 constexpr std::uint64_t kChunkBytes = fp::kChunkBytes;  // kFingerprintChunkBytes of cpu.hpp
 constexpr unsigned kGroup = fp::kGroup;                 // threads per hash
-constexpr unsigned kThreads = 64;                       // per block: 16 hashes
+constexpr unsigned kThreads = 64;                       // combine: 16 ranges per block
 constexpr unsigned kGroupsPerBlock = kThreads / kGroup;
 static_assert(kThreads % 32 == 0 && 32 % kGroup == 0, "a group must lie within one warp");
+constexpr unsigned kChunkWarps = 8;  // chunk kernel: 8 chunks per block, one per warp
 
 // One range as the kernels see it: its chunk hashes are hashes[first_chunk ..] of the batch.
 struct DeviceRange {
@@ -64,21 +64,20 @@ __device__ std::uint64_t find_range(const Batch& b, std::uint64_t g) {
   return lo;
 }
 
-// One group per chunk of the batch: hashes[g] = XXH64(chunk, seed = its index in its range).
-__global__ void __launch_bounds__(kThreads) chunk_kernel(Batch b) {
-  const std::uint64_t g =
-      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
-  const unsigned lane = threadIdx.x % kGroup;
-  const bool active = g < b.chunks;
-  DeviceRange range{nullptr, 0, 0};
-  if (active) range = range_at(b, find_range(b, g));
-  const std::uint64_t index = active ? g - range.first_chunk : 0;
+// One warp per chunk of the batch: hashes[g] = the hash of chunk g (index in its range, seed).
+__global__ void __launch_bounds__(kChunkWarps * 32) chunk_kernel(Batch b) {
+  __shared__ std::uint64_t scratch[kChunkWarps][fp::kWarpScratchWords];
+  const unsigned warp = threadIdx.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  const std::uint64_t g = static_cast<std::uint64_t>(blockIdx.x) * kChunkWarps + warp;
+  if (g >= b.chunks) return;  // a whole warp
+  const DeviceRange range = range_at(b, find_range(b, g));
+  const std::uint64_t index = g - range.first_chunk;
   const std::uint64_t begin = index * kChunkBytes;
   const std::uint64_t rest = range.bytes - begin;
-  const std::uint64_t len = active ? (rest < kChunkBytes ? rest : kChunkBytes) : 0;
-  const unsigned char* p = active ? range.data + begin : nullptr;
-  const std::uint64_t h = fp::group_hash(p, len, index, lane, active);
-  if (active && lane == 0) b.hashes[g] = h;
+  const std::uint64_t len = rest < kChunkBytes ? rest : kChunkBytes;
+  const std::uint64_t h = fp::warp_chunk_hash(range.data + begin, len, index, lane, scratch[warp]);
+  if (lane == 0) b.hashes[g] = h;
 }
 
 // One group per range: results[r] = XXH64(its chunk hashes as little-endian u64, seed = bytes).
@@ -113,9 +112,10 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
     table[i] = {static_cast<const unsigned char*>(ranges[i].data), ranges[i].bytes, chunks};
     chunks += (ranges[i].bytes + kChunkBytes - 1) / kChunkBytes;
   }
-  // The grid is 1-D: 2^31 - 1 blocks of 16 groups.
+  // The grids are 1-D: 2^31 - 1 blocks.
   constexpr std::uint64_t kMaxGroups = 0x7fffffffull * kGroupsPerBlock;
-  if (chunks > kMaxGroups || num_ranges > kMaxGroups) return cudaErrorInvalidValue;
+  constexpr std::uint64_t kMaxChunks = 0x7fffffffull * kChunkWarps;
+  if (chunks > kMaxChunks || num_ranges > kMaxGroups) return cudaErrorInvalidValue;
 
   Batch batch{};
   batch.num_ranges = num_ranges;
@@ -141,7 +141,8 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
     batch.single = table[0];
   }
   if (err == cudaSuccess && chunks > 0) {
-    chunk_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(batch);
+    const auto blocks = static_cast<unsigned>((chunks + kChunkWarps - 1) / kChunkWarps);
+    chunk_kernel<<<blocks, kChunkWarps * 32, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {

@@ -51,7 +51,7 @@ struct FingerprintRange {
 };
 
 // Launches the chunk hash kernel over every chunk of every range and the combine kernel (two
-// launches however many ranges); writes range i's xxh64-chunked-v1 to device_results[i]. The
+// launches however many ranges); writes range i's xxh64-interleaved-v1 to device_results[i]. The
 // host array is copied (stream-ordered) before this returns. cudaErrorInvalidValue when the
 // batch exceeds one grid (2^35 chunks).
 cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,

@@ -28,7 +28,7 @@ enum DType {
 
 # A fingerprint of a tensor's bytes (docs/fingerprint.md).
 struct Fingerprint {
-  algorithm @0 :Text;   # "xxh64-chunked-v1"
+  algorithm @0 :Text;   # "xxh64-interleaved-v1"
   value @1 :UInt64;
 }
 

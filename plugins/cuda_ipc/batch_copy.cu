@@ -1,9 +1,10 @@
 // cuda_ipc/batch_copy.cu: the batched copy kernel (see batch_copy.hpp). Block row y copies op y;
 // the blocks of a row stride over it with 16-byte loads and stores where source and destination
 // are equally aligned (head and tail bytewise), bytewise otherwise. The fingerprinted copy runs
-// the SDK's xxh64-chunked-v1 chunk routine (ferry/sdk/fingerprint_cuda.cuh) over every 1 MiB
-// chunk of every op with a destination to store each hashed word to, then combines each op's
-// chunk hashes, like kernels/cuda/fingerprint.cu.
+// the SDK's xxh64-interleaved-v1 chunk routine (ferry/sdk/fingerprint_cuda.cuh), one warp per
+// 1 MiB chunk of every op, with a destination to store each hashed unit to (a warp's loads and
+// stores are 512 contiguous bytes, as in a plain copy), then combines each op's chunk hashes,
+// like kernels/cuda/fingerprint.cu.
 #include "batch_copy.hpp"
 
 #include "ferry/sdk/fingerprint_cuda.cuh"
@@ -57,9 +58,13 @@ __global__ void __launch_bounds__(kThreads) batch_copy_kernel(const CopyBatch ba
 
 namespace fp = ferry::sdk::fingerprint_cuda;
 
-constexpr unsigned kHashThreads = 64;  // per block: 16 groups of fp::kGroup
+constexpr unsigned kHashThreads = 64;  // combine, per block: 16 groups of fp::kGroup
 constexpr unsigned kGroupsPerBlock = kHashThreads / fp::kGroup;
 static_assert(kHashThreads % 32 == 0 && 32 % fp::kGroup == 0, "a group must lie within one warp");
+// Copy, per block: 8 chunks, one per warp. Measured on an H200 over Qwen3-8B's tensors, 8 warps
+// with 8 units in flight per lane reached 0.87-1.03 of one cudaMemcpy of the same bytes
+// (docs/benchmarks.md, "The fingerprinting copy on real-model sizes").
+constexpr unsigned kCopyWarps = 8;
 
 // One op as the fingerprinting kernels see it: its chunks are global chunks first_chunk ..
 // first_chunk + ceil(bytes / C) - 1 of the launch, their hashes hashes[first_chunk ..].
@@ -95,23 +100,22 @@ __device__ std::uint64_t find_op(const HashedBatch& b, std::uint64_t g) {
   return lo;
 }
 
-// One group per chunk of the launch: copies the chunk and sets hashes[g] = XXH64(chunk, seed = its
-// index in its op).
-__global__ void __launch_bounds__(kHashThreads) copy_chunk_kernel(const HashedBatch b) {
-  const std::uint64_t g =
-      static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / fp::kGroup;
-  const unsigned lane = threadIdx.x % fp::kGroup;
-  const bool active = g < b.chunks;
-  HashedOp op{nullptr, nullptr, 0, 0};
-  if (active) op = b.ops[find_op(b, g)];
-  const std::uint64_t index = active ? g - op.first_chunk : 0;
+// One warp per chunk of the launch: copies the chunk and sets hashes[g] = its hash (index in its
+// op).
+__global__ void __launch_bounds__(kCopyWarps * 32) copy_chunk_kernel(const HashedBatch b) {
+  __shared__ std::uint64_t scratch[kCopyWarps][fp::kWarpScratchWords];
+  const unsigned warp = threadIdx.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  const std::uint64_t g = static_cast<std::uint64_t>(blockIdx.x) * kCopyWarps + warp;
+  if (g >= b.chunks) return;  // a whole warp
+  const HashedOp op = b.ops[find_op(b, g)];
+  const std::uint64_t index = g - op.first_chunk;
   const std::uint64_t begin = index * fp::kChunkBytes;
   const std::uint64_t rest = op.bytes - begin;
-  const std::uint64_t len = active ? (rest < fp::kChunkBytes ? rest : fp::kChunkBytes) : 0;
-  const unsigned char* src = active ? op.src + begin : nullptr;
-  unsigned char* dst = active ? op.dst + begin : nullptr;
-  const std::uint64_t h = fp::group_hash(src, len, index, lane, active, fp::CopyTo{dst});
-  if (active && lane == 0) b.hashes[g] = h;
+  const std::uint64_t len = rest < fp::kChunkBytes ? rest : fp::kChunkBytes;
+  const std::uint64_t h = fp::warp_chunk_hash(op.src + begin, len, index, lane, scratch[warp],
+                                              fp::CopyTo{op.dst + begin});
+  if (lane == 0) b.hashes[g] = h;
 }
 
 // One group per op: results[i] = XXH64(its chunk hashes as little-endian u64, seed = bytes).
@@ -169,9 +173,10 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
     // ceil(bytes / C) without overflowing near 2^64.
     chunks += ops[i].bytes / fp::kChunkBytes + (ops[i].bytes % fp::kChunkBytes != 0 ? 1 : 0);
   }
-  // The grid is 1-D: 2^31 - 1 blocks of kGroupsPerBlock groups.
+  // The grids are 1-D: 2^31 - 1 blocks.
   constexpr std::uint64_t kMaxGroups = 0x7fffffffull * kGroupsPerBlock;
-  if (chunks > kMaxGroups) return cudaErrorInvalidValue;
+  constexpr std::uint64_t kMaxChunks = 0x7fffffffull * kCopyWarps;
+  if (chunks > kMaxChunks) return cudaErrorInvalidValue;
   if (n > kMaxGroups) return cudaErrorInvalidValue;
   batch.n = n;
   batch.chunks = chunks;
@@ -186,7 +191,8 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
   batch.hashes = chunks > 0 ? reinterpret_cast<std::uint64_t*>(scratch + table_bytes) : nullptr;
   err = cudaMemcpyAsync(scratch, table, table_bytes, cudaMemcpyHostToDevice, stream);
   if (err == cudaSuccess && chunks > 0) {
-    copy_chunk_kernel<<<hash_blocks_for(chunks), kHashThreads, 0, stream>>>(batch);
+    const auto blocks = static_cast<unsigned>((chunks + kCopyWarps - 1) / kCopyWarps);
+    copy_chunk_kernel<<<blocks, kCopyWarps * 32, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {

@@ -2,7 +2,7 @@
 // before a flush). A copy call costs ~4 us of host time per copy, even through
 // cudaMemcpyBatchAsync (measured on an H200, docs/benchmarks.md), more than a small tensor's
 // copy takes on the GPU; one launch costs the same for 1 or 512 copies. The fingerprinted copy
-// also hashes what it copies (xxh64-chunked-v1), from the words it stores, in the same pass.
+// also hashes what it copies (xxh64-interleaved-v1), from the words it stores, in the same pass.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,16 +29,15 @@ cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t str
 // Bytes of page-locked host memory launch_fingerprinted_copy stages its op table through.
 std::size_t fingerprinted_copy_staging_bytes(std::size_t n);
 
-// Copies like launch_batch_copy and writes each op's fingerprint (xxh64-chunked-v1 of the bytes
+// Copies like launch_batch_copy and writes each op's fingerprint (xxh64-interleaved-v1 of the bytes
 // copied, the value ferry::kernels::fingerprint_cpu gives for them) to device_results[i]
 // (device memory, n entries), reading each source byte once. Any n (0 enqueues nothing; a null
 // device_results or pinned_staging is refused with cudaErrorInvalidValue): the op table goes
 // to the device through `pinned_staging`, page-locked host memory of at least
 // fingerprinted_copy_staging_bytes(n) bytes (8-byte aligned) that must stay untouched until
 // the stream has passed the launch. One launch takes every op because a chunk's 1 MiB is
-// hashed by four threads in sequence: a launch needs thousands of chunks to fill the GPU, and
-// splitting a batch (a parameter table holds 512 ops) ran a 4 GiB group of 4 MiB tensors ~25%
-// slower. No op's source may overlap any op's destination (sources are read through the
+// hashed by one warp in sequence: a launch needs thousands of chunks to fill the GPU (a
+// parameter table would hold 512 ops). No op's source may overlap any op's destination (sources are read through the
 // read-only cache). A table copy, two launches and a stream-ordered scratch allocation (the
 // table, and 8 bytes per MiB) on `stream`; the results are there once the stream reaches them.
 cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,

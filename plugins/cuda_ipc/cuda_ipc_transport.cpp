@@ -848,7 +848,7 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
                                          : mapped(peer, *imported, args.remote_offset, bytes);
     copies.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
   }
-  // xxh64-chunked-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
+  // xxh64-interleaved-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
   for (auto* out : empty_prints) {
     *out = ferry::sdk::xxh64::finish(ferry::sdk::xxh64::kPrime5, 0, nullptr, 0);
   }

@@ -196,8 +196,8 @@ struct ferry_transport {
   std::mutex cuda_mutex_;  // stream creation, enqueues, event pool
   bool cuda_ready_ = false;
   cudaStream_t stream_ = nullptr;
-  // The fingerprinting copy kernel hashes each 1 MiB chunk with four threads, so a launch of a
-  // few thousand chunks keeps only that many reads in flight. Consecutive flushes' launches go
+  // The fingerprinting copy kernel hashes each 1 MiB chunk with one warp, so a launch of a
+  // few thousand chunks keeps only that many warps busy. Consecutive flushes' launches go
   // to alternate lanes and may run side by side: the GPU then has twice the chunks in flight.
   // stream_ waits for every lane launch right after it (so a flush's event on stream_ covers
   // every put before it), and a launch waits for stream_ first when its destinations overlap

@@ -1,7 +1,7 @@
 // Tests of the cuda_ipc plugin's batched copy kernels (plugins/cuda_ipc/batch_copy.cu) on a real
 // device: every byte of every op lands, nothing outside the ops is touched, whatever the sizes
 // (0, 1, odd, many MiB) and the alignments of source and destination (equal or not); the
-// fingerprinted copy's results equal fingerprint_cpu (xxh64-chunked-v1) of each op's bytes; a
+// fingerprinted copy's results equal fingerprint_cpu (xxh64-interleaved-v1) of each op's bytes; a
 // batch larger than kMaxCopyOps is refused. Exits 77 (skip) without a CUDA device.
 #include "batch_copy.hpp"
 #include "ferry/kernels/cpu.hpp"
@@ -166,20 +166,24 @@ TEST(BatchCopy, FiveHundredSmallCopiesInOneLaunch) {
   run_batch(cases, Launch::kCopy);
 }
 
-// Sizes around the stripe (32 bytes) and chunk (1 MiB) boundaries of xxh64-chunked-v1.
+// Sizes around the unit (16 bytes), row (512 bytes) and chunk (1 MiB) boundaries of
+// xxh64-interleaved-v1, and XXH64's stripe (32 bytes).
 const std::vector<std::uint64_t> kFingerprintSizes = {
-    0, 1, 7, 8, 31, 32, 33, 63, 64, 100, 4095, 4096, kMiB - 1, kMiB, kMiB + 7, 2 * kMiB + 32,
-    5 * kMiB + 3};
+    0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 100, 511, 512, 513, 527, 528, 4095, 4096, 4097,
+    kMiB - 1, kMiB, kMiB + 7, 2 * kMiB + 32, 5 * kMiB + 3};
 
 TEST(FingerprintedCopy, EverySizeWithEqualAlignmentsLandsAndHashesLikeTheCpu) {
-  run_batch(size_alignment_cases(kFingerprintSizes, {{0, 0}, {3, 3}, {4, 4}, {7, 7}}),
+  run_batch(size_alignment_cases(kFingerprintSizes, {{0, 0}, {3, 3}, {4, 4}, {7, 7}, {8, 8},
+                                                     {12, 12}}),
             Launch::kFingerprintedCopy);
 }
 
 TEST(FingerprintedCopy, EverySizeWithUnequalAlignmentsLandsAndHashesLikeTheCpu) {
-  // Misaligned source into an 8-byte aligned destination, aligned source into destinations off
-  // 8-byte boundaries (byte stores), and both off by different amounts.
-  run_batch(size_alignment_cases(kFingerprintSizes, {{5, 0}, {1, 0}, {0, 3}, {0, 4}, {2, 7}}),
+  // Sources off 16-byte boundaries (by less and by more than 8 bytes, and by 8) into aligned
+  // destinations; aligned sources into destinations 8 bytes past a 16-byte boundary (8-byte
+  // stores) and off 8-byte boundaries (byte stores); both off by different amounts.
+  run_batch(size_alignment_cases(kFingerprintSizes, {{5, 0}, {1, 0}, {8, 0}, {13, 0}, {0, 3},
+                                                     {0, 4}, {0, 8}, {2, 7}, {9, 8}}),
             Launch::kFingerprintedCopy);
 }
 

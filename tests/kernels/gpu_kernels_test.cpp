@@ -261,9 +261,11 @@ TEST(GpuFingerprint, MatchesTheCpuAtChunkBoundariesAndAnyAlignment) {
   device.upload(host);
   cudaStream_t stream;
   cuda_ok(cudaStreamCreate(&stream), "stream");
-  for (std::uint64_t shift : {0u, 3u, 8u}) {
-    for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{31},
-                            std::uint64_t{32}, std::uint64_t{33}, kMiB - 1, kMiB, kMiB + 1,
+  for (std::uint64_t shift : {0u, 3u, 8u, 12u}) {
+    for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{15},
+                            std::uint64_t{16}, std::uint64_t{17}, std::uint64_t{31},
+                            std::uint64_t{32}, std::uint64_t{33}, std::uint64_t{511},
+                            std::uint64_t{512}, std::uint64_t{513}, kMiB - 1, kMiB, kMiB + 1,
                             5 * kMiB + 12345, 37 * kMiB}) {
       const std::uint64_t cpu = fk::fingerprint_cpu(host.data() + shift, n, 2);
       const std::uint64_t gpu = fk::fingerprint_cuda(device.data() + shift, n, stream);

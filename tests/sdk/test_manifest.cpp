@@ -371,16 +371,19 @@ TEST(ManifestHostile, UnknownScaleDtypeOrdinal) {
             "manifest: tensor 'w' (index 0): unknown quantization scale dtype ordinal 77");
 }
 
+// Another algorithm, or the one a ferry from before the fingerprint changed names: refused, named.
 TEST(ManifestHostile, UnknownFingerprintAlgorithm) {
-  const auto bytes = raw([](ferry::schema::Manifest::Builder m) {
-    one_tensor(m, "w");
-    auto fp = m.getTensors()[0].initFingerprint();
-    fp.setAlgorithm("md5");
-    fp.setValue(1);
-  });
-  EXPECT_EQ(decode_error(bytes),
-            "manifest: tensor 'w' (index 0): fingerprint algorithm 'md5' is not "
-            "'xxh64-chunked-v1'");
+  for (const char* algorithm : {"md5", "xxh64-chunked-v1"}) {
+    const auto bytes = raw([&](ferry::schema::Manifest::Builder m) {
+      one_tensor(m, "w");
+      auto fp = m.getTensors()[0].initFingerprint();
+      fp.setAlgorithm(algorithm);
+      fp.setValue(1);
+    });
+    EXPECT_EQ(decode_error(bytes), std::string("manifest: tensor 'w' (index 0): fingerprint "
+                                               "algorithm '") +
+                                       algorithm + "' is not 'xxh64-interleaved-v1'");
+  }
 }
 
 TEST(ManifestHostile, OffsetPastBucket) {

@@ -381,7 +381,7 @@ TEST_F(MirrorFile, ADamagedCommittedRecordIsRefused) {
   write_committed();
   flip_byte(path_, 8);
   why = open_error(path_, FERRY_STATUS_CORRUPT_DATA);
-  EXPECT_NE(why.find("format version 3 is not the supported 2"), std::string::npos) << why;
+  EXPECT_NE(why.find("format version 2 is not the supported 3"), std::string::npos) << why;
   // Undamaged, the same file opens and claims version 9.
   write_committed();
   EXPECT_EQ(HostMirror::open_file(path_)->committed(), (CommittedVersion{9, "v9"}));

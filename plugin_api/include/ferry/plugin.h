@@ -43,7 +43,12 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 5
+#define FERRY_PLUGIN_ABI_MINOR 6
+
+/* ABI 1.6: the fingerprint ferry computes and compares (docs/fingerprint.md), named in every
+ * manifest that carries one and computed by a put with fingerprint_out. A new definition gets a
+ * new name (and a minor version), never a changed one. */
+#define FERRY_FINGERPRINT_ALGORITHM "xxh64-interleaved-v1"
 
 /* Size of a struct measured to the end of its last field, for struct_size. */
 #define FERRY_STRUCT_SIZE(type, last_field) \
@@ -191,7 +196,8 @@ typedef enum ferry_transport_cap {
   FERRY_TRANSPORT_CAP_ASYNC = 1u << 4,          /* send/recv return before completion */
   FERRY_TRANSPORT_CAP_SOURCE = 1u << 5,         /* produces buckets itself from a URI (disk) */
   /* ABI 1.1: a put from device memory can fingerprint what it writes (ferry_put_args_t
-   * .fingerprint_out). */
+   * .fingerprint_out). The host asks for it only from plugins of minor >= 6, whose fingerprint
+   * is FERRY_FINGERPRINT_ALGORITHM (earlier minors computed xxh64-chunked-v1). */
   FERRY_TRANSPORT_CAP_PUT_FINGERPRINT = 1u << 6,
   /* ABI 1.2: puts are deferred. A put only queues its write: nothing reaches the peer's memory
    * before the host issues a flush to that peer, whose request then reports the outcome of every
@@ -281,8 +287,8 @@ typedef struct ferry_put_args {
   int64_t deadline_ns;
   /* ABI 1.1, optional (CAP_PUT_FINGERPRINT; only for a local range in device memory). When
    * non-NULL, the transport also computes the fingerprint of the bytes it writes
-   * (xxh64-chunked-v1, docs/fingerprint.md) from the words as it stores them, so the data is
-   * read once, and stores it here (host memory the caller keeps valid) before the flush that
+   * (FERRY_FINGERPRINT_ALGORITHM, docs/fingerprint.md) from the words as it stores them, so the
+   * data is read once, and stores it here (host memory the caller keeps valid) before the flush that
    * covers this put completes. Undefined when the put or the flush fails. */
   uint64_t* fingerprint_out;
 } ferry_put_args_t;

@@ -3,7 +3,7 @@
 //
 //  - scatter: executes a plan (ferry_plan_op_t list) from one bucket into many parameters, with
 //    dtype casts (round-to-nearest-even), in one call per bucket, parallel over threads.
-//  - fingerprint: the xxh64-chunked-v1 algorithm of docs/fingerprint.md.
+//  - fingerprint: the xxh64-interleaved-v1 algorithm of docs/fingerprint.md.
 #pragma once
 
 #include <ferry/plugin.h>
@@ -69,7 +69,7 @@ void convert_elements(const void* src, ferry_dtype_t src_dtype, void* dst, ferry
 // Bytes of the fingerprint chunking (docs/fingerprint.md).
 inline constexpr std::uint64_t kFingerprintChunkBytes = 1ull << 20;
 
-// xxh64-chunked-v1 of `bytes` bytes at `data`. `threads` = 0 uses the hardware count.
+// xxh64-interleaved-v1 of `bytes` bytes at `data`. `threads` = 0 uses the hardware count.
 std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads = 0);
 
 // FP8 block quantization (FERRY_TRANSFORM_FP8_BLOCK_QUANT; arithmetic in fp8_block.hpp).

@@ -83,7 +83,7 @@ void scatter_cuda(const PreparedScatter& plan, const std::byte* bucket_base, cud
 void fp8_block_quant_cuda(std::span<const ferry_plan_op_t> ops, std::span<const EntryView> entries,
                           std::span<const ParamView> params, cudaStream_t stream);
 
-// Enqueues xxh64-chunked-v1 (docs/fingerprint.md) of `bytes` bytes at device address `data`;
+// Enqueues xxh64-interleaved-v1 (docs/fingerprint.md) of `bytes` bytes at device address `data`;
 // the value is written to `device_result` (device memory, 8 bytes) when the stream gets there.
 // Any alignment of `data`; a batch of one for fingerprint_many_cuda_async's kernels.
 void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t* device_result,

@@ -15,7 +15,7 @@
 
 namespace ferry::manifest {
 
-inline constexpr const char* kFingerprintAlgorithm = "xxh64-chunked-v1";
+inline constexpr const char* kFingerprintAlgorithm = FERRY_FINGERPRINT_ALGORITHM;
 
 struct Quantization {
   std::string scheme;  // "fp8-block"
