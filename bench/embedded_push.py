@@ -41,6 +41,7 @@ Usage: embedded_push.py [--layers 5] [--steps 8] [--delivery auto|direct|staged]
 import argparse
 import contextlib
 import json
+import logging
 import os
 import platform
 import queue
@@ -662,6 +663,10 @@ def main():
     args = parser.parse_args()
     if args.layers <= 0 or args.steps < 2 or args.ceiling_repeat <= 0:
         parser.error("need --layers > 0, --steps >= 2 and --ceiling-repeat > 0")
+    if os.environ.get("FERRY_LOG_LEVEL", "").lower() in ("debug", "trace"):
+        # ferry's Python side logs its debug timings (the C++ side logs its own on stderr).
+        logging.basicConfig(stream=sys.stderr, level=logging.DEBUG,
+                            format="[%(asctime)s] [%(name)s] [debug] %(message)s")
 
     if args.role == "rollout":
         try:

@@ -111,6 +111,27 @@ def test_report_says_when_a_push_reused_the_kept_session(ferry_module):
         assert np.array_equal(target["a"], np.full((8, 4), 2, np.float32))
 
 
+def test_push_logs_its_python_side_at_debug_level(ferry_module, caplog):
+    # docs/config.md: Sender.push logs its own phases through logging ("ferry.sender").
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    target = {"a": np.zeros((8, 4), np.float32), "b": np.zeros(3, np.float32)}
+    with ferry.Receiver() as receiver:
+        receiver.register_params(target)
+        receiver.serve(port=0)
+        with ferry.Sender([receiver.address]) as sender:
+            sender.push({"a": np.ones((8, 4), np.float32), "b": np.ones(3, np.float32)},
+                        version=1)
+            assert not [r for r in caplog.records if r.name == "ferry.sender"]
+            with caplog.at_level("DEBUG", logger="ferry.sender"):
+                sender.push({"a": np.full((8, 4), 2, np.float32), "b": np.ones(3, np.float32)},
+                            version=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ferry.sender"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("push of version 2: 2 tensors exported in "), lines[0]
+    assert "ferry_sender_push" in lines[0] and "views released in" in lines[0], lines[0]
+
+
 def test_one_push_reaches_two_receivers(ferry_module, receiver_process, tmp_path):
     np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
     ferry = ferry_module

@@ -99,7 +99,7 @@ TEST_F(SessionPush, SessionIsAdvertisedOnTheControlApi) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
   const auto info = serve.get("/ferry/session");
   ASSERT_EQ(info.status, 200) << info.text;
-  EXPECT_EQ(info.body.value("protocol", 0), 1);
+  EXPECT_EQ(info.body.value("protocol", 0), 2);
   EXPECT_GT(info.body.value("port", 0), 0);
 }
 
