@@ -207,6 +207,7 @@ _FUNCTIONS = {
     "ferry_push_report_seconds": (ctypes.c_double, [_p]),
     "ferry_push_report_producer_wait_seconds": (ctypes.c_double, [_p]),
     "ferry_cuda_consumer_stream": (_err, [ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
+    "ferry_dlpack_release": (None, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
     "ferry_receiver_set_engine_order": (_err, [_p, ctypes.c_uint32,
                                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
     "ferry_push_report_all_committed": (ctypes.c_int, [_p]),

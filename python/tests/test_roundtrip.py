@@ -111,6 +111,27 @@ def test_report_says_when_a_push_reused_the_kept_session(ferry_module):
         assert np.array_equal(target["a"], np.full((8, 4), 2, np.float32))
 
 
+def test_push_gives_back_every_dlpack_view_it_took(ferry_module):
+    # Views are released in one C call (ferry_dlpack_release): each capsule's deleter ran once,
+    # so the arrays' reference counts are what they were before the push.
+    import sys
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    if not hasattr(np.ndarray, "__dlpack__"):
+        pytest.skip("this NumPy has no __dlpack__")
+    ferry = ferry_module
+    target = {f"w{i}": np.zeros(16, np.float32) for i in range(40)}
+    source = {f"w{i}": np.full(16, i, np.float32) for i in range(40)}
+    before = {k: sys.getrefcount(v) for k, v in source.items()}
+    with ferry.Receiver() as receiver:
+        receiver.register_params(target)
+        receiver.serve(port=0)
+        with ferry.Sender([receiver.address]) as sender:
+            for version in (1, 2):
+                assert sender.push(source, version=version).all_committed
+    assert {k: sys.getrefcount(v) for k, v in source.items()} == before
+    assert all(np.array_equal(target[k], source[k]) for k in source)
+
+
 def test_push_logs_its_python_side_at_debug_level(ferry_module, caplog):
     # docs/config.md: Sender.push logs its own phases through logging ("ferry.sender").
     np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")

@@ -226,6 +226,30 @@ TEST(CApi, VersionMatchesHeader) {
   EXPECT_STRNE(ferry_version_string(), "");
 }
 
+// ferry_dlpack_release calls each tensor's own deleter once, in order, and skips NULL entries and
+// NULL deleters.
+std::vector<int>* g_released = nullptr;
+void record_release(DLManagedTensor* t) {
+  g_released->push_back(static_cast<int>(reinterpret_cast<std::intptr_t>(t->manager_ctx)));
+}
+
+TEST(CApi, DlpackReleaseCallsEveryDeleterOnceInOrder) {
+  std::vector<int> released;
+  g_released = &released;
+  DLManagedTensor a{}, b{}, c{}, no_deleter{};
+  a.manager_ctx = reinterpret_cast<void*>(1);
+  b.manager_ctx = reinterpret_cast<void*>(2);
+  c.manager_ctx = reinterpret_cast<void*>(3);
+  a.deleter = b.deleter = c.deleter = record_release;
+  DLManagedTensor* const tensors[] = {&c, nullptr, &a, &no_deleter, &b};
+  ferry_dlpack_release(tensors, 5);
+  EXPECT_EQ(released, (std::vector<int>{3, 1, 2}));
+  ferry_dlpack_release(nullptr, 3);  // nothing to release
+  ferry_dlpack_release(tensors, 0);
+  EXPECT_EQ(released.size(), 3u);
+  g_released = nullptr;
+}
+
 TEST(CApi, NullArgumentsAreInvalidArgumentNamingTheParameter) {
   ferry_sender_t* sender = nullptr;
   Outcome o = take(ferry_sender_create(nullptr, &sender));

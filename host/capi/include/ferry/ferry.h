@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 5
+#define FERRY_API_MINOR 6
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -185,6 +185,14 @@ typedef enum ferry_stream_order {
  * value. NOT_FOUND for a device that is not visible, UNIMPLEMENTED in a build without CUDA. Any
  * thread. */
 FERRY_API ferry_error_t* ferry_cuda_consumer_stream(int32_t device, uintptr_t* stream);
+
+/* API 1.6. Calls the deleter of each of the `count` DLPack managed tensors, in order, on the
+ * calling thread (NULL entries and NULL deleters are skipped): a binding that took DLPack views
+ * of many tensors for a push gives them back in one call. Each deleter must be called once: the
+ * tensors are the caller's, and none may be used afterwards. A deleter may run without the
+ * Python GIL (the DLPack Python specification: producers that need it take it), so a binding
+ * calls this with the GIL released. Any thread. */
+FERRY_API void ferry_dlpack_release(DLManagedTensor* const* tensors, size_t count);
 
 typedef struct ferry_push_args {
   size_t struct_size;
