@@ -22,7 +22,7 @@ import ctypes
 import sys
 
 from . import errors
-from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, DLManagedTensor, Tensor,
+from ._library import (ORDER_NONE, ORDER_STREAMS, ORDER_SYNC_DEVICES, Tensor,
                        check, lib, struct_size)
 
 _CAPSULE_NAME = b"dltensor"
@@ -119,11 +119,9 @@ class TensorView:
         return managed or 0
 
     def release(self):
-        if self._managed:
-            managed = DLManagedTensor.from_address(self._managed)
-            if managed.deleter:
-                managed.deleter(self._managed)
-            self._managed = None
+        managed = self.take_managed()
+        if managed:
+            lib().ferry_dlpack_release((ctypes.c_void_p * 1)(managed), 1)
 
 
 _KDL_CUDA = 2
