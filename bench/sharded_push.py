@@ -30,7 +30,8 @@ same run: one device-to-device copy of the model's bytes (--device cuda), times 
 writes the whole model: receivers with a tensor-parallel size do not take part yet).
 
 Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
-                       [--transport auto] [--bucket-mib 0] [--ferry PATH] [--device cuda|cpu]
+                       [--transport auto] [--bucket-mib 0] [--delivery auto|direct|staged]
+                       [--ferry PATH] [--device cuda|cpu]
                        [--log-dir DIR]
                        [--no-table]
 """
@@ -123,7 +124,7 @@ def sender_main(args):
                        torch.empty((hi - lo,) + tuple(shape[1:]), dtype=torch.bfloat16,
                                    device=device_of(args))))
     sender = ferry.Sender(args.to.split(","), transport=args.transport, progress=False,
-                          bucket_bytes=args.bucket_mib << 20)
+                          bucket_bytes=args.bucket_mib << 20, update__delivery=args.delivery)
     print(json.dumps({"ready": True, "bytes": sum(t.numel() * 2 for *_, t in shards)}),
           flush=True)
     for line in sys.stdin:
@@ -150,6 +151,7 @@ def sender_main(args):
                     "pushed": version, "seconds": seconds, "committed": report.all_committed,
                     "errors": [r.error for r in report.receivers if not r.committed],
                     "transports": [r.transport for r in report.receivers],
+                    "direct": [r.direct for r in report.receivers],
                     "rank_bytes": [list(r.rank_bytes) for r in report.receivers],
                     "needed_bytes": [r.needed_bytes for r in report.receivers]}), flush=True)
             else:
@@ -241,13 +243,16 @@ def bench_main(args, torch, ferry):
                                      "sender", "--rank", str(r), "--world", str(world),
                                      "--to", ",".join(addresses), "--layers", str(args.layers),
                                      "--device", args.device, "--transport", args.transport,
-                                     "--bucket-mib", str(args.bucket_mib)],
+                                     "--bucket-mib", str(args.bucket_mib),
+                                     "--delivery", "staged" if r in args.staged_ranks
+                                     else args.delivery],
                                     "sender rank %d of %d" % (r, world))
                        for r in range(world)]
             try:
                 for s in senders:
                     s.answer(args.answer_timeout)
                 sharded_s, whole_s, moved_ok, transports = [], [], True, set()
+                direct_ranks = [True] * world
                 for k in range(args.rounds):
                     seed = 1000 * world + k + 1
                     for s in senders:
@@ -267,6 +272,7 @@ def bench_main(args, torch, ferry):
                             raise RuntimeError("rank %d of %d: version %d failed: %s"
                                                % (r, world, version[0], a["errors"]))
                         transports.update(a["transports"])
+                        direct_ranks[r] = direct_ranks[r] and all(a["direct"])
                     for i, needed in enumerate(answers[0]["needed_bytes"]):
                         if sum(answers[0]["rank_bytes"][i]) != needed:
                             moved_ok = False
@@ -286,7 +292,8 @@ def bench_main(args, torch, ferry):
                 rows.append({"senders": world, "sharded_median_s": statistics.median(sharded_s),
                              "sharded_best_s": min(sharded_s), "whole_median_s":
                              statistics.median(whole_s), "transports": sorted(transports),
-                             "moved_equals_needed": moved_ok,
+                             "moved_equals_needed": moved_ok, "direct": all(direct_ranks),
+                             "direct_ranks": direct_ranks,
                              "rank_bytes": answers[0]["rank_bytes"][0],
                              "needed_bytes": answers[0]["needed_bytes"][0]})
                 verified = verified and moved_ok
@@ -310,7 +317,7 @@ def bench_main(args, torch, ferry):
             "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
             "layers": args.layers, "tensors": len(shapes), "model_bytes": model_bytes,
             "receivers": args.receivers, "transport": args.transport, "rounds": args.rounds,
-            "bucket_mib": args.bucket_mib,
+            "bucket_mib": args.bucket_mib, "delivery": args.delivery,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "first_direct": first_report.receivers[0].direct,
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
@@ -335,15 +342,16 @@ def print_table(r):
     out.write("\nsharded push: %d layers, %d tensors, %.2f GB bf16 into %d receivers on %s (%s)\n"
               % (r["layers"], r["tensors"], r["model_bytes"] / 1e9, r["receivers"],
                  r["device_name"], r["transport"]))
-    out.write("%8s %14s %14s %10s %10s %10s  %s\n" % ("senders", "sharded ms", "one sender ms",
-                                                      "vs one", "of D2D", "one/D2D",
-                                                      "transports"))
+    out.write("%8s %14s %14s %10s %10s %10s %8s  %s\n" % ("senders", "sharded ms",
+                                                          "one sender ms", "vs one", "of D2D",
+                                                          "one/D2D", "direct", "transports"))
     for row in r["rows"]:
         of = "-" if row["of_d2d"] is None else "%.2f" % row["of_d2d"]
         wof = "-" if row["whole_of_d2d"] is None else "%.2f" % row["whole_of_d2d"]
-        out.write("%8d %14s %14s %10.2f %10s %10s  %s\n" % (
+        out.write("%8d %14s %14s %10.2f %10s %10s %8s  %s\n" % (
             row["senders"], ms(row["sharded_median_s"]), ms(row["whole_median_s"]),
-            row["vs_whole"], of, wof, ",".join(row["transports"])))
+            row["vs_whole"], of, wof, "yes" if row["direct"] else "no",
+            ",".join(row["transports"])))
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 
@@ -365,6 +373,10 @@ def main():
     parser.add_argument("--bucket-mib", type=int, default=0,
                         help="the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB "
                              "or the largest block)")
+    parser.add_argument("--delivery", choices=["auto", "direct", "staged"], default="auto",
+                        help="the sender ranks' update.delivery (auto: straight into the "
+                             "receivers' parameters where they offer it, else staged)")
+    parser.add_argument("--staged-ranks", default="", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", default=None,
                         help="keep each receiver's log here, at debug level (where time goes)")
     parser.add_argument("--answer-timeout", type=float, default=300,
@@ -376,8 +388,9 @@ def main():
     args = parser.parse_args()
     try:
         args.senders = [int(s) for s in str(args.senders).split(",") if s]
+        args.staged_ranks = {int(s) for s in str(args.staged_ranks).split(",") if s}
     except ValueError:
-        parser.error("--senders takes counts separated by commas, e.g. 1,2,4")
+        parser.error("--senders (and --staged-ranks) take numbers separated by commas, e.g. 1,2,4")
     if (not args.senders or min(args.senders) < 1 or args.receivers < 1 or args.layers < 1
             or args.rounds < 1):
         parser.error("need --senders >= 1, --receivers >= 1, --layers >= 1 and --rounds >= 1")

@@ -38,7 +38,7 @@ void print_result(const Json& d) {
              d.value("device_name", std::string("?")), d.value("transport", std::string("?")),
              d.value("rounds", 0));
   Table table({"senders", "sharded ms (median)", "best ms", "one sender ms", "sharded / one",
-               "of D2D", "one sender of D2D", "moved = needed", "transports"});
+               "of D2D", "one sender of D2D", "moved = needed", "direct", "transports"});
   if (d.contains("rows") && d["rows"].is_array()) {
     for (const Json& row : d["rows"]) {
       std::string transports;
@@ -48,7 +48,8 @@ void print_result(const Json& d) {
       table.add_row({std::to_string(row.value("senders", 0)), ms(row, "sharded_median_s"),
                      ms(row, "sharded_best_s"), ms(row, "whole_median_s"),
                      ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
-                     row.value("moved_equals_needed", false) ? "yes" : "NO", transports});
+                     row.value("moved_equals_needed", false) ? "yes" : "NO",
+                     row.value("direct", false) ? "yes" : "no", transports});
     }
   }
   std::printf("\n");
@@ -70,13 +71,15 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["layers"] = o.layers;
   record["transport"] = o.transport;
   record["bucket_mib"] = o.bucket_mib;
+  record["delivery"] = o.delivery;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
                                 .string();
   const ScriptRun run = run_bench_script(
       "sharded", "sharded_push.py", o.script, o.python,
       {"--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
        std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
-       o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--device", o.device,
+       o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--delivery", o.delivery,
+       "--device", o.device,
        "--ferry", ferry, "--no-table"},
       record);
   if (run.exit_code == 2) return 2;
@@ -117,6 +120,10 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB or the "
                   "largest block)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--delivery", o->delivery,
+                  "the sender ranks' update.delivery: auto (straight into the receivers' "
+                  "parameters where they offer it), direct or staged")
+      ->check(CLI::IsMember({"auto", "direct", "staged"}));
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   add_script_bench_options(app, o.get(), "sharded_push.py");

@@ -25,6 +25,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   int rounds = 3;                  // pushes per sender count (medians)
   std::string transport = "auto";  // the senders' transport
   int bucket_mib = 0;              // the sender ranks' bucket size (0: ferry's default)
+  std::string delivery = "auto";   // the sender ranks' update.delivery (auto, direct, staged)
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model
 };
 

@@ -170,6 +170,7 @@ class Session final : public update::BucketSource, public ShardMember {
     ch_.shutdown();
   }
   void check_complete() override { declared_.check_complete(); }
+  const std::vector<std::uint64_t>& commit_prints() const override { return commit_prints_; }
 
   update::UpdateEnd end() override {
     update::UpdateEnd out;
@@ -280,7 +281,10 @@ class Session final : public update::BucketSource, public ShardMember {
     const auto offer_start = Clock::now();
     delivery_ = text(hello.getDelivery());
     if (!hello.hasShard()) offer_direct(delivery_, descs);
-    if (hello.hasShard()) join_shard();
+    if (hello.hasShard()) {
+      join_shard();
+      offer_direct_blocks(delivery_);
+    }
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
@@ -431,23 +435,88 @@ class Session final : public update::BucketSource, public ShardMember {
       if (!dests[i]) why_not = fmt::format("tensor '{}' needs its plan applied", descs[i].name);
     }
     if (why_not.empty()) {
-      try {
-        std::map<const std::byte*, std::uint32_t> region_of;  // block base -> region index
-        std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;
-        std::vector<std::vector<std::uint8_t>> keys;
-        for (const auto& d : dests) {
-          auto [it, added] = region_of.emplace(d->block, static_cast<std::uint32_t>(keys.size()));
-          if (added) keys.push_back(data_->share_region(d->block, d->block_bytes));
-          destinations.emplace_back(it->second, static_cast<std::uint64_t>(d->data - d->block));
-        }
-        region_keys_ = std::move(keys);
-        destinations_ = std::move(destinations);
-        return;
-      } catch (const Error& e) {
-        why_not = e.what();
-      }
+      std::vector<update::UpdateEngine::DirectDestination> present;
+      present.reserve(dests.size());
+      for (const auto& d : dests) present.push_back(*d);
+      why_not = share_destinations(present);
+      if (why_not.empty()) return;
     }
     logger("session")->info("session with {}: staged delivery ({})", ch_.peer(), why_not);
+  }
+
+  // Shares the memory blocks holding `dests` with the sender (one region per block) and sets
+  // the Welcome's regions and per-tensor destinations; the data path's refusal, else "".
+  std::string share_destinations(std::span<const update::UpdateEngine::DirectDestination> dests) {
+    try {
+      std::map<const std::byte*, std::uint32_t> region_of;  // block base -> region index
+      std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;
+      std::vector<std::vector<std::uint8_t>> keys;
+      for (const auto& d : dests) {
+        auto [it, added] = region_of.emplace(d.block, static_cast<std::uint32_t>(keys.size()));
+        if (added) keys.push_back(data_->share_region(d.block, d.block_bytes));
+        destinations.emplace_back(it->second, static_cast<std::uint64_t>(d.data - d.block));
+      }
+      region_keys_ = std::move(keys);
+      destinations_ = std::move(destinations);
+      return {};
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+
+  // Direct delivery of a rank's blocks (a sharded update): offered when the data path puts into
+  // device memory and every tensor of the rank's Hello is one block it sends whose global tensor
+  // is one whole copy into a device parameter (ShardedUpdate::whole_destination), and the block
+  // is a dim-0 range (all other dimensions whole): its bytes are contiguous in the parameter,
+  // at the whole tensor's destination plus the block's byte offset. Anything less: staged.
+  void offer_direct_blocks(const std::string& delivery) {
+    if (delivery == "staged" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
+        descs_.empty()) {
+      return;
+    }
+    std::map<std::string, const Holding*> block_of;
+    std::string why_not;
+    for (const auto& h : holdings_) {
+      if (!block_of.emplace(h.tensor, &h).second) {
+        why_not = fmt::format("tensor '{}' is held as more than one block", h.tensor);
+      }
+    }
+    std::vector<update::UpdateEngine::DirectDestination> dests;
+    for (std::size_t i = 0; i < descs_.size() && why_not.empty(); ++i) {
+      const std::string name = descs_[i].name;
+      const auto it = block_of.find(name);
+      const auto whole = sharded_->whole_destination(name);
+      if (it == block_of.end() || !whole) {
+        why_not = fmt::format("tensor '{}' needs its plan applied", name);
+        break;
+      }
+      const Holding& h = *it->second;
+      const std::size_t nd = h.global_shape.size();
+      std::uint64_t row_bytes = dtype_size(h.dtype);
+      for (std::size_t d = 1; d < nd; ++d) {
+        if (h.offsets[d] != 0 || h.extents[d] != h.global_shape[d]) {
+          why_not = fmt::format("tensor '{}': the block {} is not a range of rows", name,
+                                block_text(h.offsets, h.extents));
+        }
+        row_bytes *= h.global_shape[d];
+      }
+      const std::uint64_t offset = nd == 0 ? 0 : h.offsets[0] * row_bytes;
+      const std::uint64_t bytes = nd == 0 ? row_bytes : h.extents[0] * row_bytes;
+      if (!why_not.empty()) break;
+      if (offset + bytes > whole->bytes) {
+        why_not = fmt::format("tensor '{}': the block {} lies outside its parameter", name,
+                              block_text(h.offsets, h.extents));
+        break;
+      }
+      auto d = *whole;
+      d.data += offset;
+      d.bytes = bytes;
+      dests.push_back(d);
+    }
+    if (why_not.empty()) why_not = share_destinations(dests);
+    if (why_not.empty()) return;
+    logger("session")->info("session with {} (rank {}): staged delivery ({})", ch_.peer(), rank_,
+                            why_not);
   }
 
   // A kept session between updates: the sender's next Begin, or nullptr when the session ends
@@ -620,26 +689,37 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     if (root.which() != Which::BEGIN) unexpected(ch_, "begin", root.which());
     auto b = root.getBegin();
-    if (b.getDirect() || b.getFingerprintsAtCommit()) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced in a sharded session",
-           ch_.peer());
-    }
     if (b.getViaPut() && !data_->rma_native()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: buckets announced by put, but no slot key was given",
            ch_.peer());
     }
     data_->set_via_put(b.getViaPut());
+    direct_ = b.getDirect();
+    if (direct_ && (destinations_.empty() || !b.getViaPut())) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced, but none was offered",
+           ch_.peer());
+    }
+    writer_prints_ = b.getWriterFingerprints();
+    prints_at_commit_ = b.getFingerprintsAtCommit();
+    if (prints_at_commit_ && !(direct_ && writer_prints_)) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: begin: fingerprints at commit announced without direct delivery by fingerprinting "
+           "copies",
+           ch_.peer());
+    }
     version_ = b.getVersion();
     bucket_count_ = b.getBucketCount();
     next_ = 0;
     begin_start_ = Clock::now();
-    sharded_->begin(rank_, version_, text(b.getLabel()), bucket_count_);
+    sharded_->begin(rank_, version_, text(b.getLabel()), bucket_count_,
+                    RankDelivery{direct_, writer_prints_, prints_at_commit_});
     const std::uint32_t slots = data_->slot_count();
     for (;;) {
-      // next() posts the receive of the slot freed by the bucket `slots` before this one.
+      // next() posts the receive of the slot freed by the bucket `slots` before this one (a
+      // rank writing in place uses no slot: its buckets are only recorded).
       const std::uint32_t k = next_;
-      if (slots == 1 && k >= 1) sharded_->wait_applied(rank_, k);
-      if (slots >= 2 && k >= 2) sharded_->wait_applied(rank_, k - 1);
+      if (!direct_ && slots == 1 && k >= 1) sharded_->wait_applied(rank_, k);
+      if (!direct_ && slots >= 2 && k >= 2) sharded_->wait_applied(rank_, k - 1);
       update::Bucket bucket;
       if (!next(0, bucket)) break;
       sharded_->offer(rank_, std::move(bucket));

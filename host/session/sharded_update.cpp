@@ -100,8 +100,16 @@ void ShardedUpdate::wait_welcomed() {
   if (phase_ == Phase::failed) throw_failure_locked();
 }
 
+std::optional<update::UpdateEngine::DirectDestination> ShardedUpdate::whole_destination(
+    const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  const auto it = whole_destinations_.find(name);
+  if (it == whole_destinations_.end()) return std::nullopt;
+  return it->second;
+}
+
 void ShardedUpdate::begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
-                          std::uint32_t bucket_count) {
+                          std::uint32_t bucket_count, RankDelivery delivery) {
   std::unique_lock lock(mutex_);
   if (phase_ == Phase::failed) throw_failure_locked();
   for (std::uint32_t r = 0; r < world_; ++r) {
@@ -117,6 +125,7 @@ void ShardedUpdate::begin(std::uint32_t rank, std::uint64_t version, const std::
   me.version = version;
   me.label = label;
   me.bucket_count = bucket_count;
+  me.delivery = delivery;
   changed_.notify_all();
   changed_.wait(lock, [&] { return phase_ == Phase::running || phase_ == Phase::failed ||
                                    phase_ == Phase::done; });
@@ -207,11 +216,24 @@ void ShardedUpdate::work() {
     }
     signature_ = update->layout_signature();
     num_params_ = static_cast<std::uint32_t>(update->num_params());
+    // Where each global tensor may be written in place (a rank's sessions offer its dim-0
+    // blocks there, session/receiver_session.cpp); none is not an error: those ranks stage.
+    std::map<std::string, update::UpdateEngine::DirectDestination> whole;
+    try {
+      const auto dests = update->direct_destinations(catalog);
+      for (std::size_t i = 0; i < dests.size() && i < catalog.size(); ++i) {
+        if (dests[i]) whole.emplace(catalog[i].name, *dests[i]);
+      }
+    } catch (const Error& e) {
+      logger("session")->debug("sharded update: no direct delivery ({})", e.what());
+      whole.clear();
+    }
     std::uint64_t version = 0;
     std::string label;
     {
       std::unique_lock lock(mutex_);
       if (phase_ == Phase::failed) throw_failure_locked();
+      whole_destinations_ = std::move(whole);
       phase_ = Phase::welcomed;
       changed_.notify_all();
       const bool all = changed_.wait_until(
@@ -320,6 +342,10 @@ void ShardedUpdate::verify(update::Bucket& bucket) {
 
 void ShardedUpdate::applied(const update::Bucket& bucket) {
   ranks_[bucket.origin].join.member->applied(bucket);
+  if (bucket.in_place) {
+    in_place_order_.emplace_back(bucket.origin,
+                                 bucket.manifest ? bucket.manifest->tensors.size() : 0);
+  }
   std::lock_guard lock(mutex_);
   ranks_[bucket.origin].applied += 1;
   changed_.notify_all();
@@ -335,9 +361,59 @@ void ShardedUpdate::apply_failed(const Error& error) noexcept {
   fail_locked(lock, error.code(), std::move(text));
 }
 
+update::Delivery ShardedUpdate::delivery() const {
+  std::lock_guard lock(mutex_);
+  bool direct = false;
+  bool all_writer_prints = true;
+  for (const auto& r : ranks_) {
+    if (!r.delivery.direct) continue;
+    direct = true;
+    all_writer_prints = all_writer_prints && r.delivery.writer_prints;
+  }
+  if (!direct) return update::Delivery::staged;
+  return all_writer_prints ? update::Delivery::in_place_writer_prints : update::Delivery::in_place;
+}
+
 update::UpdateEnd ShardedUpdate::end() {
   for (auto& r : ranks_) r.join.member->check_complete();
-  return {};
+  update::UpdateEnd out;
+  // The ranks that wrote in place with fingerprints at commit: their Commits' fingerprints,
+  // laid out in the order the engine recorded the buckets (one per entry).
+  std::optional<bool> at_commit;
+  for (std::uint32_t r = 0; r < world_; ++r) {
+    const auto& d = ranks_[r].delivery;
+    if (!d.direct) continue;
+    if (at_commit && *at_commit != d.prints_at_commit) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "the ranks delivering directly disagree on fingerprints at commit (rank {}: {})", r,
+           d.prints_at_commit ? "at commit" : "in the manifests");
+    }
+    at_commit = d.prints_at_commit;
+  }
+  if (!at_commit || !*at_commit) return out;
+  std::vector<std::size_t> taken(world_, 0);
+  std::vector<std::uint64_t> prints;
+  for (const auto& [rank, entries] : in_place_order_) {
+    const auto& mine = ranks_[rank].join.member->commit_prints();
+    if (taken[rank] + entries > mine.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "rank {}: its commit carries {} writer fingerprints, fewer than the entries it wrote "
+           "in place",
+           rank, mine.size());
+    }
+    prints.insert(prints.end(), mine.begin() + static_cast<std::ptrdiff_t>(taken[rank]),
+                  mine.begin() + static_cast<std::ptrdiff_t>(taken[rank] + entries));
+    taken[rank] += entries;
+  }
+  for (std::uint32_t r = 0; r < world_; ++r) {
+    if (ranks_[r].delivery.direct && taken[r] != ranks_[r].join.member->commit_prints().size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "rank {}: its commit carries {} writer fingerprints for {} entries written in place", r,
+           ranks_[r].join.member->commit_prints().size(), taken[r]);
+    }
+  }
+  out.writer_fingerprints = std::move(prints);
+  return out;
 }
 
 // ---- the updates being joined -----------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "session/channel.hpp"
 #include "session/holdings.hpp"
 #include "update/bucket_source.hpp"
+#include "update/update_engine.hpp"
 
 namespace ferry::receiver {
 class Receiver;
@@ -57,6 +59,18 @@ class ShardMember {
   // The update failed: refuse the sender with `message` and shut the connection. Any thread;
   // never throws.
   virtual void stop(ferry_status_code_t code, const std::string& message) noexcept = 0;
+  // A rank delivering directly with fingerprints at commit: the writer fingerprints its Commit
+  // carried, one per entry of its in-place buckets in its bucket order. Worker thread, after
+  // every rank's Commit arrived.
+  virtual const std::vector<std::uint64_t>& commit_prints() const = 0;
+};
+
+// How one rank's Begin said it delivers (Begin.direct, writerFingerprints,
+// fingerprintsAtCommit): staged into its session's slots, or straight into the parameters.
+struct RankDelivery {
+  bool direct = false;
+  bool writer_prints = false;
+  bool prints_at_commit = false;
 };
 
 struct ShardJoin {
@@ -91,10 +105,15 @@ class ShardedUpdate final : public update::BucketSource {
   // The layout's signature and parameter count, for the Welcome (after wait_welcomed()).
   std::uint64_t layout_signature() const { return signature_; }
   std::uint32_t num_params() const { return num_params_; }
+  // Direct delivery (after wait_welcomed()): where the whole global tensor `name` lies in the
+  // receiver's parameters when its plan is one whole copy into device memory, else nullopt.
+  // A rank's dim-0 block goes at that destination plus the block's byte offset.
+  std::optional<update::UpdateEngine::DirectDestination> whole_destination(
+      const std::string& name) const;
   // Session thread, after its Begin: blocks until every rank began the same version and every
   // sender was told Ready; throws the failure (a rank that began another version included).
   void begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
-             std::uint32_t bucket_count);
+             std::uint32_t bucket_count, RankDelivery delivery);
   // Session thread: blocks until `count` of this rank's buckets were applied; throws the
   // failure.
   void wait_applied(std::uint32_t rank, std::uint64_t count);
@@ -111,6 +130,9 @@ class ShardedUpdate final : public update::BucketSource {
 
   // ---- update::BucketSource (the worker's update loop) -----------------------------------
   bool double_buffered() const override { return true; }
+  // In place when any rank delivers directly (by fingerprinting copies when every such rank
+  // does); the staged ranks' buckets are applied as usual beside them.
+  update::Delivery delivery() const override;
   void begun() override;
   bool next(std::uint32_t slot, update::Bucket& out) override;
   void verify(update::Bucket& bucket) override;
@@ -128,6 +150,7 @@ class ShardedUpdate final : public update::BucketSource {
     std::uint64_t version = 0;
     std::string label;
     std::uint32_t bucket_count = 0;
+    RankDelivery delivery;
     bool finished = false;
     std::uint64_t applied = 0;
     std::uint64_t bytes = 0;  // payload bytes of its applied entries
@@ -159,6 +182,12 @@ class ShardedUpdate final : public update::BucketSource {
   ShardLayout layout_;
   std::uint64_t signature_ = 0;
   std::uint32_t num_params_ = 0;
+  // Where each global tensor lies for direct delivery (whole_destination()), set before the
+  // Welcomes; empty when no tensor can be written in place.
+  std::map<std::string, update::UpdateEngine::DirectDestination> whole_destinations_;
+  // The in-place buckets in the order the loop recorded them: (rank, entries), to lay the
+  // ranks' commit fingerprints out in the engine's order (end()). Applying thread, then end().
+  std::vector<std::pair<std::uint32_t, std::size_t>> in_place_order_;
   bool worker_done_ = false;
   std::uint32_t stopping_ = 0;  // fail_locked calls stopping the members, outside the lock
   std::atomic<std::uint32_t> applying_{0};  // the origin of the bucket being applied

@@ -219,12 +219,9 @@ def test_a_real_dtensor_of_a_one_process_mesh(ferry_module, receiver, tmp_path):
         dist.destroy_process_group()
 
 
-def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_executable):
-    """bench/sharded_push.py on cuda:0: 4 sender processes, each holding a quarter (dim-0 rows) of
-    every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
-    push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
-    both receivers, the one-sender push of the same values (fingerprints), bytes moved = bytes
-    needed, and the transport cuda_ipc."""
+def _run_sharded_bench(ferry_executable, extra):
+    """bench/sharded_push.py on cuda:0 (8 layers, 2 rounds, 2 receivers) with `extra`; its JSON.
+    Skips without torch, CUDA or the script."""
     import json
     import subprocess
     import sys
@@ -237,12 +234,36 @@ def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_e
     if not script.is_file():
         pytest.skip(f"{script} is not here")
     done = subprocess.run([sys.executable, str(script), "--ferry", ferry_executable,
-                           "--layers", "8", "--senders", "4", "--rounds", "2", "--no-table"],
+                           "--layers", "8", "--rounds", "2", "--no-table"] + list(extra),
                           stdout=subprocess.PIPE, text=True, timeout=400)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result.get("ok"), result
+    return result
+
+
+def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_executable):
+    """bench/sharded_push.py on cuda:0: 4 sender processes, each holding a quarter (dim-0 rows) of
+    every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
+    push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
+    both receivers, the one-sender push of the same values (fingerprints), bytes moved = bytes
+    needed, the transport cuda_ipc, and every rank's blocks written straight into the
+    receivers' parameters (direct delivery of dim-0 blocks)."""
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4"])
     assert result["verified"], result["verification"]
     (row,) = result["rows"]
     assert row["transports"] == ["cuda_ipc"], row
     assert row["moved_equals_needed"] and len(row["rank_bytes"]) == 4, row
     assert sum(row["rank_bytes"]) == row["needed_bytes"] == result["model_bytes"], row
+    # Every rank's dim-0 blocks went straight into the receivers' parameters.
+    assert row["direct_ranks"] == [True] * 4, row
+
+
+def test_gpu_ranks_delivering_directly_beside_a_staged_rank(ferry_module, ferry_executable):
+    """The same on cuda:0 with rank 1 staging (update.delivery = "staged") while ranks 0, 2 and 3
+    write their blocks in place: one update of both kinds of bucket, verified on both receivers
+    against the one-sender push, bytes moved = bytes needed."""
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--staged-ranks", "1"])
+    assert result["verified"], result["verification"]
+    (row,) = result["rows"]
+    assert row["direct_ranks"] == [True, False, True, True], row
+    assert row["moved_equals_needed"], row
