@@ -10,7 +10,9 @@
 // (through the receiver's device slots); a sender killed while writing in place leaves the
 // receiver rolled back. Sessions are kept between pushes: a release of the receiver's memory
 // suspends the kept session first (the sender unmaps), the memory is free when it returns, and
-// the next push rejoins the session; a hundred release/resume/push cycles grow nothing. Exits 77
+// the next push rejoins the session; a hundred release/resume/push cycles grow nothing. Two
+// sharded ranks write their row blocks in place, bit-identical; one killed while writing leaves
+// the receiver rolled back to its version, the other rank's report naming it. Exits 77
 // (skip) without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -321,6 +323,46 @@ int direct_push_child(const std::string& receiver) {
   return 3;
 }
 
+// Rank `rank` of `world` of a sharded trainer holding `tensors` whole: each view is the block of
+// rows [n*rank/world, n*(rank+1)/world) of its (one-dimensional) tensor.
+std::vector<session::TensorView> row_blocks(const std::vector<session::TensorView>& whole,
+                                            std::uint32_t rank, std::uint32_t world) {
+  std::vector<session::TensorView> out;
+  for (const auto& t : whole) {
+    const std::uint64_t n = t.shape[0];
+    const std::uint64_t lo = n * rank / world;
+    const std::uint64_t hi = n * (rank + 1) / world;
+    session::TensorView v = t;
+    v.shape = {hi - lo};
+    v.data = static_cast<const std::byte*>(t.data) + lo * 4;  // F32
+    v.global_shape = {n};
+    v.offsets = {lo};
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+// Rank 1 of ShardedRankKilledWhileWriting...: this test binary run again as a child
+// (FERRY_TEST_SHARDED_PUSH_TO=<receiver>), pushing its row blocks of 32 tensors by direct
+// delivery as rank 1 of 2 and SIGKILLing itself right after bucket 1 was written into the
+// receiver's parameters.
+int sharded_push_child(const std::string& receiver) {
+  DeviceTensors tensors(32, 32768);
+  tensors.fill(2);
+  const auto config = with_delivery(config::Delivery::direct);
+  registry::Registry registry({plugin_dir()});
+  session::SenderOptions o = sender_options({receiver}, 128ull << 10);
+  o.after_bucket = [](const std::string&, std::uint32_t bucket) {
+    if (bucket == 1) ::raise(SIGKILL);
+  };
+  session::Sender sender(config, registry, o);
+  const auto report = sender.push(row_blocks(tensors.views(), 1, 2), 2, std::nullopt, {},
+                                  session::ShardSpec{1, 2});
+  std::fprintf(stderr, "the push ended without being killed: %s\n",
+               report.receivers.empty() ? "" : report.receivers[0].error.c_str());
+  return 3;
+}
+
 class SessionCudaIpc : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
@@ -554,6 +596,74 @@ TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVers
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
 }
 
+// A sharded trainer of 2 ranks, each holding half the rows of every tensor in its own thread:
+// every block goes straight into the receiver's parameters (direct delivery is required, so a
+// receiver that offered none would fail the push), and the result equals the tensors whole.
+TEST_F(SessionCudaIpc, ShardedRanksWriteTheirRowBlocksInPlaceBitIdentical) {
+  DeviceTensors tensors(32, 32768);
+  ServeProcess serve(gpu_receiver());
+  {
+    tensors.fill(1);
+    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                           sender_options({address_of(serve)}, 512ull << 10));
+    expect_committed(sender.push(tensors.views(), 1), 1, true);
+  }
+  for (std::uint64_t version = 2; version <= 3; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    tensors.fill(version);
+    const auto whole = tensors.views();
+    std::vector<session::PushReport> reports(2);
+    std::vector<std::thread> ranks;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                               sender_options({address_of(serve)}, 128ull << 10));
+        reports[r] = sender.push(row_blocks(whole, r, 2), version, std::nullopt, {},
+                                 session::ShardSpec{r, 2});
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& report : reports) expect_committed(report, version, true);
+    EXPECT_EQ(version_of(serve), static_cast<int>(version));
+    EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  }
+}
+
+// A rank killed after writing some of its blocks straight into live parameters: the whole
+// sharded update aborts, the other rank's report names the dead one, and the receiver (dirty
+// from the Begin on) rolls back from its host mirror to its version.
+TEST_F(SessionCudaIpc, ShardedRankKilledWhileWritingInPlaceLeavesTheReceiverAtItsVersion) {
+  DeviceTensors tensors(32, 32768);  // the child's tensors have these names and sizes
+  tensors.fill(1);
+  ServeProcess serve(gpu_receiver("", 3000));
+  {
+    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                           sender_options({address_of(serve)}, 512ull << 10));
+    expect_committed(sender.push(tensors.views(), 1), 1, true);
+  }
+  const auto before = tensors.expected();
+  const std::string exe = std::getenv("FERRY_EXE") != nullptr ? std::getenv("FERRY_EXE") : "";
+  ::setenv("FERRY_EXE", "/proc/self/exe", 1);
+  PushProcess child({"--gtest_filter=-*"}, {{"FERRY_TEST_SHARDED_PUSH_TO", address_of(serve)}});
+  ::setenv("FERRY_EXE", exe.c_str(), 1);
+  tensors.fill(2);
+  session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                         sender_options({address_of(serve)}, 128ull << 10));
+  const auto report = sender.push(row_blocks(tensors.views(), 0, 2), 2, std::nullopt, {},
+                                  session::ShardSpec{0, 2});
+  ChildResult result;
+  ASSERT_TRUE(child.wait(60, result));
+  EXPECT_FALSE(result.exited) << result.output;
+  EXPECT_EQ(result.status, SIGKILL) << result.output;
+  ASSERT_EQ(report.receivers.size(), 1u);
+  EXPECT_FALSE(report.receivers[0].committed);
+  EXPECT_NE(report.receivers[0].error.find("rank 1"), std::string::npos)
+      << report.receivers[0].error;
+  EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
+  EXPECT_EQ(version_of(serve), 1);
+  EXPECT_EQ(serve.fingerprints(), before);
+}
+
 TEST_F(SessionCudaIpc, HundredUpdatesGrowNeitherFdsNorMappingsNorDeviceMemory) {
   DeviceTensors tensors(64, 16384);  // 4 MiB in 1 MiB buckets
   tensors.fill(1);
@@ -728,6 +838,9 @@ TEST_F(SessionCudaIpc, ReceiverKilledMidUpdateIsNamedAndARestartedOneImportsAfre
 std::optional<int> ferry::test::before_gpu_tests(int /*argc*/, char** /*argv*/) {
   if (const char* to = std::getenv("FERRY_TEST_DIRECT_PUSH_TO")) {
     return direct_push_child(to);
+  }
+  if (const char* to = std::getenv("FERRY_TEST_SHARDED_PUSH_TO")) {
+    return sharded_push_child(to);
   }
   return std::nullopt;
 }
