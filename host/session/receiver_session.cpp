@@ -465,46 +465,39 @@ class Session final : public update::BucketSource, public ShardMember {
   }
 
   // Direct delivery of a rank's blocks (a sharded update): offered when the data path puts into
-  // device memory and every tensor of the rank's Hello is one block it sends whose global tensor
-  // is one whole copy into a device parameter (ShardedUpdate::whole_destination), and the block
-  // is a dim-0 range (all other dimensions whole): its bytes are contiguous in the parameter,
-  // at the whole tensor's destination plus the block's byte offset. Anything less: staged.
+  // device memory and every block the rank sends (its holdings in Hello order, replicas left
+  // out: the sender's tensors) is a range of rows (all other dimensions whole) of a global
+  // tensor whose plan is one whole copy into a device parameter (ShardedUpdate::
+  // whole_destination): its bytes are contiguous there, at the whole tensor's destination plus
+  // the block's byte offset. Anything less: staged.
   void offer_direct_blocks(const std::string& delivery) {
     if (delivery == "staged" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
-        descs_.empty()) {
+        holdings_.empty()) {
       return;
     }
-    std::map<std::string, const Holding*> block_of;
     std::string why_not;
-    for (const auto& h : holdings_) {
-      if (!block_of.emplace(h.tensor, &h).second) {
-        why_not = fmt::format("tensor '{}' is held as more than one block", h.tensor);
-      }
-    }
     std::vector<update::UpdateEngine::DirectDestination> dests;
-    for (std::size_t i = 0; i < descs_.size() && why_not.empty(); ++i) {
-      const std::string name = descs_[i].name;
-      const auto it = block_of.find(name);
-      const auto whole = sharded_->whole_destination(name);
-      if (it == block_of.end() || !whole) {
-        why_not = fmt::format("tensor '{}' needs its plan applied", name);
+    for (const Holding& h : holdings_) {
+      if (!h.sent) continue;
+      const auto whole = sharded_->whole_destination(h.tensor);
+      if (!whole) {
+        why_not = fmt::format("tensor '{}' needs its plan applied", h.tensor);
         break;
       }
-      const Holding& h = *it->second;
       const std::size_t nd = h.global_shape.size();
       std::uint64_t row_bytes = dtype_size(h.dtype);
       for (std::size_t d = 1; d < nd; ++d) {
         if (h.offsets[d] != 0 || h.extents[d] != h.global_shape[d]) {
-          why_not = fmt::format("tensor '{}': the block {} is not a range of rows", name,
+          why_not = fmt::format("tensor '{}': the block {} is not a range of rows", h.tensor,
                                 block_text(h.offsets, h.extents));
         }
         row_bytes *= h.global_shape[d];
       }
+      if (!why_not.empty()) break;
       const std::uint64_t offset = nd == 0 ? 0 : h.offsets[0] * row_bytes;
       const std::uint64_t bytes = nd == 0 ? row_bytes : h.extents[0] * row_bytes;
-      if (!why_not.empty()) break;
       if (offset + bytes > whole->bytes) {
-        why_not = fmt::format("tensor '{}': the block {} lies outside its parameter", name,
+        why_not = fmt::format("tensor '{}': the block {} lies outside its parameter", h.tensor,
                               block_text(h.offsets, h.extents));
         break;
       }
@@ -513,6 +506,7 @@ class Session final : public update::BucketSource, public ShardMember {
       d.bytes = bytes;
       dests.push_back(d);
     }
+    if (why_not.empty() && dests.empty()) why_not = "it sends no block";
     if (why_not.empty()) why_not = share_destinations(dests);
     if (why_not.empty()) return;
     logger("session")->info("session with {} (rank {}): staged delivery ({})", ch_.peer(), rank_,
