@@ -98,7 +98,14 @@ class Session final : public update::BucketSource, public ShardMember {
   void run() {
     handshake();
     if (sharded_) {
-      run_sharded();
+      // A rank of sharded updates: one, or one after another through a kept session.
+      auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
+      while (msg) {
+        run_sharded(msg->root());
+        if (!keep_) return;
+        msg = next_update();
+        if (msg) rejoin_shard();
+      }
       return;
     }
     auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
@@ -246,9 +253,10 @@ class Session final : public update::BucketSource, public ShardMember {
       }
       epoch_ = update_->memory_epoch();
     }
-    // A sharded session is never kept: each update is assembled afresh.
-    keep_ = settings_.keep_sessions && hello.getKeepSession() && !hello.hasShard();
-    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease());
+    keep_ = settings_.keep_sessions && hello.getKeepSession();
+    // A kept rank of sharded updates is closed by a release, never suspended: its next update
+    // is assembled from new sessions.
+    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease() && !hello.hasShard());
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -670,13 +678,28 @@ class Session final : public update::BucketSource, public ShardMember {
     declared_ = DeclaredBlocks(rank_, holdings_);
     sharded_ = settings_.sharded->join(std::move(join));
     sharded_->wait_welcomed();
+    epoch_ = sharded_->memory_epoch();
   }
 
-  // The Begin, then this rank's buckets handed to the sharded update as they arrive, then its
-  // Commit; Committed once the whole update committed.
-  void run_sharded() {
-    auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
-    auto root = msg->root();
+  // A kept rank's next update (its Begin arrived): leaves the last one and joins the update
+  // being assembled with the holdings of its Hello; the memory it shared in the handshake must
+  // still be the receiver's parameters (a release closes kept sharded sessions first).
+  void rejoin_shard() {
+    sharded_->leave(rank_);
+    sharded_.reset();
+    const auto epoch = epoch_;
+    join_shard();
+    if (sharded_->memory_epoch() != epoch) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "{}: begin: the receiver's memory was released or resumed since this session's "
+           "handshake; the session ends (the sender opens a new one)",
+           ch_.peer());
+    }
+  }
+
+  // The Begin (`root`), then this rank's buckets handed to the sharded update as they arrive,
+  // then its Commit; Committed once the whole update committed; a kept session then goes idle.
+  void run_sharded(wire::Message::Reader root) {
     if (root.which() == Which::ABORT) {
       fail(FERRY_STATUS_ABORTED, "{}: the sender aborted before begin: {}", ch_.peer(),
            text(root.getAbort().getReason()));
@@ -719,6 +742,10 @@ class Session final : public update::BucketSource, public ShardMember {
       sharded_->offer(rank_, std::move(bucket));
     }
     send_committed(ch_, sharded_->finish(rank_), deadline_in(settings_.commit_timeout));
+    // Idle before the update lock goes (settled()): a release then finds this session and
+    // closes it, so that no sender keeps memory being released mapped.
+    if (keep_) link_.set_idle();
+    sharded_->settled(rank_);
   }
 
   void send_ack(std::uint32_t index, std::uint32_t slot, const std::vector<std::uint64_t>& prints,

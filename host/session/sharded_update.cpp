@@ -11,13 +11,15 @@ namespace ferry::session {
 
 ShardedUpdate::ShardedUpdate(receiver::Receiver& receiver, std::uint32_t world,
                              std::chrono::milliseconds join_timeout,
-                             std::chrono::milliseconds bucket_timeout)
+                             std::chrono::milliseconds bucket_timeout,
+                             std::shared_ptr<ShardedUpdate> previous)
     : receiver_(receiver),
       world_(world),
       join_timeout_(join_timeout),
       bucket_timeout_(bucket_timeout),
       created_(std::chrono::steady_clock::now()),
-      ranks_(world) {}
+      ranks_(world),
+      previous_(std::move(previous)) {}
 
 ShardedUpdate::~ShardedUpdate() {
   if (worker_.joinable()) worker_.join();
@@ -166,8 +168,16 @@ void ShardedUpdate::fail_rank(std::uint32_t rank, ferry_status_code_t code,
   fail_locked(lock, code, std::move(text));
 }
 
+void ShardedUpdate::settled(std::uint32_t rank) {
+  std::lock_guard lock(mutex_);
+  if (rank < world_) ranks_[rank].settled = true;
+  changed_.notify_all();
+}
+
 void ShardedUpdate::leave(std::uint32_t rank) noexcept {
   std::unique_lock lock(mutex_);
+  if (rank < world_) ranks_[rank].settled = true;
+  changed_.notify_all();
   changed_.wait(lock, [&] { return worker_done_ && stopping_ == 0; });
   if (rank < world_) ranks_[rank].join.member = nullptr;
 }
@@ -176,8 +186,16 @@ void ShardedUpdate::leave(std::uint32_t rank) noexcept {
 
 void ShardedUpdate::work() {
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update;
-  std::optional<ShardOutcome> outcome;
+  bool committed = false;
   try {
+    // The update before this one (kept sessions join the next one as soon as they heard
+    // Committed) releases the update lock once its sessions settled.
+    if (previous_) {
+      std::unique_lock lock(previous_->mutex_);
+      previous_->changed_.wait_until(lock, created_ + join_timeout_,
+                                     [&] { return previous_->worker_done_; });
+    }
+    previous_.reset();
     std::vector<RankHoldings> holdings;
     std::string config_json;
     {
@@ -216,6 +234,7 @@ void ShardedUpdate::work() {
     }
     signature_ = update->layout_signature();
     num_params_ = static_cast<std::uint32_t>(update->num_params());
+    epoch_ = update->memory_epoch();
     // Where each global tensor may be written in place (a rank's sessions offer its dim-0
     // blocks there, session/receiver_session.cpp); none is not an error: those ranks stage.
     std::map<std::string, update::UpdateEngine::DirectDestination> whole;
@@ -274,7 +293,13 @@ void ShardedUpdate::work() {
         "update {} ('{}') from {} sender ranks: {} buckets in {:.3f} s; bytes moved per rank "
         "({}), bytes needed {}",
         o.version, o.label, world_, report.buckets, report.seconds, per_rank, o.needed_bytes);
-    outcome = std::move(o);
+    std::unique_lock lock(mutex_);
+    if (phase_ != Phase::failed) {
+      outcome_ = std::move(o);
+      phase_ = Phase::done;
+      committed = true;
+      changed_.notify_all();
+    }
   } catch (const Error& e) {
     std::unique_lock lock(mutex_);
     fail_locked(lock, e.code(), e.what());
@@ -282,14 +307,26 @@ void ShardedUpdate::work() {
     std::unique_lock lock(mutex_);
     fail_locked(lock, FERRY_STATUS_INTERNAL, e.what());
   }
-  // The update lock goes on the thread that took it, before any sender hears Committed (its
-  // next push must not find the receiver busy).
+  if (committed) {
+    // Each rank's session tells its sender Committed and, when kept, goes idle: from then on a
+    // release of the receiver's memory (which takes the update lock) finds it and closes it. The
+    // lock goes only then, on the thread that took it; the next sharded update waits for it.
+    std::unique_lock lock(mutex_);
+    const bool all = changed_.wait_until(lock, std::chrono::steady_clock::now() + bucket_timeout_,
+                                         [&] {
+                                           for (const auto& r : ranks_) {
+                                             if (!r.settled) return false;
+                                           }
+                                           return true;
+                                         });
+    if (!all) {
+      logger("session")->warn(
+          "sharded update {}: rank(s) {} did not settle within {} ms of the commit",
+          outcome_->version, missing_ranks_locked(&Rank::settled), bucket_timeout_.count());
+    }
+  }
   update.reset();
   std::lock_guard lock(mutex_);
-  if (outcome && phase_ != Phase::failed) {
-    outcome_ = std::move(outcome);
-    phase_ = Phase::done;
-  }
   worker_done_ = true;
   changed_.notify_all();
 }
@@ -428,7 +465,8 @@ std::shared_ptr<ShardedUpdate> ShardedUpdates::join(ShardJoin join) {
   if (!forming_ || fresh) {
     if (join.world == 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "a sharded update of 0 senders");
     forming_ = std::make_shared<ShardedUpdate>(receiver_, join.world, join_timeout_,
-                                               bucket_timeout_);
+                                               bucket_timeout_, last_.lock());
+    last_ = forming_;
     forming_->worker_ = std::thread([u = forming_.get()] { u->work(); });
   }
   std::shared_ptr<ShardedUpdate> u = forming_;

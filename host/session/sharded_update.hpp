@@ -10,6 +10,11 @@
 // aborts it, every session is refused with the message naming the rank, and the previous
 // version stays (restored or fenced, as for any update).
 //
+// Kept sessions (docs/session-protocol.md, "Sharded updates"): a rank's session may stay for the
+// next update, joining it at its Begin instead of its Hello. The update lock is held until every
+// rank's session settled after the commit (told its sender Committed and, when kept, went idle
+// where a release finds and closes it); the next update's worker waits for this one's first.
+//
 // Threading: each session calls from its own thread; the ShardedUpdate's worker thread opens
 // the layout, runs the loop and releases the update lock (the thread that took it); the loop
 // calls the members' verify()/applied() on its applying thread; a failure, on whichever thread
@@ -92,8 +97,11 @@ struct ShardOutcome {
 
 class ShardedUpdate final : public update::BucketSource {
  public:
+  // `previous`: the update before this one on the same endpoint, whose worker must end (and
+  // release the update lock) before this one opens the layout.
   ShardedUpdate(receiver::Receiver& receiver, std::uint32_t world,
-                std::chrono::milliseconds join_timeout, std::chrono::milliseconds bucket_timeout);
+                std::chrono::milliseconds join_timeout, std::chrono::milliseconds bucket_timeout,
+                std::shared_ptr<ShardedUpdate> previous = nullptr);
   ~ShardedUpdate() override;  // joins the worker
   ShardedUpdate(const ShardedUpdate&) = delete;
   ShardedUpdate& operator=(const ShardedUpdate&) = delete;
@@ -105,6 +113,9 @@ class ShardedUpdate final : public update::BucketSource {
   // The layout's signature and parameter count, for the Welcome (after wait_welcomed()).
   std::uint64_t layout_signature() const { return signature_; }
   std::uint32_t num_params() const { return num_params_; }
+  // The receiver's memory epoch (Receiver::StreamingUpdate::memory_epoch) when this update opened
+  // the layout: a kept session may write the memory it shared only while this is unchanged.
+  std::uint64_t memory_epoch() const { return epoch_; }
   // Direct delivery (after wait_welcomed()): where the whole global tensor `name` lies in the
   // receiver's parameters when its plan is one whole copy into device memory, else nullopt.
   // A rank's dim-0 block goes at that destination plus the block's byte offset.
@@ -122,6 +133,9 @@ class ShardedUpdate final : public update::BucketSource {
   // Session thread: the rank's Commit arrived. Blocks until the update committed (the
   // outcome) or failed (throws the failure).
   ShardOutcome finish(std::uint32_t rank);
+  // Session thread, after it told its sender Committed (and went idle, when kept): the update
+  // lock may go once every rank settled (leave() settles too).
+  void settled(std::uint32_t rank);
   // Any thread: `rank` failed (its message names the peer and phase): the update aborts.
   void fail_rank(std::uint32_t rank, ferry_status_code_t code, const std::string& message) noexcept;
   // Session thread, last: waits until the worker ended and no other session's failure is still
@@ -152,6 +166,7 @@ class ShardedUpdate final : public update::BucketSource {
     std::uint32_t bucket_count = 0;
     RankDelivery delivery;
     bool finished = false;
+    bool settled = false;
     std::uint64_t applied = 0;
     std::uint64_t bytes = 0;  // payload bytes of its applied entries
   };
@@ -182,6 +197,8 @@ class ShardedUpdate final : public update::BucketSource {
   ShardLayout layout_;
   std::uint64_t signature_ = 0;
   std::uint32_t num_params_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::shared_ptr<ShardedUpdate> previous_;  // reset by the worker once that one ended
   // Where each global tensor lies for direct delivery (whole_destination()), set before the
   // Welcomes; empty when no tensor can be written in place.
   std::map<std::string, update::UpdateEngine::DirectDestination> whole_destinations_;
@@ -212,6 +229,7 @@ class ShardedUpdates {
   std::chrono::milliseconds bucket_timeout_;
   std::mutex mutex_;
   std::shared_ptr<ShardedUpdate> forming_;
+  std::weak_ptr<ShardedUpdate> last_;  // the latest update formed (its worker may still run)
 };
 
 // The holdings of a Hello (Hello.shard over its tensors `descs`): CORRUPT_DATA / INVALID_ARGUMENT

@@ -238,13 +238,6 @@ std::string new_mappings(const std::multiset<std::string>& before,
   return text;
 }
 
-// How many times `what` stands in `text`.
-std::size_t count_of(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 std::uint64_t device_used() {
   std::size_t free = 0;
   std::size_t total = 0;

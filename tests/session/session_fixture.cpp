@@ -171,4 +171,10 @@ long long version_of(const ServeProcess& serve) {
   return r.body.value("version", -1LL);
 }
 
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace ferry::test

@@ -76,4 +76,7 @@ bool eventually(const std::function<bool()>& predicate, double deadline_s);
 // The receiver's published version number (-1 when it does not answer).
 long long version_of(const ServeProcess& serve);
 
+// How many times `what` stands in `text` (a receiver's log).
+std::size_t count_of(const std::string& text, const std::string& what);
+
 }  // namespace ferry::test

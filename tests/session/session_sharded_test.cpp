@@ -193,6 +193,84 @@ TEST_F(SessionSharded, DimZeroSplitOverUcx) {
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
 }
 
+// The ranks of `checkpoint` split in two as a trainer's FSDP ranks hold it: rows of every tensor
+// of at least 2 rows, smaller ones whole on rank 0 and a replica on rank 1.
+std::vector<Rank> dim0_ranks(const Checkpoint& checkpoint) {
+  std::vector<Rank> ranks(2);
+  for (const auto& t : checkpoint.tensors) {
+    if (!t.shape.empty() && t.shape[0] >= 2) {
+      ranks[0].views.push_back(rows_of(t, 0, t.shape[0] / 2));
+      ranks[1].views.push_back(rows_of(t, t.shape[0] / 2, t.shape[0]));
+    } else {
+      ranks[0].views.push_back(whole(t));
+      ranks[1].views.push_back(whole(t, true));
+    }
+  }
+  return ranks;
+}
+
+// Kept sessions across sharded updates: each rank's Sender (one per rank, as in a trainer) pushes
+// versions 2 .. 4, the later ones through the sessions kept from the first (no new handshake),
+// bit-identical; a release of the receiver's memory closes the kept sharded sessions (never
+// suspends them) and the push after the resume opens new ones and commits.
+TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
+  auto options = receiver_options(versions_->v1_path());
+  options.log_level = "info";
+  ServeProcess serve(options);
+  config::Config config;
+  registry::Registry registry({});
+  std::vector<std::unique_ptr<session::Sender>> senders;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    session::SenderOptions o;
+    o.receivers = {address_of(serve)};
+    o.transport = "inline";
+    o.bucket_bytes = 512;
+    o.bucket_timeout = std::chrono::milliseconds(5000);
+    o.commit_timeout = std::chrono::milliseconds(5000);
+    o.shard_rank = r;
+    o.shard_world = 2;
+    senders.push_back(std::make_unique<session::Sender>(config, registry, o));
+  }
+  const auto push_both = [&](const Checkpoint& checkpoint, std::uint64_t version) {
+    auto ranks = dim0_ranks(checkpoint);
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] { ranks[r].report = senders[r]->push(ranks[r].views, version); });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<session::ReceiverResult> out;
+    for (const auto& rank : ranks) out.push_back(rank.report.receivers.at(0));
+    return out;
+  };
+  const Checkpoint* values[] = {&versions_->v2, &versions_->v1, &versions_->v2};
+  for (std::uint64_t version = 2; version <= 4; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    for (const auto& r : push_both(*values[version - 2], version)) {
+      ASSERT_TRUE(r.committed) << r.error;
+      EXPECT_EQ(r.reused_session, version > 2);
+    }
+    EXPECT_EQ(version_of(serve), static_cast<long long>(version));
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(*values[version - 2], 0, 1));
+  }
+  std::string log = serve.log();
+  EXPECT_EQ(count_of(log, "layout accepted"), 2u) << log;  // one handshake per rank
+
+  const Reply release = serve.post("/release_memory_occupation", nlohmann::json::object(),
+                                   serve.auth());
+  ASSERT_EQ(release.status, 200) << release.text;
+  log = serve.log();
+  EXPECT_NE(log.find("0 kept session(s) suspended and 2 closed"), std::string::npos) << log;
+  const Reply resume = serve.post("/resume_memory_occupation", nlohmann::json::object(),
+                                  serve.auth());
+  ASSERT_EQ(resume.status, 200) << resume.text;
+  for (const auto& r : push_both(versions_->v1, 5)) {
+    ASSERT_TRUE(r.committed) << r.error;
+    EXPECT_FALSE(r.reused_session);
+  }
+  EXPECT_EQ(version_of(serve), 5);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
 TEST_F(SessionSharded, RankKilledMidPushLeavesThePreviousVersionAndTheErrorNamesTheRank) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
   const auto results =

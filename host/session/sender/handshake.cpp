@@ -204,6 +204,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   link.writer_prints = writer_prints;
   link.transport = data->name();
   link.remember(tensors, plan);
+  link.remember_shard(state.shard, state.declared);
   logger("sender")->debug("{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
                           "(connect {:.3f} ms)",
                           address, create_s * 1e3,

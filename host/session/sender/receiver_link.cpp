@@ -45,6 +45,32 @@ bool Link::same_catalog(std::span<const TensorView> tensors) const {
   return true;
 }
 
+namespace {
+// Only the fields a Hello's holdings carry.
+template <typename Held>
+Held held_of(const TensorView& t) {
+  return {{t.name, t.dtype, t.shape}, t.global_shape, t.offsets, t.replica};
+}
+}  // namespace
+
+void Link::remember_shard(const ShardSpec& shard, std::span<const TensorView> declared) {
+  shard_ = shard;
+  held_.clear();
+  if (shard.world == 0) return;
+  held_.reserve(declared.size());
+  for (const auto& t : declared) held_.push_back(held_of<Held>(t));
+}
+
+bool Link::same_shard(const ShardSpec& shard, std::span<const TensorView> declared) const {
+  if (shard.world != shard_.world || shard.rank != shard_.rank) return false;
+  if (shard.world == 0) return true;
+  if (declared.size() != held_.size()) return false;
+  for (std::size_t i = 0; i < declared.size(); ++i) {
+    if (!(held_of<Held>(declared[i]) == held_[i])) return false;
+  }
+  return true;
+}
+
 bool Link::start_watching(const std::string& peer) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return false;

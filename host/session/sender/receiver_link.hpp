@@ -57,6 +57,11 @@ struct Link {
   bool fits(std::span<const TensorView> tensors, const PushPlan& plan,
             std::optional<bool> catalog_same = std::nullopt) const;
   bool same_catalog(std::span<const TensorView> tensors) const;
+  // A rank of a sharded trainer: the rank, world and blocks (declared, replicas included) the
+  // handshake's Hello carried; a kept session serves the next push only with the same ones
+  // (the receiver joins its next update with the Hello's holdings). World 0: not sharded.
+  void remember_shard(const ShardSpec& shard, std::span<const TensorView> declared);
+  bool same_shard(const ShardSpec& shard, std::span<const TensorView> declared) const;
   // The bucket capacity of the handshake (the receiver's slots).
   std::uint64_t capacity() const { return capacity_; }
 
@@ -80,8 +85,18 @@ struct Link {
     std::string name;
     ferry_dtype_t dtype = FERRY_DTYPE_INVALID;
     std::vector<std::uint64_t> shape;
+    friend bool operator==(const Described&, const Described&) = default;
   };
   std::vector<Described> catalog_;
+  struct Held {
+    Described block;
+    std::vector<std::uint64_t> global_shape;
+    std::vector<std::uint64_t> offsets;
+    bool replica = false;
+    friend bool operator==(const Held&, const Held&) = default;
+  };
+  ShardSpec shard_{};
+  std::vector<Held> held_;
   std::uint64_t capacity_ = 0;
   int device_ = -1;
   bool cuda_tensors_ = false;

@@ -125,8 +125,8 @@ struct Sender::Impl : SenderState {
       std::string why;
       if (link->closed) {
         why = link->closed_why;
-      } else if (sharded()) {
-        why = "a sharded push opens sessions of its own";
+      } else if (!link->same_shard(shard, declared)) {
+        why = "another rank, world or set of blocks";
       } else if (!link->fits(tensors, plan, catalog_same)) {
         why = "another set of tensors, bucket capacity or device";
       }

@@ -51,10 +51,10 @@ struct SenderState {
   bool aborted = false;
   std::string abort_reason;
 
-  // Both the options and the configuration (update.keep_sessions) allow it.
-  // Never for a sharded push (each update is assembled afresh on the receiver).
+  // Both the options and the configuration (update.keep_sessions) allow it. A sharded push's
+  // kept session joins the receiver's next sharded update at its Begin (same rank and blocks).
   bool keep_sessions() const {
-    return options.keep_sessions && config.update.keep_sessions && shard.world == 0;
+    return options.keep_sessions && config.update.keep_sessions;
   }
   // The running push's rank and world (world 0: not sharded); set by push().
   ShardSpec shard;
