@@ -374,8 +374,9 @@ def main():
                         help="the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB "
                              "or the largest block)")
     parser.add_argument("--delivery", choices=["auto", "direct", "staged"], default="auto",
-                        help="the sender ranks' update.delivery (auto: straight into the "
-                             "receivers' parameters where they offer it, else staged)")
+                        help="the sender ranks' update.delivery (direct: their dim-0 blocks "
+                             "straight into the receivers' parameters; auto: staged for sharded "
+                             "ranks until that is measured on a GPU)")
     parser.add_argument("--staged-ranks", default="", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", default=None,
                         help="keep each receiver's log here, at debug level (where time goes)")

@@ -121,8 +121,9 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "largest block)")
       ->check(CLI::NonNegativeNumber);
   app->add_option("--delivery", o->delivery,
-                  "the sender ranks' update.delivery: auto (straight into the receivers' "
-                  "parameters where they offer it), direct or staged")
+                  "the sender ranks' update.delivery: direct (their dim-0 blocks straight into "
+                  "the receivers' parameters), auto (staged for sharded ranks until direct is "
+                  "measured on a GPU) or staged")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));

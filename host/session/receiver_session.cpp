@@ -477,9 +477,11 @@ class Session final : public update::BucketSource, public ShardMember {
   // out: the sender's tensors) is a range of rows (all other dimensions whole) of a global
   // tensor whose plan is one whole copy into a device parameter (ShardedUpdate::
   // whole_destination): its bytes are contiguous there, at the whole tensor's destination plus
-  // the block's byte offset. Anything less: staged.
+  // the block's byte offset. Anything less: staged. Only when the sender asks for direct
+  // delivery (update.delivery = "direct"): "auto" stays staged for sharded ranks until this path
+  // is measured on a GPU (docs/sharded.md).
   void offer_direct_blocks(const std::string& delivery) {
-    if (delivery == "staged" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
+    if (delivery != "direct" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
         holdings_.empty()) {
       return;
     }

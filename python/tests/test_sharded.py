@@ -246,23 +246,37 @@ def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_e
     every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
     push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
     both receivers, the one-sender push of the same values (fingerprints), bytes moved = bytes
-    needed, the transport cuda_ipc, and every rank's blocks written straight into the
-    receivers' parameters (direct delivery of dim-0 blocks)."""
+    needed, and the transport cuda_ipc. With update.delivery = "auto" the ranks stage (direct
+    delivery of blocks is asked for explicitly until it is measured on a GPU: the next test)."""
     result = _run_sharded_bench(ferry_executable, ["--senders", "4"])
     assert result["verified"], result["verification"]
     (row,) = result["rows"]
     assert row["transports"] == ["cuda_ipc"], row
     assert row["moved_equals_needed"] and len(row["rank_bytes"]) == 4, row
     assert sum(row["rank_bytes"]) == row["needed_bytes"] == result["model_bytes"], row
-    # Every rank's dim-0 blocks went straight into the receivers' parameters.
+    assert row["direct_ranks"] == [False] * 4, row
+
+
+def test_four_gpu_ranks_write_their_row_blocks_into_the_receivers_parameters(ferry_module,
+                                                                             ferry_executable):
+    """The same with update.delivery = "direct": every rank's dim-0 blocks go straight into the
+    receivers' parameters (the whole tensor's destination plus the block's offset), verified
+    against the one-sender push on both receivers, bytes moved = bytes needed; the second round
+    goes through the sessions kept from the first."""
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--delivery", "direct"])
+    assert result["verified"], result["verification"]
+    (row,) = result["rows"]
+    assert row["transports"] == ["cuda_ipc"], row
+    assert row["moved_equals_needed"], row
     assert row["direct_ranks"] == [True] * 4, row
 
 
 def test_gpu_ranks_delivering_directly_beside_a_staged_rank(ferry_module, ferry_executable):
     """The same on cuda:0 with rank 1 staging (update.delivery = "staged") while ranks 0, 2 and 3
-    write their blocks in place: one update of both kinds of bucket, verified on both receivers
-    against the one-sender push, bytes moved = bytes needed."""
-    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--staged-ranks", "1"])
+    write their blocks in place ("direct"): one update of both kinds of bucket, verified on both
+    receivers against the one-sender push, bytes moved = bytes needed."""
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--delivery", "direct",
+                                                   "--staged-ranks", "1"])
     assert result["verified"], result["verification"]
     (row,) = result["rows"]
     assert row["direct_ranks"] == [True, False, True, True], row

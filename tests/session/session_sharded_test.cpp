@@ -271,6 +271,38 @@ TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
 }
 
+// update.delivery = "direct" on the ranks where the receiver cannot offer it (inline: no
+// device memory written remotely): each rank fails naming direct delivery, nothing changes.
+TEST_F(SessionSharded, RequiredDirectDeliveryWithoutAnOfferFailsClearly) {
+  ServeProcess serve(receiver_options(versions_->v1_path()));
+  auto ranks = dim0_ranks(versions_->v2);
+  std::vector<std::thread> threads;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      config::Config config;
+      config.update.delivery = config::Delivery::direct;
+      registry::Registry registry({});
+      session::SenderOptions o;
+      o.receivers = {address_of(serve)};
+      o.transport = "inline";
+      o.bucket_bytes = 512;
+      o.bucket_timeout = std::chrono::milliseconds(5000);
+      o.commit_timeout = std::chrono::milliseconds(5000);
+      o.shard_rank = r;
+      o.shard_world = 2;
+      session::Sender sender(config, registry, o);
+      ranks[r].report = sender.push(ranks[r].views, 2);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& rank : ranks) {
+    const auto& r = rank.report.receivers.at(0);
+    EXPECT_FALSE(r.committed);
+    EXPECT_NE(r.error.find("direct"), std::string::npos) << r.error;
+  }
+  expect_unchanged(serve);
+}
+
 TEST_F(SessionSharded, RankKilledMidPushLeavesThePreviousVersionAndTheErrorNamesTheRank) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
   const auto results =
