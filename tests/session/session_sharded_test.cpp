@@ -193,6 +193,19 @@ TEST_F(SessionSharded, DimZeroSplitOverUcx) {
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
 }
 
+// The options of in-process rank `r` of 2 pushing to `to` inline in 512-byte buckets.
+session::SenderOptions rank_options(const std::string& to, std::uint32_t r) {
+  session::SenderOptions o;
+  o.receivers = {to};
+  o.transport = "inline";
+  o.bucket_bytes = 512;
+  o.bucket_timeout = std::chrono::milliseconds(5000);
+  o.commit_timeout = std::chrono::milliseconds(5000);
+  o.shard_rank = r;
+  o.shard_world = 2;
+  return o;
+}
+
 // The ranks of `checkpoint` split in two as a trainer's FSDP ranks hold it: rows of every tensor
 // of at least 2 rows, smaller ones whole on rank 0 and a replica on rank 1.
 std::vector<Rank> dim0_ranks(const Checkpoint& checkpoint) {
@@ -221,15 +234,8 @@ TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
   registry::Registry registry({});
   std::vector<std::unique_ptr<session::Sender>> senders;
   for (std::uint32_t r = 0; r < 2; ++r) {
-    session::SenderOptions o;
-    o.receivers = {address_of(serve)};
-    o.transport = "inline";
-    o.bucket_bytes = 512;
-    o.bucket_timeout = std::chrono::milliseconds(5000);
-    o.commit_timeout = std::chrono::milliseconds(5000);
-    o.shard_rank = r;
-    o.shard_world = 2;
-    senders.push_back(std::make_unique<session::Sender>(config, registry, o));
+    senders.push_back(
+        std::make_unique<session::Sender>(config, registry, rank_options(address_of(serve), r)));
   }
   const auto push_both = [&](const Checkpoint& checkpoint, std::uint64_t version) {
     auto ranks = dim0_ranks(checkpoint);
@@ -282,15 +288,7 @@ TEST_F(SessionSharded, RequiredDirectDeliveryWithoutAnOfferFailsClearly) {
       config::Config config;
       config.update.delivery = config::Delivery::direct;
       registry::Registry registry({});
-      session::SenderOptions o;
-      o.receivers = {address_of(serve)};
-      o.transport = "inline";
-      o.bucket_bytes = 512;
-      o.bucket_timeout = std::chrono::milliseconds(5000);
-      o.commit_timeout = std::chrono::milliseconds(5000);
-      o.shard_rank = r;
-      o.shard_world = 2;
-      session::Sender sender(config, registry, o);
+      session::Sender sender(config, registry, rank_options(address_of(serve), r));
       ranks[r].report = sender.push(ranks[r].views, 2);
     });
   }
