@@ -116,6 +116,20 @@ session::TensorView whole(const Tensor& t, bool replica = false) {
   return v;
 }
 
+// The options of in-process rank `r` of `world` pushing to `to` inline in 512-byte buckets.
+session::SenderOptions rank_options(const std::string& to, std::uint32_t r,
+                                    std::uint32_t world = 2) {
+  session::SenderOptions o;
+  o.receivers = {to};
+  o.transport = "inline";
+  o.bucket_bytes = 512;
+  o.bucket_timeout = std::chrono::milliseconds(5000);
+  o.commit_timeout = std::chrono::milliseconds(5000);
+  o.shard_rank = r;
+  o.shard_world = world;
+  return o;
+}
+
 // Pushes every rank of `ranks` (rank r: ranks[r]) side by side, each as version versions[r].
 void push_in_process(std::vector<Rank>& ranks, const std::string& to,
                      std::vector<std::uint64_t> versions = {}) {
@@ -124,15 +138,9 @@ void push_in_process(std::vector<Rank>& ranks, const std::string& to,
     threads.emplace_back([&, r] {
       config::Config config;
       registry::Registry registry({});
-      session::SenderOptions options;
-      options.receivers = {to};
-      options.transport = "inline";
-      options.bucket_bytes = 512;
-      options.bucket_timeout = std::chrono::milliseconds(5000);
-      options.commit_timeout = std::chrono::milliseconds(5000);
-      options.shard_rank = static_cast<std::uint32_t>(r);
-      options.shard_world = static_cast<std::uint32_t>(ranks.size());
-      session::Sender sender(config, registry, options);
+      session::Sender sender(config, registry,
+                             rank_options(to, static_cast<std::uint32_t>(r),
+                                          static_cast<std::uint32_t>(ranks.size())));
       ranks[r].report = sender.push(ranks[r].views, versions.empty() ? 2 : versions[r]);
     });
   }
@@ -191,19 +199,6 @@ TEST_F(SessionSharded, DimZeroSplitOverUcx) {
     EXPECT_NE(r.output.find("via ucx"), std::string::npos) << r.output;
   }
   EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
-}
-
-// The options of in-process rank `r` of 2 pushing to `to` inline in 512-byte buckets.
-session::SenderOptions rank_options(const std::string& to, std::uint32_t r) {
-  session::SenderOptions o;
-  o.receivers = {to};
-  o.transport = "inline";
-  o.bucket_bytes = 512;
-  o.bucket_timeout = std::chrono::milliseconds(5000);
-  o.commit_timeout = std::chrono::milliseconds(5000);
-  o.shard_rank = r;
-  o.shard_world = 2;
-  return o;
 }
 
 // The ranks of `checkpoint` split in two as a trainer's FSDP ranks hold it: rows of every tensor
