@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# tests/session/multihost_netns.sh: multi-host push over UCX tcp. Five network namespaces (one
-# sender, four receivers) joined by veth pairs, each receiver on its own address; one `ferry push
+# tests/session/multihost_netns.sh: multi-host push over UCX tcp. Six network namespaces (two
+# senders, four receivers) joined by veth pairs, each receiver on its own address; one `ferry push
 # --transport ucx` (UCX_TLS=tcp) updates all four, every receiver commits, and every receiver's
 # fingerprints equal those of a reference receiver that got the same weights over the inline path.
+# Then a sharded trainer of two ranks, one per sender namespace (`ferry push --rank R --world 2`,
+# dim-0 row blocks), pushes the next version into the same four receivers over UCX: every
+# receiver commits it from both ranks, bit-identical to the reference's unsharded push.
 # Needs root (ip netns); exits 77 (skipped) with a message where that is not permitted.
 set -u
 FERRY=${FERRY_EXE:?FERRY_EXE must name the ferry executable}
@@ -39,6 +42,10 @@ fi
 SENDER="${TAG}s"
 ip netns add "$SENDER" && NSES+=("$SENDER") || die "ip netns add $SENDER"
 ip -n "$SENDER" link set lo up
+# The second rank of the sharded push: its own namespace, its own link to every receiver.
+SENDER2="${TAG}t"
+ip netns add "$SENDER2" && NSES+=("$SENDER2") || die "ip netns add $SENDER2"
+ip -n "$SENDER2" link set lo up
 for i in 1 2 3 4; do
   ns="${TAG}r$i"
   ip netns add "$ns" && NSES+=("$ns") || die "ip netns add $ns"
@@ -53,6 +60,15 @@ for i in 1 2 3 4; do
   # Every sender address is reachable from every receiver (as on a real network): UCX offers all
   # of the sender's interfaces in its worker address.
   ip -n "$ns" route add 10.77.0.0/16 via "10.77.$i.1" dev "${TAG}b$i"
+  # The second sender: 10.78.i.1 <-> 10.78.i.2, and the receiver's serving address through it.
+  ip link add "${TAG}c$i" netns "$SENDER2" type veth peer name "${TAG}d$i" netns "$ns" ||
+    die "veth pair $i of the second sender"
+  ip -n "$SENDER2" addr add "10.78.$i.1/24" dev "${TAG}c$i"
+  ip -n "$ns" addr add "10.78.$i.2/24" dev "${TAG}d$i"
+  ip -n "$SENDER2" link set "${TAG}c$i" up
+  ip -n "$ns" link set "${TAG}d$i" up
+  ip -n "$SENDER2" route add "10.77.$i.0/24" via "10.78.$i.2" dev "${TAG}c$i"
+  ip -n "$ns" route add 10.78.0.0/16 via "10.78.$i.1" dev "${TAG}d$i"
 done
 
 start_receiver() {  # ns host name
@@ -100,4 +116,28 @@ for i in 1 2 3 4; do
 done
 echo "PASS: 4 receivers in 4 namespaces committed version 5 over UCX tcp, bit-identical"
 grep 'pushed' "$WORK/push.log"
+
+# A sharded trainer: rank 0 in the first sender namespace, rank 1 in the second, side by side.
+SYN6=(--synthetic --hidden 128 --layers 2 --vocab 512 --version 6 --bucket-mb 1)
+ip netns exec "$SENDER" env UCX_TLS=tcp "$FERRY" --log-level info push --to "$TO" \
+  --transport ucx "${SYN6[@]}" --rank 0 --world 2 >"$WORK/rank0.log" 2>&1 &
+RANK0=$!
+ip netns exec "$SENDER2" env UCX_TLS=tcp "$FERRY" --log-level info push --to "$TO" \
+  --transport ucx "${SYN6[@]}" --rank 1 --world 2 >"$WORK/rank1.log" 2>&1 &
+RANK1=$!
+wait "$RANK0" || die "rank 0 of the sharded push over ucx failed"
+wait "$RANK1" || die "rank 1 of the sharded push over ucx failed"
+for r in 0 1; do
+  [ "$(grep -c 'committed version 6 via ucx' "$WORK/rank$r.log")" = 4 ] ||
+    die "rank $r: not every receiver committed the sharded version over ucx"
+done
+"$FERRY" --log-level warn push --to "127.0.0.1:$(port ref)" --transport inline "${SYN6[@]}" \
+  >"$WORK/push-ref6.log" 2>&1 || die "reference push of version 6 failed"
+REF=$(fingerprints "" 127.0.0.1 "$(port ref)") || die "reference fingerprints of version 6"
+for i in 1 2 3 4; do
+  GOT=$(fingerprints "${TAG}r$i" "10.77.$i.2" "$(port "r$i")") || die "fingerprints of r$i"
+  [ "$GOT" = "$REF" ] || die "receiver r$i differs from the reference after the sharded push"
+done
+echo "PASS: 2 sender ranks in 2 namespaces pushed version 6 into 4 receivers over UCX tcp, bit-identical"
+grep 'sharded update' "$WORK/rank0.log" | head -1
 exit 0
