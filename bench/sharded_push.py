@@ -31,6 +31,7 @@ writes the whole model: receivers with a tensor-parallel size do not take part y
 
 Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
                        [--transport auto] [--bucket-mib 0] [--delivery auto|direct|staged]
+                       [--no-keep]
                        [--ferry PATH] [--device cuda|cpu]
                        [--log-dir DIR]
                        [--no-table]
@@ -124,7 +125,8 @@ def sender_main(args):
                        torch.empty((hi - lo,) + tuple(shape[1:]), dtype=torch.bfloat16,
                                    device=device_of(args))))
     sender = ferry.Sender(args.to.split(","), transport=args.transport, progress=False,
-                          bucket_bytes=args.bucket_mib << 20, update__delivery=args.delivery)
+                          bucket_bytes=args.bucket_mib << 20, update__delivery=args.delivery,
+                          update__keep_sessions=not args.no_keep)
     print(json.dumps({"ready": True, "bytes": sum(t.numel() * 2 for *_, t in shards)}),
           flush=True)
     for line in sys.stdin:
@@ -245,7 +247,8 @@ def bench_main(args, torch, ferry):
                                      "--device", args.device, "--transport", args.transport,
                                      "--bucket-mib", str(args.bucket_mib),
                                      "--delivery", "staged" if r in args.staged_ranks
-                                     else args.delivery],
+                                     else args.delivery]
+                                    + (["--no-keep"] if args.no_keep else []),
                                     "sender rank %d of %d" % (r, world))
                        for r in range(world)]
             try:
@@ -317,7 +320,7 @@ def bench_main(args, torch, ferry):
             "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
             "layers": args.layers, "tensors": len(shapes), "model_bytes": model_bytes,
             "receivers": args.receivers, "transport": args.transport, "rounds": args.rounds,
-            "bucket_mib": args.bucket_mib, "delivery": args.delivery,
+            "bucket_mib": args.bucket_mib, "delivery": args.delivery, "kept": not args.no_keep,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "first_direct": first_report.receivers[0].direct,
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
@@ -378,6 +381,9 @@ def main():
                              "straight into the receivers' parameters; auto: staged for sharded "
                              "ranks until that is measured on a GPU)")
     parser.add_argument("--staged-ranks", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--no-keep", action="store_true",
+                        help="the sender ranks open new sessions for every push (update."
+                             "keep_sessions = false) instead of keeping them")
     parser.add_argument("--log-dir", default=None,
                         help="keep each receiver's log here, at debug level (where time goes)")
     parser.add_argument("--answer-timeout", type=float, default=300,

@@ -72,16 +72,17 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["transport"] = o.transport;
   record["bucket_mib"] = o.bucket_mib;
   record["delivery"] = o.delivery;
+  record["kept"] = !o.no_keep;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
                                 .string();
-  const ScriptRun run = run_bench_script(
-      "sharded", "sharded_push.py", o.script, o.python,
-      {"--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
-       std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
-       o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--delivery", o.delivery,
-       "--device", o.device,
-       "--ferry", ferry, "--no-table"},
-      record);
+  std::vector<std::string> args = {
+      "--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
+      std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
+      o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--delivery", o.delivery,
+      "--device", o.device, "--ferry", ferry, "--no-table"};
+  if (o.no_keep) args.push_back("--no-keep");
+  const ScriptRun run = run_bench_script("sharded", "sharded_push.py", o.script, o.python,
+                                         args, record);
   if (run.exit_code == 2) return 2;
   if (!run.ran()) {
     records.push_back(record);
@@ -125,6 +126,8 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "the receivers' parameters), auto (staged for sharded ranks until direct is "
                   "measured on a GPU) or staged")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
+  app->add_flag("--no-keep", o->no_keep,
+               "the sender ranks open new sessions for every push instead of keeping them");
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   add_script_bench_options(app, o.get(), "sharded_push.py");

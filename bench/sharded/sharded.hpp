@@ -26,6 +26,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   std::string transport = "auto";  // the senders' transport
   int bucket_mib = 0;              // the sender ranks' bucket size (0: ferry's default)
   std::string delivery = "auto";   // the sender ranks' update.delivery (auto, direct, staged)
+  bool no_keep = false;            // the ranks open new sessions for every push
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model
 };
 
