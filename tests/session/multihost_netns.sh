@@ -46,27 +46,26 @@ ip -n "$SENDER" link set lo up
 SENDER2="${TAG}t"
 ip netns add "$SENDER2" && NSES+=("$SENDER2") || die "ip netns add $SENDER2"
 ip -n "$SENDER2" link set lo up
+# A veth pair between sender namespace $1 (device $3, address $5.1) and receiver namespace $2
+# (device $4, address $5.2), subnet $5.0/24.
+veth_pair() {  # sender_ns receiver_ns sender_dev receiver_dev subnet
+  ip link add "$3" netns "$1" type veth peer name "$4" netns "$2" || die "veth pair $3 - $4"
+  ip -n "$1" addr add "$5.1/24" dev "$3"
+  ip -n "$2" addr add "$5.2/24" dev "$4"
+  ip -n "$1" link set "$3" up
+  ip -n "$2" link set "$4" up
+}
 for i in 1 2 3 4; do
   ns="${TAG}r$i"
   ip netns add "$ns" && NSES+=("$ns") || die "ip netns add $ns"
   ip -n "$ns" link set lo up
   # One veth pair per receiver: 10.77.i.1 (sender side) <-> 10.77.i.2 (receiver).
-  ip link add "${TAG}a$i" netns "$SENDER" type veth peer name "${TAG}b$i" netns "$ns" ||
-    die "veth pair $i"
-  ip -n "$SENDER" addr add "10.77.$i.1/24" dev "${TAG}a$i"
-  ip -n "$ns" addr add "10.77.$i.2/24" dev "${TAG}b$i"
-  ip -n "$SENDER" link set "${TAG}a$i" up
-  ip -n "$ns" link set "${TAG}b$i" up
+  veth_pair "$SENDER" "$ns" "${TAG}a$i" "${TAG}b$i" "10.77.$i"
   # Every sender address is reachable from every receiver (as on a real network): UCX offers all
   # of the sender's interfaces in its worker address.
   ip -n "$ns" route add 10.77.0.0/16 via "10.77.$i.1" dev "${TAG}b$i"
   # The second sender: 10.78.i.1 <-> 10.78.i.2, and the receiver's serving address through it.
-  ip link add "${TAG}c$i" netns "$SENDER2" type veth peer name "${TAG}d$i" netns "$ns" ||
-    die "veth pair $i of the second sender"
-  ip -n "$SENDER2" addr add "10.78.$i.1/24" dev "${TAG}c$i"
-  ip -n "$ns" addr add "10.78.$i.2/24" dev "${TAG}d$i"
-  ip -n "$SENDER2" link set "${TAG}c$i" up
-  ip -n "$ns" link set "${TAG}d$i" up
+  veth_pair "$SENDER2" "$ns" "${TAG}c$i" "${TAG}d$i" "10.78.$i"
   ip -n "$SENDER2" route add "10.77.$i.0/24" via "10.78.$i.2" dev "${TAG}c$i"
   ip -n "$ns" route add 10.78.0.0/16 via "10.78.$i.1" dev "${TAG}d$i"
 done

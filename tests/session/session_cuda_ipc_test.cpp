@@ -297,25 +297,6 @@ config::Config with_delivery(config::Delivery delivery) {
   return c;
 }
 
-// The sender of SenderKilledWhileWritingInPlace...: this test binary run again as a child
-// (FERRY_TEST_DIRECT_PUSH_TO=<receiver>), pushing 32 tensors by direct delivery and SIGKILLing
-// itself right after bucket 2 was written into the receiver's parameters.
-int direct_push_child(const std::string& receiver) {
-  DeviceTensors tensors(32, 32768);
-  tensors.fill(2);
-  const auto config = with_delivery(config::Delivery::direct);
-  registry::Registry registry({plugin_dir()});
-  session::SenderOptions o = sender_options({receiver}, 512ull << 10);
-  o.after_bucket = [](const std::string&, std::uint32_t bucket) {
-    if (bucket == 2) ::raise(SIGKILL);
-  };
-  session::Sender sender(config, registry, o);
-  const auto report = sender.push(tensors.views(), 2);
-  std::fprintf(stderr, "the push ended without being killed: %s\n",
-               report.receivers.empty() ? "" : report.receivers[0].error.c_str());
-  return 3;
-}
-
 // Rank `rank` of `world` of a sharded trainer holding `tensors` whole: each view is the block of
 // rows [n*rank/world, n*(rank+1)/world) of its (one-dimensional) tensor.
 std::vector<session::TensorView> row_blocks(const std::vector<session::TensorView>& whole,
@@ -335,22 +316,25 @@ std::vector<session::TensorView> row_blocks(const std::vector<session::TensorVie
   return out;
 }
 
-// Rank 1 of ShardedRankKilledWhileWriting...: this test binary run again as a child
-// (FERRY_TEST_SHARDED_PUSH_TO=<receiver>), pushing its row blocks of 32 tensors by direct
-// delivery as rank 1 of 2 and SIGKILLing itself right after bucket 1 was written into the
-// receiver's parameters.
-int sharded_push_child(const std::string& receiver) {
+// The sender of SenderKilledWhileWritingInPlace... and ShardedRankKilledWhileWriting...: this
+// test binary run again as a child (FERRY_TEST_DIRECT_PUSH_TO or FERRY_TEST_SHARDED_PUSH_TO =
+// <receiver>), pushing 32 tensors by direct delivery in buckets of `bucket_bytes` and SIGKILLing
+// itself right after bucket `kill_after` was written into the receiver's parameters; with
+// `shard`, as that rank of a sharded trainer (its row blocks).
+int killed_push_child(const std::string& receiver, std::uint64_t bucket_bytes,
+                      std::uint32_t kill_after, std::optional<session::ShardSpec> shard) {
   DeviceTensors tensors(32, 32768);
   tensors.fill(2);
   const auto config = with_delivery(config::Delivery::direct);
   registry::Registry registry({plugin_dir()});
-  session::SenderOptions o = sender_options({receiver}, 128ull << 10);
-  o.after_bucket = [](const std::string&, std::uint32_t bucket) {
-    if (bucket == 1) ::raise(SIGKILL);
+  session::SenderOptions o = sender_options({receiver}, bucket_bytes);
+  o.after_bucket = [kill_after](const std::string&, std::uint32_t bucket) {
+    if (bucket == kill_after) ::raise(SIGKILL);
   };
   session::Sender sender(config, registry, o);
-  const auto report = sender.push(row_blocks(tensors.views(), 1, 2), 2, std::nullopt, {},
-                                  session::ShardSpec{1, 2});
+  const auto views =
+      shard ? row_blocks(tensors.views(), shard->rank, shard->world) : tensors.views();
+  const auto report = sender.push(views, 2, std::nullopt, {}, shard);
   std::fprintf(stderr, "the push ended without being killed: %s\n",
                report.receivers.empty() ? "" : report.receivers[0].error.c_str());
   return 3;
@@ -830,10 +814,10 @@ TEST_F(SessionCudaIpc, ReceiverKilledMidUpdateIsNamedAndARestartedOneImportsAfre
 
 std::optional<int> ferry::test::before_gpu_tests(int /*argc*/, char** /*argv*/) {
   if (const char* to = std::getenv("FERRY_TEST_DIRECT_PUSH_TO")) {
-    return direct_push_child(to);
+    return killed_push_child(to, 512ull << 10, 2, std::nullopt);
   }
   if (const char* to = std::getenv("FERRY_TEST_SHARDED_PUSH_TO")) {
-    return sharded_push_child(to);
+    return killed_push_child(to, 128ull << 10, 1, session::ShardSpec{1, 2});
   }
   return std::nullopt;
 }
