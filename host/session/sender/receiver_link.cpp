@@ -45,20 +45,16 @@ bool Link::same_catalog(std::span<const TensorView> tensors) const {
   return true;
 }
 
-namespace {
-// Only the fields a Hello's holdings carry.
-template <typename Held>
-Held held_of(const TensorView& t) {
+Link::Held Link::held_of(const TensorView& t) {
   return {{t.name, t.dtype, t.shape}, t.global_shape, t.offsets, t.replica};
 }
-}  // namespace
 
 void Link::remember_shard(const ShardSpec& shard, std::span<const TensorView> declared) {
   shard_ = shard;
   held_.clear();
   if (shard.world == 0) return;
   held_.reserve(declared.size());
-  for (const auto& t : declared) held_.push_back(held_of<Held>(t));
+  for (const auto& t : declared) held_.push_back(held_of(t));
 }
 
 bool Link::same_shard(const ShardSpec& shard, std::span<const TensorView> declared) const {
@@ -66,7 +62,7 @@ bool Link::same_shard(const ShardSpec& shard, std::span<const TensorView> declar
   if (shard.world == 0) return true;
   if (declared.size() != held_.size()) return false;
   for (std::size_t i = 0; i < declared.size(); ++i) {
-    if (!(held_of<Held>(declared[i]) == held_[i])) return false;
+    if (!(held_of(declared[i]) == held_[i])) return false;
   }
   return true;
 }

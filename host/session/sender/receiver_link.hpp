@@ -95,6 +95,7 @@ struct Link {
     bool replica = false;
     friend bool operator==(const Held&, const Held&) = default;
   };
+  static Held held_of(const TensorView& t);  // only the fields a Hello's holdings carry
   ShardSpec shard_{};
   std::vector<Held> held_;
   std::uint64_t capacity_ = 0;
