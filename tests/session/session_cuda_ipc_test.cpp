@@ -344,6 +344,27 @@ class SessionCudaIpc : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
   static void TearDownTestSuite() { versions_.reset(); }
+  // Version `version` of `tensors`, whole, written in place (direct delivery is required).
+  void push_whole_direct(const ServeProcess& serve, const DeviceTensors& tensors,
+                         std::uint64_t version) {
+    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                           sender_options({address_of(serve)}, 512ull << 10));
+    expect_committed(sender.push(tensors.views(), version), version, true);
+  }
+
+  // This test binary run again as a child that pushes to `serve` instead of running the tests
+  // (before_gpu_tests below): `variable` names which push (FERRY_TEST_*_PUSH_TO).
+  static std::unique_ptr<PushProcess> push_child(const std::string& variable,
+                                                 const ServeProcess& serve) {
+    const std::string exe = std::getenv("FERRY_EXE") != nullptr ? std::getenv("FERRY_EXE") : "";
+    ::setenv("FERRY_EXE", "/proc/self/exe", 1);
+    auto child = std::make_unique<PushProcess>(
+        std::vector<std::string>{"--gtest_filter=-*"},
+        std::map<std::string, std::string>{{variable, address_of(serve)}});
+    ::setenv("FERRY_EXE", exe.c_str(), 1);
+    return child;
+  }
+
   static std::unique_ptr<TwoVersions> versions_;
   config::Config config_;
   registry::Registry registry_{{plugin_dir()}};
@@ -552,17 +573,10 @@ TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVers
   DeviceTensors tensors(32, 32768);  // the child's tensors have these names and sizes
   tensors.fill(1);
   ServeProcess serve(gpu_receiver("", 3000));
-  {
-    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
-                           sender_options({address_of(serve)}, 512ull << 10));
-    expect_committed(sender.push(tensors.views(), 1), 1, true);
-  }
-  const std::string exe = std::getenv("FERRY_EXE") != nullptr ? std::getenv("FERRY_EXE") : "";
-  ::setenv("FERRY_EXE", "/proc/self/exe", 1);
-  PushProcess child({"--gtest_filter=-*"}, {{"FERRY_TEST_DIRECT_PUSH_TO", address_of(serve)}});
-  ::setenv("FERRY_EXE", exe.c_str(), 1);
+  push_whole_direct(serve, tensors, 1);
+  auto child = push_child("FERRY_TEST_DIRECT_PUSH_TO", serve);
   ChildResult result;
-  ASSERT_TRUE(child.wait(60, result));
+  ASSERT_TRUE(child->wait(60, result));
   EXPECT_FALSE(result.exited) << result.output;
   EXPECT_EQ(result.status, SIGKILL) << result.output;
   EXPECT_TRUE(eventually([&] {
@@ -579,12 +593,8 @@ TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVers
 TEST_F(SessionCudaIpc, ShardedRanksWriteTheirRowBlocksInPlaceBitIdentical) {
   DeviceTensors tensors(32, 32768);
   ServeProcess serve(gpu_receiver());
-  {
-    tensors.fill(1);
-    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
-                           sender_options({address_of(serve)}, 512ull << 10));
-    expect_committed(sender.push(tensors.views(), 1), 1, true);
-  }
+  tensors.fill(1);
+  push_whole_direct(serve, tensors, 1);
   for (std::uint64_t version = 2; version <= 3; ++version) {
     SCOPED_TRACE(fmt::format("version {}", version));
     tensors.fill(version);
@@ -613,23 +623,16 @@ TEST_F(SessionCudaIpc, ShardedRankKilledWhileWritingInPlaceLeavesTheReceiverAtIt
   DeviceTensors tensors(32, 32768);  // the child's tensors have these names and sizes
   tensors.fill(1);
   ServeProcess serve(gpu_receiver("", 3000));
-  {
-    session::Sender sender(with_delivery(config::Delivery::direct), registry_,
-                           sender_options({address_of(serve)}, 512ull << 10));
-    expect_committed(sender.push(tensors.views(), 1), 1, true);
-  }
+  push_whole_direct(serve, tensors, 1);
   const auto before = tensors.expected();
-  const std::string exe = std::getenv("FERRY_EXE") != nullptr ? std::getenv("FERRY_EXE") : "";
-  ::setenv("FERRY_EXE", "/proc/self/exe", 1);
-  PushProcess child({"--gtest_filter=-*"}, {{"FERRY_TEST_SHARDED_PUSH_TO", address_of(serve)}});
-  ::setenv("FERRY_EXE", exe.c_str(), 1);
+  auto child = push_child("FERRY_TEST_SHARDED_PUSH_TO", serve);
   tensors.fill(2);
   session::Sender sender(with_delivery(config::Delivery::direct), registry_,
                          sender_options({address_of(serve)}, 128ull << 10));
   const auto report = sender.push(row_blocks(tensors.views(), 0, 2), 2, std::nullopt, {},
                                   session::ShardSpec{0, 2});
   ChildResult result;
-  ASSERT_TRUE(child.wait(60, result));
+  ASSERT_TRUE(child->wait(60, result));
   EXPECT_FALSE(result.exited) << result.output;
   EXPECT_EQ(result.status, SIGKILL) << result.output;
   ASSERT_EQ(report.receivers.size(), 1u);
