@@ -153,6 +153,8 @@ class Receiver {
     // be written in place by the peer.
     std::vector<std::optional<update::UpdateEngine::DirectDestination>> direct_destinations(
         std::span<const ferry_tensor_desc_t> tensors);
+    // What this rank's plan reads of each of `tensors` (update::UpdateEngine::reads).
+    std::vector<update::TensorReads> reads(std::span<const ferry_tensor_desc_t> tensors);
     // Runs update `version` (the published number on commit; label default: the number) from
     // `source` through the update loop; `phase`: update::UpdateRun::phase. Once per object.
     UpdateReport run(update::BucketSource& source, std::uint64_t version,

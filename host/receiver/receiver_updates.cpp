@@ -246,6 +246,11 @@ Receiver::StreamingUpdate::direct_destinations(std::span<const ferry_tensor_desc
   return impl_->s.engine->direct_destinations(tensors);
 }
 
+std::vector<update::TensorReads> Receiver::StreamingUpdate::reads(
+    std::span<const ferry_tensor_desc_t> tensors) {
+  return impl_->s.engine->reads(tensors);
+}
+
 std::uint64_t Receiver::StreamingUpdate::memory_epoch() const { return impl_->s.memory_epoch; }
 
 UpdateReport Receiver::StreamingUpdate::run(update::BucketSource& source, std::uint64_t version,

@@ -310,6 +310,14 @@ class Session final : public update::BucketSource, public ShardMember {
     welcome.setNumParams(sharded_ ? sharded_->num_params()
                                   : static_cast<std::uint32_t>(update_->num_params()));
     welcome.setSharded(sharded_ != nullptr);
+    if (sharded_ && sends_needs_) {
+      auto needs = welcome.initNeeds(static_cast<unsigned>(pieces_.size()));
+      for (unsigned i = 0; i < pieces_.size(); ++i) {
+        const Holding& p = pieces_[i];
+        needs[i].setFirstRow(p.offsets.empty() ? 0 : p.offsets[0]);
+        needs[i].setRows(!p.sent ? 0 : p.extents.empty() ? 1 : p.extents[0]);
+      }
+    }
     describe_data_path(welcome);
     transport_ = data_->name();
     welcome.setBucketTimeoutMs(static_cast<std::uint64_t>(settings_.bucket_timeout.count()));
@@ -487,7 +495,7 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     std::string why_not;
     std::vector<update::UpdateEngine::DirectDestination> dests;
-    for (const Holding& h : holdings_) {
+    for (const Holding& h : pieces_) {
       if (!h.sent) continue;
       const auto whole = sharded_->whole_destination(h.tensor);
       if (!whole) {
@@ -665,6 +673,7 @@ class Session final : public update::BucketSource, public ShardMember {
     rank_ = shard.getRank();
     world_ = shard.getWorld();
     holdings_ = read_holdings(shard, descs_, fmt::format("{}: {}", ch_.peer(), phase));
+    sends_needs_ = shard.getSendsNeeds();
   }
 
   // Joins the update being assembled and waits until every rank joined and the layout was
@@ -677,10 +686,18 @@ class Session final : public update::BucketSource, public ShardMember {
     join.config_json = config_json_;
     join.peer = fmt::format("{} ({})", ch_.peer(), sender_);
     join.member = this;
-    declared_ = DeclaredBlocks(rank_, holdings_);
     sharded_ = settings_.sharded->join(std::move(join));
     sharded_->wait_welcomed();
     epoch_ = sharded_->memory_epoch();
+    // A sender that sends only what this receiver needs (Hello.shard.sendsNeeds) sends, of each
+    // block, the rows the plan reads (Welcome.needs); the others send their blocks whole.
+    pieces_ = holdings_;
+    if (sends_needs_) {
+      for (Holding& h : pieces_) {
+        if (h.sent) h = sharded_->needed_piece(h);
+      }
+    }
+    declared_ = DeclaredBlocks(rank_, pieces_);
   }
 
   // A kept rank's next update (its Begin arrived): leaves the last one and joins the update
@@ -690,6 +707,7 @@ class Session final : public update::BucketSource, public ShardMember {
     sharded_->leave(rank_);
     sharded_.reset();
     const auto epoch = epoch_;
+    const auto pieces = pieces_;
     join_shard();
     if (sharded_->memory_epoch() != epoch) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
@@ -697,6 +715,22 @@ class Session final : public update::BucketSource, public ShardMember {
            "handshake; the session ends (the sender opens a new one)",
            ch_.peer());
     }
+    if (!same_pieces(pieces, pieces_)) {
+      fail(FERRY_STATUS_FAILED_PRECONDITION,
+           "{}: begin: this receiver needs other parts of the rank's blocks than it told the "
+           "sender in the handshake; the session ends (the sender opens a new one)",
+           ch_.peer());
+    }
+  }
+
+  static bool same_pieces(const std::vector<Holding>& a, const std::vector<Holding>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i].sent != b[i].sent || a[i].offsets != b[i].offsets || a[i].extents != b[i].extents) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // The Begin (`root`), then this rank's buckets handed to the sharded update as they arrive,
@@ -813,6 +847,8 @@ class Session final : public update::BucketSource, public ShardMember {
   std::uint32_t world_ = 0;
   std::vector<Holding> holdings_;
   DeclaredBlocks declared_;
+  bool sends_needs_ = false;     // Hello.shard.sendsNeeds
+  std::vector<Holding> pieces_;  // what the rank sends of each holding (join_shard())
 };
 
 

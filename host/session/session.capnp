@@ -57,6 +57,17 @@ struct ShardHello {
   rank @0 :UInt32;
   world @1 :UInt32;             # how many senders make up the update
   holdings @2 :List(Holding);
+  # The sender sends of each block only what the receiver needs (Welcome.needs). A receiver
+  # meets an older sender's Hello (false) by taking every block whole.
+  sendsNeeds @3 :Bool;
+}
+
+# What a receiver needs of one block (Welcome.needs): its dim-0 rows [firstRow, firstRow + rows),
+# in global coordinates, every other dimension whole; rows = 0: none of it. A block of a tensor
+# of no dims has one row.
+struct Need {
+  firstRow @0 :UInt64;
+  rows @1 :UInt64;
 }
 
 # Direct delivery: where one Hello tensor goes, as a byte offset into a shared region.
@@ -92,9 +103,12 @@ struct Welcome {
   # The receiver takes writer fingerprints with the Commit (Begin.fingerprintsAtCommit).
   fingerprintsAtCommit @13 :Bool;
   # The receiver assembles a sharded update from Hello.shard (every rank of the world joined and
-  # their holdings tile every tensor). Sent once all ranks' Hellos arrived. (What a receiver needs
-  # of each tensor, for receivers that need only part of it, is to come as a later field here.)
+  # their holdings tile every tensor). Sent once all ranks' Hellos arrived.
   sharded @14 :Bool;
+  # Hello.shard.sendsNeeds: what the receiver needs of each holding, one per Hello.shard.holdings
+  # in order (replicas included, and ignored): the rows its plan reads. The sender sends exactly
+  # these pieces, as blocks of their own, in holding order, pieces of no rows left out.
+  needs @15 :List(Need);
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.

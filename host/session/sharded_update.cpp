@@ -2,7 +2,10 @@
 // (see session/sharded_update.hpp).
 #include "session/sharded_update.hpp"
 
+#include <ferry/sdk/dtype.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "common/log.hpp"
 #include "receiver/receiver.hpp"
@@ -108,6 +111,28 @@ std::optional<update::UpdateEngine::DirectDestination> ShardedUpdate::whole_dest
   const auto it = whole_destinations_.find(name);
   if (it == whole_destinations_.end()) return std::nullopt;
   return it->second;
+}
+
+Holding ShardedUpdate::needed_piece(const Holding& block) const {
+  std::lock_guard lock(mutex_);
+  const auto it = reads_.find(block.tensor);
+  if (it == reads_.end()) return block;
+  const update::TensorReads& r = it->second;
+  Holding piece = block;
+  if (block.extents.empty()) {
+    piece.sent = block.sent && r.end_row > r.first_row;
+    return piece;
+  }
+  const std::uint64_t first = std::max(block.offsets[0], r.first_row);
+  const std::uint64_t end = std::min(block.offsets[0] + block.extents[0], r.end_row);
+  if (end <= first) {
+    piece.extents[0] = 0;
+    piece.sent = false;
+    return piece;
+  }
+  piece.offsets[0] = first;
+  piece.extents[0] = end - first;
+  return piece;
 }
 
 void ShardedUpdate::begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
@@ -247,12 +272,29 @@ void ShardedUpdate::work() {
       logger("session")->debug("sharded update: no direct delivery ({})", e.what());
       whole.clear();
     }
+    // What this receiver needs of each tensor (the rows its plan reads; docs/sharded.md): a rank
+    // that sends only that (Hello.shard.sendsNeeds) learns it from its Welcome.
+    std::map<std::string, update::TensorReads> reads;
+    std::uint64_t needed = 0;
+    try {
+      const auto r = update->reads(catalog);
+      for (std::size_t i = 0; i < r.size() && i < catalog.size(); ++i) {
+        reads.emplace(catalog[i].name, r[i]);
+        needed += r[i].elements * dtype_size(catalog[i].dtype);
+      }
+    } catch (const Error& e) {
+      logger("session")->info("sharded update: every block taken whole ({})", e.what());
+      reads.clear();
+      needed = layout_.needed_bytes;
+    }
     std::uint64_t version = 0;
     std::string label;
     {
       std::unique_lock lock(mutex_);
       if (phase_ == Phase::failed) throw_failure_locked();
       whole_destinations_ = std::move(whole);
+      reads_ = std::move(reads);
+      needed_bytes_ = needed;
       phase_ = Phase::welcomed;
       changed_.notify_all();
       const bool all = changed_.wait_until(
@@ -280,7 +322,7 @@ void ShardedUpdate::work() {
     o.version = report.version.number;
     o.label = report.version.label;
     o.seconds = report.seconds;
-    o.needed_bytes = layout_.needed_bytes;
+    o.needed_bytes = needed_bytes_;
     {
       std::lock_guard lock(mutex_);
       for (const auto& r : ranks_) o.rank_bytes.push_back(r.bytes);

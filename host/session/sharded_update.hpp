@@ -92,7 +92,7 @@ struct ShardOutcome {
   std::string label;
   double seconds = 0;
   std::vector<std::uint64_t> rank_bytes;  // payload bytes each rank sent
-  std::uint64_t needed_bytes = 0;         // of every tensor once
+  std::uint64_t needed_bytes = 0;         // the bytes this receiver's plan reads
 };
 
 class ShardedUpdate final : public update::BucketSource {
@@ -121,6 +121,11 @@ class ShardedUpdate final : public update::BucketSource {
   // A rank's dim-0 block goes at that destination plus the block's byte offset.
   std::optional<update::UpdateEngine::DirectDestination> whole_destination(
       const std::string& name) const;
+  // Needs-based delivery (after wait_welcomed(); docs/sharded.md): the part of a rank's sent
+  // `block` this receiver needs, the block's rows that its plan reads. `block` itself when the
+  // needs are not known (the plan failed; the update will say why); `sent` false when none of
+  // it is needed.
+  Holding needed_piece(const Holding& block) const;
   // Session thread, after its Begin: blocks until every rank began the same version and every
   // sender was told Ready; throws the failure (a rank that began another version included).
   void begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
@@ -202,6 +207,11 @@ class ShardedUpdate final : public update::BucketSource {
   // Where each global tensor lies for direct delivery (whole_destination()), set before the
   // Welcomes; empty when no tensor can be written in place.
   std::map<std::string, update::UpdateEngine::DirectDestination> whole_destinations_;
+  // What this receiver's plan reads of each global tensor (needed_piece()), set before the
+  // Welcomes; empty when not known. needed_bytes_: the bytes it reads (of every tensor once when
+  // not known), for the outcome.
+  std::map<std::string, update::TensorReads> reads_;
+  std::uint64_t needed_bytes_ = 0;
   // The in-place buckets in the order the loop recorded them: (rank, entries), to lay the
   // ranks' commit fingerprints out in the engine's order (end()). Applying thread, then end().
   std::vector<std::pair<std::uint32_t, std::size_t>> in_place_order_;

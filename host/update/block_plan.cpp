@@ -173,4 +173,40 @@ std::vector<ferry_plan_op_t> restrict_to_block(std::span<const ferry_plan_op_t> 
   return out;
 }
 
+std::vector<TensorReads> reads_of(std::span<const ferry_plan_op_t> ops,
+                                  std::span<const ferry_tensor_desc_t> tensors) {
+  std::vector<TensorReads> out(tensors.size());
+  std::vector<bool> read(tensors.size(), false);
+  for (const auto& op : ops) {
+    if (op.src_tensor >= tensors.size() || op.rows == 0 || op.cols == 0) continue;
+    const ferry_tensor_desc_t& t = tensors[op.src_tensor];
+    std::uint64_t inner = 1;
+    std::uint64_t count = t.ndim == 0 ? 1 : t.shape[0];
+    for (std::uint32_t d = 1; d < t.ndim && d < FERRY_MAX_DIMS; ++d) {
+      inner *= t.shape[d];
+      count *= t.shape[d];
+    }
+    // The op's last element read, +1: its last row's start plus its columns.
+    const std::uint64_t end = op.src_offset + (op.rows - 1) * op.src_row_stride + op.cols;
+    if (inner == 0 || end > count || end < op.src_offset) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "tensor '{}': an operation reads elements [{}, {}) of {}", t.name ? t.name : "?",
+           op.src_offset, end, count);
+    }
+    const std::uint64_t first = op.src_offset / inner;
+    const std::uint64_t last = (end + inner - 1) / inner;
+    TensorReads& r = out[op.src_tensor];
+    if (!read[op.src_tensor]) {
+      r.first_row = first;
+      r.end_row = last;
+      read[op.src_tensor] = true;
+    } else {
+      r.first_row = std::min(r.first_row, first);
+      r.end_row = std::max(r.end_row, last);
+    }
+    r.elements = std::min(count, r.elements + op.rows * op.cols);
+  }
+  return out;
+}
+
 }  // namespace ferry::update

@@ -27,4 +27,20 @@ std::vector<ferry_plan_op_t> restrict_to_block(std::span<const ferry_plan_op_t> 
                                                std::span<const std::uint64_t> extents,
                                                const std::string& name);
 
+// What a plan reads of one global tensor (a receiver's needs, docs/sharded.md).
+struct TensorReads {
+  // The dim-0 rows its operations read from, [first_row, end_row): a superset of the elements
+  // read (a whole row counts where any element of it is read). Empty when no operation reads the
+  // tensor (this rank does not need it). A tensor of no dims has one row.
+  std::uint64_t first_row = 0;
+  std::uint64_t end_row = 0;
+  // The elements read (each operation's rows x cols, at most the tensor's element count).
+  std::uint64_t elements = 0;
+};
+
+// Per tensor of `tensors` (the entries `ops` were planned for: src_tensor indexes them), what
+// `ops` read. INVALID_ARGUMENT naming the tensor for an operation reading past its end.
+std::vector<TensorReads> reads_of(std::span<const ferry_plan_op_t> ops,
+                                  std::span<const ferry_tensor_desc_t> tensors);
+
 }  // namespace ferry::update

@@ -694,4 +694,9 @@ Health UpdateEngine::health() const {
   return {true, {}};
 }
 
+std::vector<TensorReads> UpdateEngine::reads(std::span<const ferry_tensor_desc_t> tensors) {
+  std::lock_guard lock(op_mutex_);
+  return reads_of(plans_.plan(tensors), tensors);
+}
+
 }  // namespace ferry::update

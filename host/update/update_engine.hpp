@@ -52,6 +52,7 @@
 #pragma once
 
 #include "store/weight_store.hpp"
+#include "update/block_plan.hpp"
 #include "update/bucket_source.hpp"
 #include "update/histogram.hpp"
 #include "update/plan_cache.hpp"
@@ -171,6 +172,10 @@ class UpdateEngine {
   // the next call for the same slot with more bytes, or the engine's destruction. Not for use
   // while an update applies from that slot.
   std::span<std::byte> host_staging(int slot, std::uint64_t bytes);
+
+  // What this rank's plan reads of each of `tensors` (a sharded update's global catalog: what
+  // this receiver needs of each, update::reads_of). Throws the plan's errors.
+  std::vector<TensorReads> reads(std::span<const ferry_tensor_desc_t> tensors);
 
   // ---- direct delivery (docs/architecture.md, "Two ways to deliver"): a peer writes parameters in place.
   // Where a checkpoint tensor lands when its plan is one whole, contiguous copy (no cast, no

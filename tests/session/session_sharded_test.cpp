@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "config/config.hpp"
@@ -156,6 +157,24 @@ std::string all_output(const std::vector<ChildResult>& results) {
   return out;
 }
 
+// A rank's report for receiver `to` (`ferry push`'s line "receiver TO: sharded update of ...,
+// M moved, N needed"): (M, N); (0, 0) when it has none.
+std::pair<std::uint64_t, std::uint64_t> moved_and_needed(const std::string& output,
+                                                         const std::string& to) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find("receiver " + to + ": sharded update") == std::string::npos) continue;
+    const auto moved_at = line.rfind(" moved, ");
+    const auto start = line.rfind(' ', moved_at - 1);
+    const auto needed_at = line.find(" needed", moved_at);
+    if (moved_at == std::string::npos || start == std::string::npos) break;
+    return {std::stoull(line.substr(start + 1, moved_at - start - 1)),
+            std::stoull(line.substr(moved_at + 8, needed_at - moved_at - 8))};
+  }
+  return {0, 0};
+}
+
 TEST_F(SessionSharded, DimZeroSplitOverTwoPushProcessesIsBitIdenticalToTheUnshardedPush) {
   const auto reference = unsharded_v2();
   ServeProcess serve(receiver_options(versions_->v1_path()));
@@ -188,6 +207,24 @@ TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelRec
   EXPECT_EQ(version_of(b), 2);
   EXPECT_EQ(a.fingerprints(), expected_fingerprints(versions_->v2, 0, 2));
   EXPECT_EQ(b.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
+  // Each receiver got only the rows its plan reads: less than the checkpoint, at least what its
+  // parameters hold (whole rows of the row-parallel weights, whose columns it splits), and each
+  // needed byte is one of its parameters' bytes.
+  const std::uint64_t total = versions_->v2.total_bytes();
+  std::uint64_t both = 0;
+  for (unsigned tp = 0; tp < 2; ++tp) {
+    const std::string to = address_of(tp == 0 ? a : b);
+    std::uint64_t params = 0;
+    for (const auto& [name, bytes] : dense_expected_params(versions_->v2, "engine", tp, 2)) {
+      params += bytes.size();
+    }
+    const auto [moved, needed] = moved_and_needed(results[0].output, to);
+    EXPECT_EQ(needed, params) << results[0].output;
+    EXPECT_GE(moved, needed) << results[0].output;
+    EXPECT_LT(moved, total) << results[0].output;
+    both += moved;
+  }
+  EXPECT_LT(both, 2 * total);
 }
 
 TEST_F(SessionSharded, DimZeroSplitOverUcx) {

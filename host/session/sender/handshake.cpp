@@ -85,6 +85,7 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
     auto shard = hello.initShard();
     shard.setRank(state.shard.rank);
     shard.setWorld(state.shard.world);
+    shard.setSendsNeeds(true);
     auto holdings = shard.initHoldings(static_cast<unsigned>(declared.size()));
     for (unsigned i = 0; i < declared.size(); ++i) {
       const TensorView& t = declared[i];
@@ -148,9 +149,11 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   }
   state.track(data.get(), true);
   // Direct delivery through a transport whose copies fingerprint what they write needs no
-  // separate pass over the tensors; anything else needs the plan's fingerprints.
-  if (!data || !data->fingerprints_pieces() || !plan.cuda_tensors ||
-      config.update.delivery == config::Delivery::staged) {
+  // separate pass over the tensors; anything else needs the plan's fingerprints. A rank of a
+  // sharded trainer learns from the Welcome whether it sends its blocks whole (this plan) or
+  // only what the receiver needs (a plan of the session's own).
+  if (!state.sharded() && (!data || !data->fingerprints_pieces() || !plan.cuda_tensors ||
+                           config.update.delivery == config::Delivery::staged)) {
     plan.seal();
   }
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
@@ -171,6 +174,9 @@ void open_session(SenderState& state, Link& link, std::size_t index,
          "handshake as for one sender",
          address, state.shard.rank, state.shard.world);
   }
+  if (state.sharded()) link.read_needs(w.getNeeds(), state.declared, ch.peer());
+  const std::size_t sent_count =
+      link.trims ? link.sent_views(state.declared).size() : tensors.size();
   const std::string chosen = text(w.getTransport());
   if (chosen == "inline") {
     if (data) {
@@ -186,10 +192,10 @@ void open_session(SenderState& state, Link& link, std::size_t index,
     const auto connect_start = Clock::now();
     connect_path(w, *data, plan, ch.peer(), deadline_in(options.connect_timeout));
     connect_s = seconds_since(connect_start);
-    direct = choose_direct(config, w, *data, plan, tensors.size(), ch.peer(), link.destinations);
+    direct = choose_direct(config, w, *data, plan, sent_count, ch.peer(), link.destinations);
   }
   writer_prints = direct && data->fingerprints_pieces();
-  if (!writer_prints) plan.seal();
+  if (!writer_prints && !link.trims) plan.seal();
   link.keep = w.getKeepSession();
   link.prints_at_commit = w.getFingerprintsAtCommit();
   if (!direct && config.update.delivery == config::Delivery::direct) {

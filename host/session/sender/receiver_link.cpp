@@ -2,11 +2,14 @@
 // session/sender/receiver_link.hpp).
 #include "session/sender/receiver_link.hpp"
 
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <system_error>
 
 #include "common/log.hpp"
@@ -65,6 +68,60 @@ bool Link::same_shard(const ShardSpec& shard, std::span<const TensorView> declar
     if (!(held_of(declared[i]) == held_[i])) return false;
   }
   return true;
+}
+
+void Link::read_needs(capnp::List<wire::Need>::Reader given,
+                      std::span<const TensorView> declared, const std::string& peer) {
+  needs.clear();
+  trims = false;
+  if (given.size() == 0) return;
+  if (given.size() != declared.size()) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: {} needs for {} blocks", peer, given.size(),
+         declared.size());
+  }
+  needs.reserve(declared.size());
+  for (unsigned i = 0; i < given.size(); ++i) {
+    const TensorView& t = declared[i];
+    const std::uint64_t first = given[i].getFirstRow();
+    const std::uint64_t rows = given[i].getRows();
+    const std::uint64_t at = t.shape.empty() || t.offsets.empty() ? 0 : t.offsets[0];
+    const std::uint64_t extent = t.shape.empty() ? 1 : t.shape[0];
+    if (!t.replica && (first < at || rows > extent || first - at > extent - rows)) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: welcome: tensor '{}': rows [{}, {}) needed of a block of rows [{}, {})", peer,
+           t.name, first, first + rows, at, at + extent);
+    }
+    needs.emplace_back(first, rows);
+    trims = trims || (!t.replica && (first != at || rows != extent));
+  }
+}
+
+std::vector<TensorView> Link::sent_views(std::span<const TensorView> declared) const {
+  std::vector<TensorView> out;
+  out.reserve(declared.size());
+  for (std::size_t i = 0; i < declared.size(); ++i) {
+    const TensorView& t = declared[i];
+    if (t.replica) continue;
+    const auto [first, rows] = i < needs.size() ? needs[i] : std::pair<std::uint64_t,
+                                                                       std::uint64_t>{0, 1};
+    if (i >= needs.size() || t.shape.empty()) {
+      if (i >= needs.size() || rows > 0) out.push_back(t);
+      continue;
+    }
+    if (rows == 0) continue;
+    // A block is row-major: its rows [first - at, first - at + rows) are contiguous.
+    std::uint64_t row_bytes = dtype_size(t.dtype);
+    for (std::size_t d = 1; d < t.shape.size(); ++d) row_bytes *= t.shape[d];
+    const std::uint64_t at = t.offsets.empty() ? 0 : t.offsets[0];
+    TensorView v = t;
+    v.data = static_cast<const std::byte*>(t.data) + (first - at) * row_bytes;
+    v.shape[0] = rows;
+    if (v.global_shape.empty()) v.global_shape = t.shape;
+    if (v.offsets.empty()) v.offsets.assign(t.shape.size(), 0);
+    v.offsets[0] = first;
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 bool Link::start_watching(const std::string& peer) {

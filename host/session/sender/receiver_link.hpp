@@ -41,6 +41,12 @@ struct Link {
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
+  // A rank's session whose receiver needs only part of its blocks (Welcome.needs): per declared
+  // holding (replicas included, ignored), the dim-0 rows it sends, [first, first + rows).
+  // `trims`: some sent block is not sent whole; each push then sends sent_views() under a plan
+  // of this session's own.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> needs;
+  bool trims = false;
   // Set by the watcher, read after stop_watching(): the session is gone, and why.
   bool closed = false;
   std::string closed_why;
@@ -62,6 +68,14 @@ struct Link {
   // (the receiver joins its next update with the Hello's holdings). World 0: not sharded.
   void remember_shard(const ShardSpec& shard, std::span<const TensorView> declared);
   bool same_shard(const ShardSpec& shard, std::span<const TensorView> declared) const;
+  // Reads a Welcome's needs of the blocks `declared` (this push's, replicas included): each
+  // within its block (CORRUPT_DATA naming `peer` and the tensor otherwise). Sets `needs` and
+  // `trims`; none given: every block whole.
+  void read_needs(capnp::List<wire::Need>::Reader given, std::span<const TensorView> declared,
+                  const std::string& peer);
+  // The views this session sends (`trims`): of each sent block of `declared`, the rows the
+  // receiver needs as a block of its own, in order; blocks of no rows left out.
+  std::vector<TensorView> sent_views(std::span<const TensorView> declared) const;
   // The bucket capacity of the handshake (the receiver's slots).
   std::uint64_t capacity() const { return capacity_; }
 

@@ -161,7 +161,7 @@ struct Sender::Impl : SenderState {
             track(true);
           }
           update_start = Clock::now();
-          run_update(*this, *link, index, tensors, plan, version, label, result, began);
+          update(*link, index, tensors, plan, version, label, result, began);
           update_end = Clock::now();
           done = true;
         } catch (const Error& e) {
@@ -187,7 +187,7 @@ struct Sender::Impl : SenderState {
         track(true);  // the data path, created by open_session
         bool began = false;
         update_start = Clock::now();
-        run_update(*this, *link, index, tensors, plan, version, label, result, began);
+        update(*link, index, tensors, plan, version, label, result, began);
         update_end = Clock::now();
       }
       result.committed = true;
@@ -251,6 +251,22 @@ struct Sender::Impl : SenderState {
                               ms(update_end, Clock::now()));
     }
     set_result(index, result);
+  }
+
+  // One update over `link` (run_update): the push's plan, or, for a rank whose receiver needs
+  // only part of its blocks (Link::trims), those parts under a plan of their own.
+  void update(Link& link, std::size_t index, std::span<const TensorView> tensors,
+              const PushPlan& plan, std::uint64_t version, const std::string& label,
+              ReceiverResult& result, bool& began) {
+    if (!link.trims) {
+      run_update(*this, link, index, tensors, plan, version, label, result, began);
+      return;
+    }
+    const std::vector<TensorView> views = link.sent_views(declared);
+    PushPlan own = plan_buckets(views, check_tensors(views, true), options.bucket_bytes);
+    own.device = plan.device;
+    PlanSealing sealing(own, views, version, label, options.threads);
+    run_update(*this, link, index, views, own, version, label, result, began);
   }
 
   // Destroys a session that is not kept (unregistrations, disconnect, unmapping the receiver's
@@ -365,8 +381,9 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   // thread joined before `plan` goes.
   PlanSealing sealing(plan, tensors, version, version_label, i.options.threads);
   // CUDA tensors may go where the copies fingerprint what they write (the sessions decide);
-  // anything else needs the plan's fingerprints, computed from now on.
-  if (!plan.cuda_tensors) plan.seal();
+  // anything else needs the plan's fingerprints, computed from now on (a sharded rank's
+  // sessions decide too: each may send only part of the blocks, under a plan of its own).
+  if (!plan.cuda_tensors && !i.sharded()) plan.seal();
 
   const double prepare_s = seconds_since(start);
   // Progress: begin now, end however push() leaves from here on.
