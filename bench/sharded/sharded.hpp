@@ -3,7 +3,8 @@
 // process: S sender processes (S = 1, 2, 4 ...), each holding a dim-0 shard of every tensor of a
 // Qwen3-shaped model, push one version together into R `ferry serve` receivers, then one sender
 // holding the whole model pushes the same values; every sharded version is checked equal to that
-// push on every receiver, and bytes moved against bytes needed. On a GPU (cuda:0, cuda_ipc) the
+// push on every receiver, and bytes moved against bytes needed (with --tp the receivers are one
+// engine's tensor-parallel ranks, each taking only what its plan reads). On a GPU (cuda:0, cuda_ipc) the
 // times are also a ratio of the device copy of the bytes written; with --device cpu it runs over
 // a host transport (UCX when built). Prints a table, writes JSON records (bench/README.md); exits
 // 0 when verified (or when the script reports torch, CUDA or ferry unavailable), 1 on a wrong
@@ -21,6 +22,7 @@ namespace ferry::bench {
 struct ShardedBenchOptions : ScriptBenchOptions {
   std::string senders = "1,2,4";   // sender counts, one row each
   int receivers = 2;               // ferry serve receivers
+  bool tp = false;                 // they are one engine's tensor-parallel ranks (dense layout)
   int layers = 36;                 // decoder layers (36: Qwen3-8B, 16.38 GB of bf16)
   int rounds = 3;                  // pushes per sender count (medians)
   std::string transport = "auto";  // the senders' transport

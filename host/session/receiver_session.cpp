@@ -314,8 +314,14 @@ class Session final : public update::BucketSource, public ShardMember {
       auto needs = welcome.initNeeds(static_cast<unsigned>(pieces_.size()));
       for (unsigned i = 0; i < pieces_.size(); ++i) {
         const Holding& p = pieces_[i];
-        needs[i].setFirstRow(p.offsets.empty() ? 0 : p.offsets[0]);
-        needs[i].setRows(!p.sent ? 0 : p.extents.empty() ? 1 : p.extents[0]);
+        const auto dims = static_cast<unsigned>(p.extents.size());
+        auto offsets = needs[i].initOffsets(dims);
+        auto extents = needs[i].initExtents(dims);
+        for (unsigned d = 0; d < dims; ++d) {
+          offsets.set(d, p.offsets[d]);
+          extents.set(d, p.extents[d]);
+        }
+        needs[i].setNone(!p.sent);
       }
     }
     describe_data_path(welcome);

@@ -62,12 +62,14 @@ struct ShardHello {
   sendsNeeds @3 :Bool;
 }
 
-# What a receiver needs of one block (Welcome.needs): its dim-0 rows [firstRow, firstRow + rows),
-# in global coordinates, every other dimension whole; rows = 0: none of it. A block of a tensor
-# of no dims has one row.
+# What a receiver needs of one block (Welcome.needs): the piece of the block its plan reads, a
+# block of its own in global coordinates, within the block. Only dim 0 and, for 2-D tensors,
+# dim 1 are ever narrowed: the rows it reads and, where it reads every row at the same columns
+# (a tensor-parallel rank's column split), those columns.
 struct Need {
-  firstRow @0 :UInt64;
-  rows @1 :UInt64;
+  offsets @0 :List(UInt64);
+  extents @1 :List(UInt64);
+  none @2 :Bool;  # it needs none of the block (offsets and extents are then the block's)
 }
 
 # Direct delivery: where one Hello tensor goes, as a byte offset into a shared region.
@@ -106,8 +108,8 @@ struct Welcome {
   # their holdings tile every tensor). Sent once all ranks' Hellos arrived.
   sharded @14 :Bool;
   # Hello.shard.sendsNeeds: what the receiver needs of each holding, one per Hello.shard.holdings
-  # in order (replicas included, and ignored): the rows its plan reads. The sender sends exactly
-  # these pieces, as blocks of their own, in holding order, pieces of no rows left out.
+  # in order (replicas included, and ignored): the piece its plan reads. The sender sends exactly
+  # these pieces, as blocks of their own, in holding order, empty pieces left out.
   needs @15 :List(Need);
 }
 

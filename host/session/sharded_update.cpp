@@ -123,15 +123,21 @@ Holding ShardedUpdate::needed_piece(const Holding& block) const {
     piece.sent = block.sent && r.end_row > r.first_row;
     return piece;
   }
-  const std::uint64_t first = std::max(block.offsets[0], r.first_row);
-  const std::uint64_t end = std::min(block.offsets[0] + block.extents[0], r.end_row);
-  if (end <= first) {
-    piece.extents[0] = 0;
-    piece.sent = false;
-    return piece;
+  // The block's rows the plan reads and, for a 2-D tensor, its columns.
+  const std::uint64_t lo[2] = {r.first_row, r.first_col};
+  const std::uint64_t hi[2] = {r.end_row, r.end_col};
+  for (std::size_t d = 0; d < 2 && d < block.extents.size(); ++d) {
+    if (d == 1 && block.extents.size() != 2) break;
+    const std::uint64_t first = std::max(block.offsets[d], lo[d]);
+    const std::uint64_t end = std::min(block.offsets[d] + block.extents[d], hi[d]);
+    if (end <= first) {
+      piece = block;
+      piece.sent = false;
+      return piece;
+    }
+    piece.offsets[d] = first;
+    piece.extents[d] = end - first;
   }
-  piece.offsets[0] = first;
-  piece.extents[0] = end - first;
   return piece;
 }
 

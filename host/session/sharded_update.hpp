@@ -122,7 +122,8 @@ class ShardedUpdate final : public update::BucketSource {
   std::optional<update::UpdateEngine::DirectDestination> whole_destination(
       const std::string& name) const;
   // Needs-based delivery (after wait_welcomed(); docs/sharded.md): the part of a rank's sent
-  // `block` this receiver needs, the block's rows that its plan reads. `block` itself when the
+  // `block` this receiver needs: the block's rows that its plan reads and, for a 2-D tensor, the
+  // columns it reads of every row (update::TensorReads). `block` itself when the
   // needs are not known (the plan failed; the update will say why); `sent` false when none of
   // it is needed.
   Holding needed_piece(const Holding& block) const;

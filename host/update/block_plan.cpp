@@ -195,14 +195,25 @@ std::vector<TensorReads> reads_of(std::span<const ferry_plan_op_t> ops,
     }
     const std::uint64_t first = op.src_offset / inner;
     const std::uint64_t last = (end + inner - 1) / inner;
+    // Columns (2-D): the op reads columns [col, col + cols) of each of its rows when those lie
+    // in one row and its rows are consecutive; else every column.
+    const std::uint64_t col = op.src_offset % inner;
+    const bool columns = t.ndim == 2 && col + op.cols <= inner &&
+                         (op.rows == 1 || op.src_row_stride == inner);
+    const std::uint64_t first_col = columns ? col : 0;
+    const std::uint64_t end_col = columns ? col + op.cols : inner;
     TensorReads& r = out[op.src_tensor];
     if (!read[op.src_tensor]) {
       r.first_row = first;
       r.end_row = last;
+      r.first_col = first_col;
+      r.end_col = end_col;
       read[op.src_tensor] = true;
     } else {
       r.first_row = std::min(r.first_row, first);
       r.end_row = std::max(r.end_row, last);
+      r.first_col = std::min(r.first_col, first_col);
+      r.end_col = std::max(r.end_col, end_col);
     }
     r.elements = std::min(count, r.elements + op.rows * op.cols);
   }

@@ -34,6 +34,10 @@ struct TensorReads {
   // tensor (this rank does not need it). A tensor of no dims has one row.
   std::uint64_t first_row = 0;
   std::uint64_t end_row = 0;
+  // A 2-D tensor whose operations read every row at the same columns: those, [first_col,
+  // end_col) (the columns a tensor-parallel rank splits); every column otherwise.
+  std::uint64_t first_col = 0;
+  std::uint64_t end_col = 0;
   // The elements read (each operation's rows x cols, at most the tensor's element count).
   std::uint64_t elements = 0;
 };

@@ -2,7 +2,8 @@
 // (update/block_plan.hpp): the blocks of a tiling, each applied from its own bytes, write exactly
 // what the whole plan writes from the whole tensor (for a whole copy, a column slice into a fused
 // parameter and a 3-D tensor); a dim-0 block of a whole copy stays one operation, a column
-// block one strided operation; a partial FP8 tile is refused.
+// block one strided operation; a partial FP8 tile is refused. What a plan reads of each tensor
+// (reads_of): its rows, the columns of a column split, nothing of a tensor it does not read.
 #include <gtest/gtest.h>
 
 #include <ferry/sdk/error.hpp>
@@ -139,6 +140,65 @@ TEST(BlockPlan, APartialFp8TileIsRefusedNamingTheTensor) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), FERRY_STATUS_UNIMPLEMENTED);
     EXPECT_NE(std::string(e.what()).find("'model.w'"), std::string::npos) << e.what();
+  }
+}
+
+ferry_tensor_desc_t desc(const char* name, std::vector<std::uint64_t> shape) {
+  ferry_tensor_desc_t d{};
+  d.struct_size = sizeof d;
+  d.name = name;
+  d.dtype = FERRY_DTYPE_I32;
+  d.ndim = static_cast<std::uint32_t>(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) d.shape[k] = shape[k];
+  return d;
+}
+
+TEST(ReadsOf, RowsOfARowSplitColumnsOfAColumnSplitAndNothingOfAnUnreadTensor) {
+  const std::vector<ferry_tensor_desc_t> tensors = {
+      desc("rows", {8, 6}), desc("cols", {8, 6}), desc("unread", {4, 4}), desc("bias", {8}),
+      desc("cube", {4, 3, 2})};
+  auto a = op(2 * 6, 6, 0, 6, 3, 6);  // rows 2..4 of "rows", whole
+  a.src_tensor = 0;
+  auto b = op(1, 6, 0, 2, 8, 2);  // columns 1..2 of every row of "cols"
+  b.src_tensor = 1;
+  auto c = op(4, 6, 16, 2, 8, 2);  // and columns 4..5: the union is columns 1..5
+  c.src_tensor = 1;
+  auto d = op(3, 0, 0, 0, 1, 4);  // elements 3..6 of a 1-D tensor
+  d.src_tensor = 3;
+  auto e = op(6 + 1, 6, 0, 1, 2, 1);  // one column of a 3-D tensor: whole rows, every column
+  e.src_tensor = 4;
+  const auto r = reads_of(std::vector<ferry_plan_op_t>{a, b, c, d, e}, tensors);
+  ASSERT_EQ(r.size(), 5u);
+  EXPECT_EQ(r[0].first_row, 2u);
+  EXPECT_EQ(r[0].end_row, 5u);
+  EXPECT_EQ(r[0].first_col, 0u);
+  EXPECT_EQ(r[0].end_col, 6u);
+  EXPECT_EQ(r[0].elements, 18u);
+  EXPECT_EQ(r[1].first_row, 0u);
+  EXPECT_EQ(r[1].end_row, 8u);
+  EXPECT_EQ(r[1].first_col, 1u);
+  EXPECT_EQ(r[1].end_col, 6u);
+  EXPECT_EQ(r[1].elements, 32u);
+  EXPECT_EQ(r[2].end_row, r[2].first_row);  // nothing read
+  EXPECT_EQ(r[2].elements, 0u);
+  EXPECT_EQ(r[3].first_row, 3u);
+  EXPECT_EQ(r[3].end_row, 7u);
+  EXPECT_EQ(r[4].first_row, 1u);
+  EXPECT_EQ(r[4].end_row, 3u);
+  EXPECT_EQ(r[4].first_col, 0u);
+  EXPECT_EQ(r[4].end_col, 6u);
+}
+
+TEST(ReadsOf, AnOperationReadingPastTheTensorIsRefusedNamingIt) {
+  const std::vector<ferry_tensor_desc_t> tensors = {desc("short", {2, 3})};
+  auto a = op(3, 3, 0, 3, 2, 3);  // rows 1..2 of a 2-row tensor
+  a.src_tensor = 0;
+  try {
+    reads_of(std::vector<ferry_plan_op_t>{a}, tensors);
+    FAIL() << "expected a refusal";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), FERRY_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(err.what()).find("'short'"), std::string::npos) << err.what();
   }
 }
 

@@ -176,7 +176,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   }
   if (state.sharded()) link.read_needs(w.getNeeds(), state.declared, ch.peer());
   const std::size_t sent_count =
-      link.trims ? link.sent_views(state.declared).size() : tensors.size();
+      link.trims ? link.sent_count(state.declared) : tensors.size();
   const std::string chosen = text(w.getTransport());
   if (chosen == "inline") {
     if (data) {

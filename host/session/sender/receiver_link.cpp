@@ -82,45 +82,111 @@ void Link::read_needs(capnp::List<wire::Need>::Reader given,
   needs.reserve(declared.size());
   for (unsigned i = 0; i < given.size(); ++i) {
     const TensorView& t = declared[i];
-    const std::uint64_t first = given[i].getFirstRow();
-    const std::uint64_t rows = given[i].getRows();
-    const std::uint64_t at = t.shape.empty() || t.offsets.empty() ? 0 : t.offsets[0];
-    const std::uint64_t extent = t.shape.empty() ? 1 : t.shape[0];
-    if (!t.replica && (first < at || rows > extent || first - at > extent - rows)) {
-      fail(FERRY_STATUS_CORRUPT_DATA,
-           "{}: welcome: tensor '{}': rows [{}, {}) needed of a block of rows [{}, {})", peer,
-           t.name, first, first + rows, at, at + extent);
+    Piece p;
+    p.none = given[i].getNone();
+    for (auto v : given[i].getOffsets()) p.offsets.push_back(v);
+    for (auto v : given[i].getExtents()) p.extents.push_back(v);
+    bool whole = true;
+    if (!t.replica && !p.none) {
+      std::string bad;
+      if (p.offsets.size() != t.shape.size() || p.extents.size() != t.shape.size()) {
+        bad = fmt::format("{} dims for a block of {}", p.extents.size(), t.shape.size());
+      }
+      for (std::size_t d = 0; bad.empty() && d < t.shape.size(); ++d) {
+        const std::uint64_t at = t.offsets.empty() ? 0 : t.offsets[d];
+        const std::uint64_t first = p.offsets[d], n = p.extents[d];
+        if (first < at || n == 0 || n > t.shape[d] || first - at > t.shape[d] - n) {
+          bad = fmt::format("dim {}: [{}, {}) of the block's [{}, {})", d, first, first + n, at,
+                            at + t.shape[d]);
+        } else if ((first != at || n != t.shape[d]) && (d > 1 || (d == 1 && t.shape.size() != 2))) {
+          bad = fmt::format("narrowed on dim {} of {}", d, t.shape.size());
+        }
+        whole = whole && first == at && n == t.shape[d];
+      }
+      if (!bad.empty()) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: tensor '{}': a need of {}", peer, t.name,
+             bad);
+      }
     }
-    needs.emplace_back(first, rows);
-    trims = trims || (!t.replica && (first != at || rows != extent));
+    trims = trims || (!t.replica && (p.none || !whole));
+    needs.push_back(std::move(p));
   }
 }
 
-std::vector<TensorView> Link::sent_views(std::span<const TensorView> declared) const {
+std::size_t Link::sent_count(std::span<const TensorView> declared) const {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < declared.size(); ++i) {
+    if (!declared[i].replica && !(i < needs.size() && needs[i].none)) ++n;
+  }
+  return n;
+}
+
+std::vector<TensorView> Link::sent_views(std::span<const TensorView> declared) {
+  // Pieces narrowed on dim 1 are copied out, 256-byte aligned, host and device apart.
+  constexpr std::uint64_t kAlign = 256;
+  const auto narrowed = [&](std::size_t i) {
+    const TensorView& t = declared[i];
+    return i < needs.size() && !needs[i].none && t.shape.size() == 2 &&
+           needs[i].extents[1] != t.shape[1];
+  };
+  std::uint64_t host_bytes = 0, device_bytes = 0;
+  int device = -1;
+  for (std::size_t i = 0; i < declared.size(); ++i) {
+    if (declared[i].replica || !narrowed(i)) continue;
+    const TensorView& t = declared[i];
+    const std::uint64_t bytes =
+        (needs[i].extents[0] * needs[i].extents[1] * dtype_size(t.dtype) + kAlign - 1) / kAlign *
+        kAlign;
+    if (t.memory_kind == FERRY_MEMORY_CUDA) {
+      if (device >= 0 && t.device != device) {
+        fail(FERRY_STATUS_UNIMPLEMENTED,
+             "push: tensor '{}': a receiver needs columns of blocks on CUDA devices {} and {}; "
+             "one device per sender rank",
+             t.name, device, t.device);
+      }
+      device = t.device;
+      device_bytes += bytes;
+    } else {
+      host_bytes += bytes;
+    }
+  }
+  if (host_bytes + device_bytes > 0) gathered.reserve(host_bytes, device_bytes, device);
+  std::uint64_t host_at = 0, device_at = 0;
   std::vector<TensorView> out;
   out.reserve(declared.size());
   for (std::size_t i = 0; i < declared.size(); ++i) {
     const TensorView& t = declared[i];
     if (t.replica) continue;
-    const auto [first, rows] = i < needs.size() ? needs[i] : std::pair<std::uint64_t,
-                                                                       std::uint64_t>{0, 1};
     if (i >= needs.size() || t.shape.empty()) {
-      if (i >= needs.size() || rows > 0) out.push_back(t);
+      if (i >= needs.size() || !needs[i].none) out.push_back(t);
       continue;
     }
-    if (rows == 0) continue;
-    // A block is row-major: its rows [first - at, first - at + rows) are contiguous.
-    std::uint64_t row_bytes = dtype_size(t.dtype);
-    for (std::size_t d = 1; d < t.shape.size(); ++d) row_bytes *= t.shape[d];
-    const std::uint64_t at = t.offsets.empty() ? 0 : t.offsets[0];
+    const Piece& p = needs[i];
+    if (p.none) continue;
     TensorView v = t;
-    v.data = static_cast<const std::byte*>(t.data) + (first - at) * row_bytes;
-    v.shape[0] = rows;
     if (v.global_shape.empty()) v.global_shape = t.shape;
     if (v.offsets.empty()) v.offsets.assign(t.shape.size(), 0);
-    v.offsets[0] = first;
+    const std::uint64_t row0 = p.offsets[0] - v.offsets[0];
+    if (narrowed(i)) {
+      const std::uint64_t col0 = p.offsets[1] - v.offsets[1];
+      const bool cuda = t.memory_kind == FERRY_MEMORY_CUDA;
+      std::uint64_t& at = cuda ? device_at : host_at;
+      std::byte* dst = (cuda ? gathered.device() : gathered.host()) + at;
+      gathered.gather(dst, t, row0, p.extents[0], col0, p.extents[1]);
+      at += (p.extents[0] * p.extents[1] * dtype_size(t.dtype) + kAlign - 1) / kAlign * kAlign;
+      v.data = dst;
+      if (!cuda) v.memory_kind = FERRY_MEMORY_HOST;
+    } else {
+      // A block is row-major: its rows [row0, row0 + rows) are contiguous.
+      std::uint64_t row_bytes = dtype_size(t.dtype);
+      for (std::size_t d = 1; d < t.shape.size(); ++d) row_bytes *= t.shape[d];
+      v.data = static_cast<const std::byte*>(t.data) + row0 * row_bytes;
+    }
+    v.shape = p.extents;
+    v.offsets = p.offsets;
     out.push_back(std::move(v));
   }
+  gathered.wait();
   return out;
 }
 

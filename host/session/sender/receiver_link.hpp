@@ -26,6 +26,7 @@
 #include "session/data_path.hpp"
 #include "session/sender/push_plan.hpp"
 #include "session/sender/sender.hpp"
+#include "session/sender/tensor_reads.hpp"
 
 namespace ferry::session {
 
@@ -42,11 +43,18 @@ struct Link {
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
   // A rank's session whose receiver needs only part of its blocks (Welcome.needs): per declared
-  // holding (replicas included, ignored), the dim-0 rows it sends, [first, first + rows).
-  // `trims`: some sent block is not sent whole; each push then sends sent_views() under a plan
-  // of this session's own.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> needs;
+  // holding (replicas included, ignored), the piece it sends (global offsets and extents;
+  // `none`: nothing). `trims`: some sent block is not sent whole; each push then sends
+  // sent_views() under a plan of this session's own.
+  struct Piece {
+    std::vector<std::uint64_t> offsets;
+    std::vector<std::uint64_t> extents;
+    bool none = false;
+  };
+  std::vector<Piece> needs;
   bool trims = false;
+  // The column pieces' contiguous copies (sent_views()), kept for the next push.
+  GatherMemory gathered;
   // Set by the watcher, read after stop_watching(): the session is gone, and why.
   bool closed = false;
   std::string closed_why;
@@ -69,13 +77,17 @@ struct Link {
   void remember_shard(const ShardSpec& shard, std::span<const TensorView> declared);
   bool same_shard(const ShardSpec& shard, std::span<const TensorView> declared) const;
   // Reads a Welcome's needs of the blocks `declared` (this push's, replicas included): each
-  // within its block (CORRUPT_DATA naming `peer` and the tensor otherwise). Sets `needs` and
-  // `trims`; none given: every block whole.
+  // within its block, narrowed on dim 0 and, for a 2-D block, dim 1 only (CORRUPT_DATA naming
+  // `peer` and the tensor otherwise). Sets `needs` and `trims`; none given: every block whole.
   void read_needs(capnp::List<wire::Need>::Reader given, std::span<const TensorView> declared,
                   const std::string& peer);
-  // The views this session sends (`trims`): of each sent block of `declared`, the rows the
-  // receiver needs as a block of its own, in order; blocks of no rows left out.
-  std::vector<TensorView> sent_views(std::span<const TensorView> declared) const;
+  // How many views sent_views() gives.
+  std::size_t sent_count(std::span<const TensorView> declared) const;
+  // The views this session sends (`trims`), after the producers' work is done: of each sent
+  // block of `declared`, the piece the receiver needs as a block of its own, in order, empty
+  // pieces left out. A piece of rows views the block's memory; a piece of columns is a
+  // contiguous copy in `gathered`.
+  std::vector<TensorView> sent_views(std::span<const TensorView> declared);
   // The bucket capacity of the handshake (the receiver's slots).
   std::uint64_t capacity() const { return capacity_; }
 
