@@ -17,6 +17,7 @@
 #include "config/config.hpp"
 #include "registry/registry.hpp"
 #include "session_fixture.hpp"
+#include "../moe/moe_checkpoint.hpp"
 
 namespace ferry::test {
 namespace {
@@ -121,7 +122,11 @@ session::TensorView whole(const Tensor& t, bool replica = false) {
 session::SenderOptions rank_options(const std::string& to, std::uint32_t r,
                                     std::uint32_t world = 2) {
   session::SenderOptions o;
-  o.receivers = {to};
+  for (std::size_t at = 0; at <= to.size();) {  // "A,B": several receivers
+    const auto comma = std::min(to.find(',', at), to.size());
+    o.receivers.push_back(to.substr(at, comma - at));
+    at = comma + 1;
+  }
   o.transport = "inline";
   o.bucket_bytes = 512;
   o.bucket_timeout = std::chrono::milliseconds(5000);
@@ -426,6 +431,96 @@ TEST_F(SessionSharded, ColumnBlocksAndReplicasFromInProcessSenders) {
   EXPECT_EQ(result.rank_bytes[1], rank1_bytes);  // replicas were not sent
   EXPECT_EQ(result.needed_bytes, versions_->v2.total_bytes());
   EXPECT_EQ(result.rank_bytes[0] + result.rank_bytes[1], result.needed_bytes);
+}
+
+// A Megatron-style trainer of tensor-parallel size 2 (column-parallel weights split by rows,
+// row-parallel ones by columns, norms replicated) into an engine of tensor-parallel size 2: each
+// receiver takes exactly its parameters' bytes, its own slices from its own rank and the
+// replicated norms from rank 0, nothing from the other rank.
+TEST_F(SessionSharded, MegatronSlicesIntoTwoTensorParallelReceiversMoveOnlyWhatEachNeeds) {
+  ServeProcess a(receiver_options(versions_->v1_path(), 0, 2));
+  ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
+  std::vector<Rank> ranks(2);
+  std::uint64_t replicated = 0;
+  for (const auto& t : versions_->v2.tensors) {
+    const int dim = dense_shard_dim(t.name);
+    for (unsigned r = 0; r < 2; ++r) {
+      if (dim < 0) {
+        ranks[r].views.push_back(whole(t, /*replica=*/r == 1));
+      } else {
+        const std::uint64_t n = t.shape[dim] / 2;
+        ranks[r].views.push_back(dim == 0 ? rows_of(t, r * n, (r + 1) * n)
+                                          : cols_of(ranks[r], t, r * n, (r + 1) * n));
+      }
+    }
+    if (dim < 0) replicated += t.bytes.size();
+  }
+  push_in_process(ranks, address_of(a) + "," + address_of(b));
+  for (const auto& r : ranks) {
+    for (const auto& result : r.report.receivers) ASSERT_TRUE(result.committed) << result.error;
+  }
+  EXPECT_EQ(a.fingerprints(), expected_fingerprints(versions_->v2, 0, 2));
+  EXPECT_EQ(b.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
+  for (unsigned tp = 0; tp < 2; ++tp) {
+    std::uint64_t params = 0;
+    for (const auto& [name, bytes] : dense_expected_params(versions_->v2, "engine", tp, 2)) {
+      params += bytes.size();
+    }
+    const auto& result = ranks[0].report.receivers[tp];
+    ASSERT_EQ(result.rank_bytes.size(), 2u);
+    EXPECT_EQ(result.needed_bytes, params);
+    EXPECT_EQ(result.rank_bytes[0] + result.rank_bytes[1], params);
+    // The other rank's slices are none of this receiver's: only the norms cross over.
+    EXPECT_EQ(result.rank_bytes[1 - tp], tp == 0 ? 0u : replicated);
+  }
+}
+
+// Experts spread over two ranks (expert e on rank e % 2; everything else sent by rank 0, a
+// replica on rank 1) into an engine of expert-parallel size 2: each receiver equals a disk load
+// of the checkpoint with its ep_rank and takes only its own experts (and the rest), once.
+TEST_F(SessionSharded, ExpertsSpreadOverRanksIntoTwoExpertParallelReceivers) {
+  moe_test::MoeShape shape;
+  const auto v1 = moe_test::make_moe_checkpoint(shape, 5);
+  const auto v2 = moe_test::make_moe_checkpoint(shape, 6);
+  TempDir dir;
+  moe_test::write_moe_checkpoint(dir.path() / "v1", shape, v1);
+  moe_test::write_moe_checkpoint(dir.path() / "v2", shape, v2);
+  const auto moe_options = [&](const std::string& version, unsigned ep_rank) {
+    ServeOptions o = receiver_options((dir.path() / version).string());
+    o.model_family = "moe";
+    o.sets = {"receiver.ep_size=2", fmt::format("receiver.ep_rank={}", ep_rank)};
+    return o;
+  };
+  ServeProcess a(moe_options("v1", 0));
+  ServeProcess b(moe_options("v1", 1));
+  std::vector<Rank> ranks(2);
+  std::uint64_t total = 0;
+  for (const auto& [name, t] : v2) {
+    const auto expert = name.find(".experts.");
+    const unsigned holder =
+        expert == std::string::npos ? 0 : std::stoul(name.substr(expert + 9)) % 2;
+    for (unsigned r = 0; r < 2; ++r) {
+      if (expert != std::string::npos && r != holder) continue;
+      session::TensorView v{t.name, FERRY_DTYPE_BF16, t.shape, t.bf16.data(), FERRY_MEMORY_HOST,
+                            0};
+      v.global_shape = t.shape;
+      v.replica = r != holder;
+      ranks[r].views.push_back(v);
+    }
+    total += t.bf16.size() * 2;
+  }
+  push_in_process(ranks, address_of(a) + "," + address_of(b));
+  for (const auto& r : ranks) {
+    for (const auto& result : r.report.receivers) ASSERT_TRUE(result.committed) << result.error;
+  }
+  for (unsigned ep = 0; ep < 2; ++ep) {
+    ServeProcess reference(moe_options("v2", ep));
+    EXPECT_EQ((ep == 0 ? a : b).fingerprints(), reference.fingerprints()) << "ep_rank " << ep;
+    const auto& result = ranks[0].report.receivers[ep];
+    ASSERT_EQ(result.rank_bytes.size(), 2u);
+    EXPECT_EQ(result.rank_bytes[0] + result.rank_bytes[1], result.needed_bytes);
+    EXPECT_LT(result.needed_bytes, total);  // the other receiver's experts are not moved here
+  }
 }
 
 TEST_F(SessionSharded, OverlappingBlocksAreRefusedNamingTheRanksAndTheTensor) {
