@@ -73,6 +73,9 @@ class SessionSharded : public ::testing::Test {
     EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
   }
 
+  // Four `ferry push --rank` processes into two tensor-parallel receivers (below).
+  static void four_ranks_into_two_tensor_parallel_receivers(const std::string& transport);
+
   static std::unique_ptr<TwoVersions> versions_;
 };
 std::unique_ptr<TwoVersions> SessionSharded::versions_;
@@ -203,10 +206,12 @@ TEST_F(SessionSharded, TensorSplitOverFourPushProcessesIsBitIdenticalToTheUnshar
   EXPECT_EQ(serve.fingerprints(), reference);
 }
 
-TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceivers) {
+// Four `ferry push --rank` processes (FSDP dim-0 shards) into two tensor-parallel receivers over
+// `transport`.
+void SessionSharded::four_ranks_into_two_tensor_parallel_receivers(const std::string& transport) {
   ServeProcess a(receiver_options(versions_->v1_path(), 0, 2));
   ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
-  const auto results = push_ranks(address_of(a) + "," + address_of(b), 4, "dim0");
+  const auto results = push_ranks(address_of(a) + "," + address_of(b), 4, "dim0", transport);
   for (const auto& r : results) ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
   EXPECT_EQ(version_of(a), 2);
   EXPECT_EQ(version_of(b), 2);
@@ -229,6 +234,15 @@ TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelRec
     both += moved;
   }
   EXPECT_LT(both, 2 * total);
+}
+
+TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceivers) {
+  four_ranks_into_two_tensor_parallel_receivers("inline");
+}
+
+TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceiversOverUcx) {
+  if (std::getenv("FERRY_TEST_HAVE_UCX") == nullptr) GTEST_SKIP() << "the ucx plugin is not built";
+  four_ranks_into_two_tensor_parallel_receivers("ucx");
 }
 
 TEST_F(SessionSharded, DimZeroSplitOverUcx) {
