@@ -153,6 +153,10 @@ class Receiver {
     // be written in place by the peer.
     std::vector<std::optional<update::UpdateEngine::DirectDestination>> direct_destinations(
         std::span<const ferry_tensor_desc_t> tensors);
+    // Direct delivery of blocks (update::UpdateEngine::block_destinations).
+    std::vector<std::optional<update::UpdateEngine::DirectDestination>> block_destinations(
+        std::span<const ferry_tensor_desc_t> catalog,
+        std::span<const update::UpdateEngine::BlockRef> blocks);
     // What this rank's plan reads of each of `tensors` (update::UpdateEngine::reads).
     std::vector<update::TensorReads> reads(std::span<const ferry_tensor_desc_t> tensors);
     // Runs update `version` (the published number on commit; label default: the number) from

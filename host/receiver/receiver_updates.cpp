@@ -246,6 +246,13 @@ Receiver::StreamingUpdate::direct_destinations(std::span<const ferry_tensor_desc
   return impl_->s.engine->direct_destinations(tensors);
 }
 
+std::vector<std::optional<update::UpdateEngine::DirectDestination>>
+Receiver::StreamingUpdate::block_destinations(
+    std::span<const ferry_tensor_desc_t> catalog,
+    std::span<const update::UpdateEngine::BlockRef> blocks) {
+  return impl_->s.engine->block_destinations(catalog, blocks);
+}
+
 std::vector<update::TensorReads> Receiver::StreamingUpdate::reads(
     std::span<const ferry_tensor_desc_t> tensors) {
   return impl_->s.engine->reads(tensors);

@@ -290,8 +290,8 @@ class Session final : public update::BucketSource, public ShardMember {
     delivery_ = text(hello.getDelivery());
     if (!hello.hasShard()) offer_direct(delivery_, descs);
     if (hello.hasShard()) {
-      join_shard();
-      offer_direct_blocks(delivery_);
+      join_shard(wants_direct_blocks());
+      offer_direct_blocks();
     }
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -487,54 +487,39 @@ class Session final : public update::BucketSource, public ShardMember {
   }
 
   // Direct delivery of a rank's blocks (a sharded update): offered when the data path puts into
-  // device memory and every block the rank sends (its holdings in Hello order, replicas left
-  // out: the sender's tensors) is a range of rows (all other dimensions whole) of a global
-  // tensor whose plan is one whole copy into a device parameter (ShardedUpdate::
-  // whole_destination): its bytes are contiguous there, at the whole tensor's destination plus
-  // the block's byte offset. Anything less: staged. Only when the sender asks for direct
-  // delivery (update.delivery = "direct"): "auto" stays staged for sharded ranks until this path
-  // is measured on a GPU (docs/sharded.md).
-  void offer_direct_blocks(const std::string& delivery) {
-    if (delivery != "direct" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
-        holdings_.empty()) {
-      return;
-    }
+  // device memory and every piece the rank sends (its holdings' pieces in Hello order, replicas
+  // and empty pieces left out: the sender's tensors) lands as one contiguous copy in a device
+  // parameter (ShardedUpdate::places: a range of rows of a whole copy, a tensor-parallel rank's
+  // rows or columns of a weight it keeps whole). Anything less: staged. Only when the sender
+  // asks for direct delivery (update.delivery = "direct"): "auto" stays staged for sharded ranks
+  // until this path is measured on a GPU (docs/sharded.md).
+  void offer_direct_blocks() {
+    if (!wants_direct_blocks() || holdings_.empty()) return;
+    const auto& places = sharded_->places(rank_);
     std::string why_not;
     std::vector<update::UpdateEngine::DirectDestination> dests;
-    for (const Holding& h : pieces_) {
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const Holding& h = pieces_[k];
       if (!h.sent) continue;
-      const auto whole = sharded_->whole_destination(h.tensor);
-      if (!whole) {
-        why_not = fmt::format("tensor '{}' needs its plan applied", h.tensor);
+      if (k >= places.size() || !places[k]) {
+        why_not = fmt::format("tensor '{}': the block {} is not one contiguous copy into a "
+                              "device parameter",
+                              h.tensor, block_text(h.offsets, h.extents));
         break;
       }
-      const std::size_t nd = h.global_shape.size();
-      std::uint64_t row_bytes = dtype_size(h.dtype);
-      for (std::size_t d = 1; d < nd; ++d) {
-        if (h.offsets[d] != 0 || h.extents[d] != h.global_shape[d]) {
-          why_not = fmt::format("tensor '{}': the block {} is not a range of rows", h.tensor,
-                                block_text(h.offsets, h.extents));
-        }
-        row_bytes *= h.global_shape[d];
-      }
-      if (!why_not.empty()) break;
-      const std::uint64_t offset = nd == 0 ? 0 : h.offsets[0] * row_bytes;
-      const std::uint64_t bytes = nd == 0 ? row_bytes : h.extents[0] * row_bytes;
-      if (offset + bytes > whole->bytes) {
-        why_not = fmt::format("tensor '{}': the block {} lies outside its parameter", h.tensor,
-                              block_text(h.offsets, h.extents));
-        break;
-      }
-      auto d = *whole;
-      d.data += offset;
-      d.bytes = bytes;
-      dests.push_back(d);
+      dests.push_back(*places[k]);
     }
     if (why_not.empty() && dests.empty()) why_not = "it sends no block";
     if (why_not.empty()) why_not = share_destinations(dests);
     if (why_not.empty()) return;
     logger("session")->info("session with {} (rank {}): staged delivery ({})", ch_.peer(), rank_,
                             why_not);
+  }
+
+  // Whether this rank's session offers direct delivery where it can (offer_direct_blocks()).
+  bool wants_direct_blocks() const {
+    return delivery_ == "direct" && data_->rma_native() &&
+           data_->slot_kind() == FERRY_MEMORY_CUDA;
   }
 
   // A kept session between updates: the sender's next Begin, or nullptr when the session ends
@@ -684,7 +669,7 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // Joins the update being assembled and waits until every rank joined and the layout was
   // checked (the Welcome follows).
-  void join_shard() {
+  void join_shard(bool wants_direct) {
     ShardJoin join;
     join.rank = rank_;
     join.world = world_;
@@ -692,17 +677,14 @@ class Session final : public update::BucketSource, public ShardMember {
     join.config_json = config_json_;
     join.peer = fmt::format("{} ({})", ch_.peer(), sender_);
     join.member = this;
+    join.sends_needs = sends_needs_;
+    join.wants_direct = wants_direct;
     sharded_ = settings_.sharded->join(std::move(join));
     sharded_->wait_welcomed();
     epoch_ = sharded_->memory_epoch();
     // A sender that sends only what this receiver needs (Hello.shard.sendsNeeds) sends, of each
-    // block, the rows the plan reads (Welcome.needs); the others send their blocks whole.
-    pieces_ = holdings_;
-    if (sends_needs_) {
-      for (Holding& h : pieces_) {
-        if (h.sent) h = sharded_->needed_piece(h);
-      }
-    }
+    // block, the piece the plan reads (Welcome.needs); the others send their blocks whole.
+    pieces_ = sharded_->pieces(rank_);
     declared_ = DeclaredBlocks(rank_, pieces_);
   }
 
@@ -714,7 +696,7 @@ class Session final : public update::BucketSource, public ShardMember {
     sharded_.reset();
     const auto epoch = epoch_;
     const auto pieces = pieces_;
-    join_shard();
+    join_shard(false);  // the destinations shared in the handshake stay
     if (sharded_->memory_epoch() != epoch) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "{}: begin: the receiver's memory was released or resumed since this session's "

@@ -105,18 +105,21 @@ void ShardedUpdate::wait_welcomed() {
   if (phase_ == Phase::failed) throw_failure_locked();
 }
 
-std::optional<update::UpdateEngine::DirectDestination> ShardedUpdate::whole_destination(
-    const std::string& name) const {
+const std::vector<Holding>& ShardedUpdate::pieces(std::uint32_t rank) const {
   std::lock_guard lock(mutex_);
-  const auto it = whole_destinations_.find(name);
-  if (it == whole_destinations_.end()) return std::nullopt;
-  return it->second;
+  return pieces_.at(rank);
 }
 
-Holding ShardedUpdate::needed_piece(const Holding& block) const {
+const std::vector<std::optional<update::UpdateEngine::DirectDestination>>&
+ShardedUpdate::places(std::uint32_t rank) const {
   std::lock_guard lock(mutex_);
-  const auto it = reads_.find(block.tensor);
-  if (it == reads_.end()) return block;
+  return places_.at(rank);
+}
+
+Holding ShardedUpdate::needed_piece(const std::map<std::string, update::TensorReads>& reads,
+                                    const Holding& block) {
+  const auto it = reads.find(block.tensor);
+  if (it == reads.end()) return block;
   const update::TensorReads& r = it->second;
   Holding piece = block;
   if (block.extents.empty()) {
@@ -229,6 +232,7 @@ void ShardedUpdate::work() {
     previous_.reset();
     std::vector<RankHoldings> holdings;
     std::string config_json;
+    std::vector<bool> sends_needs, wants_direct;
     {
       std::unique_lock lock(mutex_);
       const bool all = changed_.wait_until(lock, created_ + join_timeout_, [&] {
@@ -244,6 +248,8 @@ void ShardedUpdate::work() {
       for (std::uint32_t r = 0; r < world_; ++r) {
         holdings.push_back({r, ranks_[r].join.holdings});
         if (config_json.empty()) config_json = ranks_[r].join.config_json;
+        sends_needs.push_back(ranks_[r].join.sends_needs);
+        wants_direct.push_back(ranks_[r].join.wants_direct);
       }
     }
     layout_ = check_holdings(holdings, world_);
@@ -266,20 +272,8 @@ void ShardedUpdate::work() {
     signature_ = update->layout_signature();
     num_params_ = static_cast<std::uint32_t>(update->num_params());
     epoch_ = update->memory_epoch();
-    // Where each global tensor may be written in place (a rank's sessions offer its dim-0
-    // blocks there, session/receiver_session.cpp); none is not an error: those ranks stage.
-    std::map<std::string, update::UpdateEngine::DirectDestination> whole;
-    try {
-      const auto dests = update->direct_destinations(catalog);
-      for (std::size_t i = 0; i < dests.size() && i < catalog.size(); ++i) {
-        if (dests[i]) whole.emplace(catalog[i].name, *dests[i]);
-      }
-    } catch (const Error& e) {
-      logger("session")->debug("sharded update: no direct delivery ({})", e.what());
-      whole.clear();
-    }
-    // What this receiver needs of each tensor (the rows its plan reads; docs/sharded.md): a rank
-    // that sends only that (Hello.shard.sendsNeeds) learns it from its Welcome.
+    // What this receiver needs of each tensor (what its plan reads; docs/sharded.md): a rank
+    // that sends only that (Hello.shard.sendsNeeds) learns its pieces from its Welcome.
     std::map<std::string, update::TensorReads> reads;
     std::uint64_t needed = 0;
     try {
@@ -293,13 +287,47 @@ void ShardedUpdate::work() {
       reads.clear();
       needed = layout_.needed_bytes;
     }
+    std::vector<std::vector<Holding>> pieces(world_);
+    for (std::uint32_t r = 0; r < world_; ++r) {
+      pieces[r] = holdings[r].holdings;
+      if (!sends_needs[r]) continue;
+      for (Holding& h : pieces[r]) {
+        if (h.sent) h = needed_piece(reads, h);
+      }
+    }
+    // Where the pieces of the ranks that asked for direct delivery may be written in place
+    // (their sessions offer them, session/receiver_session.cpp); none is not an error: those
+    // ranks stage.
+    std::vector<std::vector<std::optional<update::UpdateEngine::DirectDestination>>> places(
+        world_);
+    std::map<std::string, std::uint32_t> index;
+    for (std::uint32_t i = 0; i < catalog.size(); ++i) index.emplace(catalog[i].name, i);
+    for (std::uint32_t r = 0; r < world_; ++r) {
+      if (!wants_direct[r]) continue;
+      std::vector<update::UpdateEngine::BlockRef> blocks;
+      std::vector<std::size_t> of;  // the holding of each block
+      for (std::size_t k = 0; k < pieces[r].size(); ++k) {
+        const Holding& h = pieces[r][k];
+        if (!h.sent) continue;
+        blocks.push_back({index.at(h.tensor), h.offsets, h.extents});
+        of.push_back(k);
+      }
+      places[r].resize(pieces[r].size());
+      try {
+        const auto dests = update->block_destinations(catalog, blocks);
+        for (std::size_t b = 0; b < dests.size() && b < of.size(); ++b) places[r][of[b]] = dests[b];
+      } catch (const Error& e) {
+        logger("session")->debug("sharded update: rank {}: no direct delivery ({})", r, e.what());
+        places[r].assign(pieces[r].size(), std::nullopt);
+      }
+    }
     std::uint64_t version = 0;
     std::string label;
     {
       std::unique_lock lock(mutex_);
       if (phase_ == Phase::failed) throw_failure_locked();
-      whole_destinations_ = std::move(whole);
-      reads_ = std::move(reads);
+      pieces_ = std::move(pieces);
+      places_ = std::move(places);
       needed_bytes_ = needed;
       phase_ = Phase::welcomed;
       changed_.notify_all();

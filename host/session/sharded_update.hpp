@@ -85,6 +85,8 @@ struct ShardJoin {
   std::string config_json;
   std::string peer;  // the sender, as the messages name it
   ShardMember* member = nullptr;
+  bool sends_needs = false;   // Hello.shard.sendsNeeds: it sends only what the receiver needs
+  bool wants_direct = false;  // the session offers direct delivery where it can (places())
 };
 
 struct ShardOutcome {
@@ -116,17 +118,18 @@ class ShardedUpdate final : public update::BucketSource {
   // The receiver's memory epoch (Receiver::StreamingUpdate::memory_epoch) when this update opened
   // the layout: a kept session may write the memory it shared only while this is unchanged.
   std::uint64_t memory_epoch() const { return epoch_; }
-  // Direct delivery (after wait_welcomed()): where the whole global tensor `name` lies in the
-  // receiver's parameters when its plan is one whole copy into device memory, else nullopt.
-  // A rank's dim-0 block goes at that destination plus the block's byte offset.
-  std::optional<update::UpdateEngine::DirectDestination> whole_destination(
-      const std::string& name) const;
-  // Needs-based delivery (after wait_welcomed(); docs/sharded.md): the part of a rank's sent
-  // `block` this receiver needs: the block's rows that its plan reads and, for a 2-D tensor, the
-  // columns it reads of every row (update::TensorReads). `block` itself when the
-  // needs are not known (the plan failed; the update will say why); `sent` false when none of
-  // it is needed.
-  Holding needed_piece(const Holding& block) const;
+  // After wait_welcomed(): what `rank` sends of each of its holdings (in Hello order): the
+  // holding itself, or, for a rank that sends only what this receiver needs
+  // (ShardJoin::sends_needs; docs/sharded.md), the holding's rows that the receiver's plan reads
+  // and, for a 2-D tensor, the columns it reads of every row (update::TensorReads); `sent` false
+  // for a replica and for a piece it needs none of. Valid while the ShardedUpdate lives.
+  const std::vector<Holding>& pieces(std::uint32_t rank) const;
+  // After wait_welcomed(), for a rank that asked for direct delivery (ShardJoin::wants_direct):
+  // per holding, where its piece lies in the receiver's parameters when the plan takes it as
+  // one contiguous copy into device memory (update::UpdateEngine::block_destinations); else
+  // (and for other ranks) nullopt or empty.
+  const std::vector<std::optional<update::UpdateEngine::DirectDestination>>& places(
+      std::uint32_t rank) const;
   // Session thread, after its Begin: blocks until every rank began the same version and every
   // sender was told Ready; throws the failure (a rank that began another version included).
   void begin(std::uint32_t rank, std::uint64_t version, const std::string& label,
@@ -179,6 +182,9 @@ class ShardedUpdate final : public update::BucketSource {
   // Under mutex_: adds a rank; false (and fails the update) when it does not fit.
   void add(ShardJoin join, std::unique_lock<std::mutex>& lock);
   bool accepting() const;  // under mutex_
+  // The part of a sent `block` that a plan reading `reads` needs (pieces()).
+  static Holding needed_piece(const std::map<std::string, update::TensorReads>& reads,
+                              const Holding& block);
   void work();
   void fail_locked(std::unique_lock<std::mutex>& lock, ferry_status_code_t code,
                    std::string message) noexcept;
@@ -205,13 +211,10 @@ class ShardedUpdate final : public update::BucketSource {
   std::uint32_t num_params_ = 0;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<ShardedUpdate> previous_;  // reset by the worker once that one ended
-  // Where each global tensor lies for direct delivery (whole_destination()), set before the
-  // Welcomes; empty when no tensor can be written in place.
-  std::map<std::string, update::UpdateEngine::DirectDestination> whole_destinations_;
-  // What this receiver's plan reads of each global tensor (needed_piece()), set before the
-  // Welcomes; empty when not known. needed_bytes_: the bytes it reads (of every tensor once when
-  // not known), for the outcome.
-  std::map<std::string, update::TensorReads> reads_;
+  // Per rank, set before the Welcomes: pieces() and places(). needed_bytes_: the bytes this
+  // receiver's plan reads (of every tensor once when not known), for the outcome.
+  std::vector<std::vector<Holding>> pieces_;
+  std::vector<std::vector<std::optional<update::UpdateEngine::DirectDestination>>> places_;
   std::uint64_t needed_bytes_ = 0;
   // The in-place buckets in the order the loop recorded them: (rank, entries), to lay the
   // ranks' commit fingerprints out in the engine's order (end()). Applying thread, then end().

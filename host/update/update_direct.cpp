@@ -3,6 +3,7 @@
 // it wrote verified at commit in one pass (see update/update_engine.hpp).
 #include "update/update_engine.hpp"
 
+#include "update/block_plan.hpp"
 #include "update/cuda_apply.hpp"
 
 #include <ferry/sdk/dtype.hpp>
@@ -93,6 +94,43 @@ UpdateEngine::compute_direct_destinations_locked(std::span<const ferry_tensor_de
       if (ops.size() == 1) out[i] = direct_destination_locked(ops[0], tensors[i]);
     } catch (const Error&) {
       // No plan here: the tensor goes the staged way, where the same error is reported.
+    }
+  }
+  return out;
+}
+
+std::vector<std::optional<UpdateEngine::DirectDestination>> UpdateEngine::block_destinations(
+    std::span<const ferry_tensor_desc_t> catalog, std::span<const BlockRef> blocks) {
+  std::lock_guard lock(op_mutex_);
+  bool active = false;
+  {
+    std::lock_guard state(state_mutex_);
+    active = active_;
+  }
+  if (!active) bind_layout_locked();
+  std::vector<std::optional<DirectDestination>> out(blocks.size());
+  std::vector<std::vector<ferry_plan_op_t>> by_tensor(catalog.size());
+  try {
+    for (const auto& op : plans_.plan(catalog)) {
+      if (op.src_tensor < catalog.size()) by_tensor[op.src_tensor].push_back(op);
+    }
+  } catch (const Error&) {
+    return out;  // no plan: every block is staged, where the same error is reported
+  }
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    const BlockRef& block = blocks[b];
+    if (block.tensor >= catalog.size()) continue;
+    const ferry_tensor_desc_t& whole = catalog[block.tensor];
+    if (block.extents.size() != whole.ndim || block.offsets.size() != whole.ndim) continue;
+    ferry_tensor_desc_t desc = whole;
+    for (std::uint32_t d = 0; d < whole.ndim; ++d) desc.shape[d] = block.extents[d];
+    try {
+      const auto ops = restrict_to_block(
+          by_tensor[block.tensor], std::span<const std::uint64_t>(whole.shape, whole.ndim),
+          block.offsets, block.extents, whole.name ? whole.name : "");
+      if (ops.size() == 1) out[b] = direct_destination_locked(ops[0], desc);
+    } catch (const Error&) {
+      // Not a block the plan can take in place: staged.
     }
   }
   return out;

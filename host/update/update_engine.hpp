@@ -190,6 +190,18 @@ class UpdateEngine {
   // layout when no update is active.
   std::vector<std::optional<DirectDestination>> direct_destinations(
       std::span<const ferry_tensor_desc_t> tensors);
+  // Direct delivery of blocks (a sharded update's pieces, each of the global tensor `tensor` of
+  // `catalog`): where each block lands when the tensor's plan restricted to it
+  // (update::restrict_to_block) is one contiguous copy into a device parameter, as
+  // direct_destinations says of whole tensors (record_direct_bucket then takes the block's
+  // entries); nullopt elsewhere. Binds the layout when no update is active.
+  struct BlockRef {
+    std::uint32_t tensor = 0;
+    std::span<const std::uint64_t> offsets;
+    std::span<const std::uint64_t> extents;
+  };
+  std::vector<std::optional<DirectDestination>> block_destinations(
+      std::span<const ferry_tensor_desc_t> catalog, std::span<const BlockRef> blocks);
   // Declares that a peer writes the active update's parameters in place from now on: the store
   // is dirty at once (a failure rolls back or fences, see Transactions). Call it before the peer
   // may write. `writer_fingerprints`: the manifests' fingerprints are computed by the copy that
