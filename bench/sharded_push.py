@@ -330,6 +330,8 @@ def bench_main(args, torch, ferry):
         row["of_d2d"] = (moved * d2d / row["sharded_median_s"]) if d2d else None
         row["whole_of_d2d"] = (args.receivers * d2d / row["whole_median_s"]) if d2d else None
         row["vs_whole"] = row["whole_median_s"] / row["sharded_median_s"]
+        # Aggregate throughput: the bytes every receiver took, over the sharded push's time.
+        row["gb_per_s"] = sum(row["moved_bytes"]) / row["sharded_median_s"] / 1e9
     return {"ok": True, "device": args.device,
             "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
             "layers": args.layers, "tensors": len(shapes), "model_bytes": model_bytes,
@@ -361,14 +363,14 @@ def print_table(r):
               "(%s)\n" % (r["layers"], r["tensors"], r["model_bytes"] / 1e9, r["receivers"],
                           " (tensor-parallel ranks)" if r["tp"] else "", r["device_name"],
                           r["transport"]))
-    out.write("%8s %14s %14s %10s %10s %10s %12s %8s  %s\n" % (
-        "senders", "sharded ms", "one sender ms", "vs one", "of D2D", "one/D2D", "moved/needed",
-        "direct", "transports"))
+    out.write("%8s %14s %10s %14s %10s %10s %10s %12s %8s  %s\n" % (
+        "senders", "sharded ms", "GB/s", "one sender ms", "vs one", "of D2D", "one/D2D",
+        "moved/needed", "direct", "transports"))
     for row in r["rows"]:
         of = "-" if row["of_d2d"] is None else "%.2f" % row["of_d2d"]
         wof = "-" if row["whole_of_d2d"] is None else "%.2f" % row["whole_of_d2d"]
-        out.write("%8d %14s %14s %10.2f %10s %10s %12.3f %8s  %s\n" % (
-            row["senders"], ms(row["sharded_median_s"]), ms(row["whole_median_s"]),
+        out.write("%8d %14s %10.2f %14s %10.2f %10s %10s %12.3f %8s  %s\n" % (
+            row["senders"], ms(row["sharded_median_s"]), row["gb_per_s"], ms(row["whole_median_s"]),
             row["vs_whole"], of, wof, row["moved_over_needed"], "yes" if row["direct"] else "no",
             ",".join(row["transports"])))
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))

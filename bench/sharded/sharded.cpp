@@ -38,7 +38,8 @@ void print_result(const Json& d) {
              d.value("tp", false) ? " (tensor-parallel ranks)" : "",
              d.value("device_name", std::string("?")), d.value("transport", std::string("?")),
              d.value("rounds", 0));
-  Table table({"senders", "sharded ms (median)", "best ms", "one sender ms", "sharded / one",
+  Table table({"senders", "sharded ms (median)", "best ms", "GB/s", "one sender ms",
+               "sharded / one",
                "of D2D", "one sender of D2D", "moved / needed", "direct", "transports"});
   if (d.contains("rows") && d["rows"].is_array()) {
     for (const Json& row : d["rows"]) {
@@ -47,7 +48,8 @@ void print_result(const Json& d) {
         transports += (transports.empty() ? "" : ",") + t.get<std::string>();
       }
       table.add_row({std::to_string(row.value("senders", 0)), ms(row, "sharded_median_s"),
-                     ms(row, "sharded_best_s"), ms(row, "whole_median_s"),
+                     ms(row, "sharded_best_s"), ratio(row, "gb_per_s"),
+                     ms(row, "whole_median_s"),
                      ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
                      fmt::format("{:.3f}", row.value("moved_over_needed", 0.0)),
                      row.value("direct", false) ? "yes" : "no", transports});
@@ -56,7 +58,8 @@ void print_result(const Json& d) {
   std::printf("\n");
   table.print();
   fmt::print(
-      "\nsharded / one: the one-sender push's time over the sharded push's (above 1: faster). "
+      "\nGB/s: the bytes all receivers took over the sharded push's median time. sharded / one: "
+      "the one-sender\npush's time over the sharded push's (above 1: faster). "
       "of D2D: the device copy\nof the bytes the receivers took, over the push's time; target >= "
       "{:.2f} with 4 senders. moved / needed: the\nlargest of a receiver (1: every byte it needs "
       "once, nothing else).\nverification: {}\n",
