@@ -191,12 +191,22 @@ ShardOutcome ShardedUpdate::finish(std::uint32_t rank) {
   return *outcome_;
 }
 
+namespace {
+
+// "rank R: message", unless the message names the rank first already.
+std::string with_rank(std::uint32_t rank, const std::string& message) {
+  const std::string prefix = fmt::format("rank {}: ", rank);
+  return message.rfind(prefix, 0) == 0 ? message : prefix + message;
+}
+
+}  // namespace
+
 void ShardedUpdate::fail_rank(std::uint32_t rank, ferry_status_code_t code,
                          const std::string& message) noexcept {
   std::unique_lock lock(mutex_);
   std::string text;
   try {
-    text = fmt::format("rank {}: {}", rank, message);
+    text = with_rank(rank, message);
   } catch (...) {
   }
   fail_locked(lock, code, std::move(text));
@@ -468,7 +478,7 @@ void ShardedUpdate::apply_failed(const Error& error) noexcept {
   std::unique_lock lock(mutex_);
   std::string text;
   try {
-    text = fmt::format("rank {}: {}", applying_.load(), error.what());
+    text = with_rank(applying_.load(), error.what());
   } catch (...) {
   }
   fail_locked(lock, error.code(), std::move(text));

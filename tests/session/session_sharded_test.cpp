@@ -5,6 +5,8 @@
 // that stalls past the deadline or never joins, blocks that overlap or leave a gap, and ranks
 // that disagree on the version or a tensor's shape abort the update, naming the rank and the
 // tensor, and the receiver keeps its previous version.
+#include <ferry/kernels/cpu.hpp>
+#include <ferry/sdk/manifest.hpp>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -16,11 +18,15 @@
 
 #include "config/config.hpp"
 #include "registry/registry.hpp"
+#include "session/channel.hpp"
 #include "session_fixture.hpp"
 #include "../moe/moe_checkpoint.hpp"
 
 namespace ferry::test {
 namespace {
+
+using namespace std::chrono_literals;
+namespace wire = session::wire;
 
 class SessionSharded : public ::testing::Test {
  protected:
@@ -535,6 +541,95 @@ TEST_F(SessionSharded, ExpertsSpreadOverRanksIntoTwoExpertParallelReceivers) {
     EXPECT_EQ(result.rank_bytes[0] + result.rank_bytes[1], result.needed_bytes);
     EXPECT_LT(result.needed_bytes, total);  // the other receiver's experts are not moved here
   }
+}
+
+// A rank that sends a whole block where the receiver's Welcome asked for part of it (a hostile
+// or broken sender) is refused naming the tensor, and the receiver keeps its version.
+TEST_F(SessionSharded, ARankSendingMoreThanTheReceiverNeedsIsRefusedNamingTheTensor) {
+  ServeProcess serve(receiver_options(versions_->v1_path(), 0, 2));
+  const int port = serve.get("/ferry/session").body.value("port", 0);
+  session::Channel ch(session::connect_tcp("127.0.0.1", port, session::deadline_in(5000ms), "test"),
+                      "receiver");
+  // Rank 0 of 1, holding every tensor whole, sending only what the receiver needs.
+  const auto& tensors = versions_->v2.tensors;
+  {
+    capnp::MallocMessageBuilder m;
+    auto hello = m.initRoot<wire::Message>().initHello();
+    hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+    hello.setSenderName("hostile rank");
+    auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
+    auto shard = hello.initShard();
+    shard.setWorld(1);
+    shard.setSendsNeeds(true);
+    auto holdings = shard.initHoldings(static_cast<unsigned>(tensors.size()));
+    for (unsigned i = 0; i < tensors.size(); ++i) {
+      const auto n = static_cast<unsigned>(tensors[i].shape.size());
+      list[i].setName(tensors[i].name);
+      list[i].setDtype(tensors[i].dtype);
+      auto shape = list[i].initShape(n);
+      holdings[i].setTensor(i);
+      auto offsets = holdings[i].initOffsets(n);
+      auto extents = holdings[i].initExtents(n);
+      for (unsigned d = 0; d < n; ++d) {
+        shape.set(d, tensors[i].shape[d]);
+        offsets.set(d, 0);
+        extents.set(d, tensors[i].shape[d]);
+      }
+    }
+    hello.setTransport("inline");
+    hello.setTransportRequired(true);
+    hello.setBucketBytes(1 << 20);
+    hello.setSlots(2);
+    ch.send(m, session::deadline_in(5000ms), "hello");
+  }
+  auto welcome = ch.recv(session::deadline_in(10000ms), "welcome");
+  ASSERT_EQ(welcome->root().which(), wire::Message::WELCOME);
+  auto needs = welcome->root().getWelcome().getNeeds();
+  ASSERT_EQ(needs.size(), tensors.size());
+  // The embedding is split by rows across the two tensor-parallel ranks: tp rank 0 needs half.
+  unsigned embed = 0;
+  while (tensors[embed].name != "model.embed_tokens.weight") ++embed;
+  ASSERT_EQ(needs[embed].getExtents()[0], tensors[embed].shape[0] / 2);
+  {
+    capnp::MallocMessageBuilder m;
+    auto b = m.initRoot<wire::Message>().initBegin();
+    b.setVersion(2);
+    b.setBucketCount(1);
+    ch.send(m, session::deadline_in(5000ms), "begin");
+    auto ready = ch.recv(session::deadline_in(10000ms), "ready");
+    ASSERT_EQ(ready->root().which(), wire::Message::READY);
+  }
+  // The whole embedding instead of the rows asked for.
+  const Tensor& t = tensors[embed];
+  manifest::Manifest man;
+  man.version = 2;
+  man.bucket_count = 1;
+  man.bucket_bytes = t.bytes.size();
+  man.tensors.push_back({t.name, t.dtype, t.shape, 0, t.bytes.size(),
+                         kernels::fingerprint_cpu(t.bytes.data(), t.bytes.size(), 1), std::nullopt,
+                         std::nullopt, manifest::Block{t.shape, {0, 0}}});
+  const auto manifest_bytes = manifest::encode(man);
+  capnp::MallocMessageBuilder m;
+  auto br = m.initRoot<wire::Message>().initBucket();
+  br.setBytes(t.bytes.size());
+  br.setManifest(kj::arrayPtr(manifest_bytes.data(), manifest_bytes.size()));
+  br.setDataFollows(true);
+  ch.send(m, session::deadline_in(5000ms), "bucket");
+  ch.send_data(std::as_bytes(std::span(t.bytes.data(), t.bytes.size())),
+               session::deadline_in(5000ms), "bucket data");
+  std::string refusal;
+  for (int i = 0; i < 8 && refusal.empty(); ++i) {
+    auto msg = ch.recv(session::deadline_in(10000ms), "refusal");
+    if (msg->root().which() == wire::Message::REFUSAL) {
+      EXPECT_EQ(msg->root().getRefusal().getCode(),
+                static_cast<std::uint32_t>(FERRY_STATUS_CORRUPT_DATA));
+      refusal = msg->root().getRefusal().getMessage().cStr();
+    }
+  }
+  EXPECT_NE(refusal.find("'model.embed_tokens.weight'"), std::string::npos) << refusal;
+  EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
+  EXPECT_EQ(version_of(serve), 1);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 2));
 }
 
 TEST_F(SessionSharded, OverlappingBlocksAreRefusedNamingTheRanksAndTheTensor) {
