@@ -80,7 +80,8 @@ class SessionSharded : public ::testing::Test {
   }
 
   // Four `ferry push --rank` processes into two tensor-parallel receivers (below).
-  static void four_ranks_into_two_tensor_parallel_receivers(const std::string& transport);
+  static void four_ranks_into_two_tensor_parallel_receivers(const std::string& transport,
+                                                            const std::string& shard_by = "dim0");
 
   static std::unique_ptr<TwoVersions> versions_;
 };
@@ -212,12 +213,13 @@ TEST_F(SessionSharded, TensorSplitOverFourPushProcessesIsBitIdenticalToTheUnshar
   EXPECT_EQ(serve.fingerprints(), reference);
 }
 
-// Four `ferry push --rank` processes (FSDP dim-0 shards) into two tensor-parallel receivers over
+// Four `ferry push --rank` processes (`--shard-by shard_by`) into two tensor-parallel receivers over
 // `transport`.
-void SessionSharded::four_ranks_into_two_tensor_parallel_receivers(const std::string& transport) {
+void SessionSharded::four_ranks_into_two_tensor_parallel_receivers(const std::string& transport,
+                                                                   const std::string& shard_by) {
   ServeProcess a(receiver_options(versions_->v1_path(), 0, 2));
   ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
-  const auto results = push_ranks(address_of(a) + "," + address_of(b), 4, "dim0", transport);
+  const auto results = push_ranks(address_of(a) + "," + address_of(b), 4, shard_by, transport);
   for (const auto& r : results) ASSERT_TRUE(r.exited && r.status == 0) << all_output(results);
   EXPECT_EQ(version_of(a), 2);
   EXPECT_EQ(version_of(b), 2);
@@ -244,6 +246,11 @@ void SessionSharded::four_ranks_into_two_tensor_parallel_receivers(const std::st
 
 TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceivers) {
   four_ranks_into_two_tensor_parallel_receivers("inline");
+}
+
+// Whole tensors dealt out to four ranks: each receiver still takes only its rows and columns.
+TEST_F(SessionSharded, TensorSplitOverFourPushProcessesIntoTwoTensorParallelReceivers) {
+  four_ranks_into_two_tensor_parallel_receivers("inline", "tensor");
 }
 
 TEST_F(SessionSharded, DimZeroSplitOverFourPushProcessesIntoTwoTensorParallelReceiversOverUcx) {
