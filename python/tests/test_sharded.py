@@ -281,3 +281,20 @@ def test_gpu_ranks_delivering_directly_beside_a_staged_rank(ferry_module, ferry_
     (row,) = result["rows"]
     assert row["direct_ranks"] == [True, False, True, True], row
     assert row["moved_equals_needed"], row
+
+
+def test_four_gpu_ranks_into_two_tensor_parallel_gpu_receivers(ferry_module, ferry_executable):
+    """4 sender processes holding dim-0 quarters on cuda:0 into 2 `ferry serve` receivers that
+    are one engine's tensor-parallel ranks (dense engine layout, tp_size 2), staged and then
+    with update.delivery = "direct": each receiver takes only its rows and columns (bytes moved =
+    bytes needed, less than the model), every version equal to the one-sender push of the same
+    values on both receivers; direct, every rank's pieces go straight into the parameters."""
+    for extra, direct in (([], False), (["--delivery", "direct"], True)):
+        result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--tp"] + extra)
+        assert result["verified"], result["verification"]
+        (row,) = result["rows"]
+        assert row["transports"] == ["cuda_ipc"], row
+        assert row["moved_equals_needed"], row
+        # Each receiver took its half of the split tensors (and the norms whole): no whole model.
+        assert all(m < result["model_bytes"] for m in row["moved_bytes"]), row
+        assert row["direct_ranks"] == [direct] * 4, row
