@@ -104,7 +104,8 @@ void Link::read_needs(capnp::List<wire::Need>::Reader given,
         whole = whole && first == at && n == t.shape[d];
       }
       if (!bad.empty()) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: tensor '{}': a need of {}", peer, t.name,
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "{}: welcome: tensor '{}': a need that does not fit its block ({})", peer, t.name,
              bad);
       }
     }
