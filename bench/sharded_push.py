@@ -399,9 +399,9 @@ def main():
                         help="the sender ranks' bucket size in MiB (0: ferry's default, 256 MiB "
                              "or the largest block)")
     parser.add_argument("--delivery", choices=["auto", "direct", "staged"], default="auto",
-                        help="the sender ranks' update.delivery (direct: their dim-0 blocks "
-                             "straight into the receivers' parameters; auto: staged for sharded "
-                             "ranks until that is measured on a GPU)")
+                        help="the sender ranks' update.delivery (auto and direct: their pieces "
+                             "straight into the receivers' parameters where the transport "
+                             "writes device memory; staged: through the receivers' slots)")
     parser.add_argument("--staged-ranks", default="", help=argparse.SUPPRESS)
     parser.add_argument("--no-keep", action="store_true",
                         help="the sender ranks open new sessions for every push (update."

@@ -132,9 +132,9 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "largest block)")
       ->check(CLI::NonNegativeNumber);
   app->add_option("--delivery", o->delivery,
-                  "the sender ranks' update.delivery: direct (their dim-0 blocks straight into "
-                  "the receivers' parameters), auto (staged for sharded ranks until direct is "
-                  "measured on a GPU) or staged")
+                  "the sender ranks' update.delivery: auto or direct (their pieces straight into "
+                  "the receivers' parameters where the transport writes device memory) or "
+                  "staged")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
   app->add_flag("--no-keep", o->no_keep,
                "the sender ranks open new sessions for every push instead of keeping them");

@@ -490,9 +490,8 @@ class Session final : public update::BucketSource, public ShardMember {
   // device memory and every piece the rank sends (its holdings' pieces in Hello order, replicas
   // and empty pieces left out: the sender's tensors) lands as one contiguous copy in a device
   // parameter (ShardedUpdate::places: a range of rows of a whole copy, a tensor-parallel rank's
-  // rows or columns of a weight it keeps whole). Anything less: staged. Only when the sender
-  // asks for direct delivery (update.delivery = "direct"): "auto" stays staged for sharded ranks
-  // until this path is measured on a GPU (docs/sharded.md).
+  // rows or columns of a weight it keeps whole). Anything less: staged. As for one sender, unless
+  // the sender asks for staged delivery (update.delivery = "staged").
   void offer_direct_blocks() {
     if (!wants_direct_blocks() || holdings_.empty()) return;
     const auto& places = sharded_->places(rank_);
@@ -518,7 +517,7 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // Whether this rank's session offers direct delivery where it can (offer_direct_blocks()).
   bool wants_direct_blocks() const {
-    return delivery_ == "direct" && data_->rma_native() &&
+    return delivery_ != "staged" && data_->rma_native() &&
            data_->slot_kind() == FERRY_MEMORY_CUDA;
   }
 

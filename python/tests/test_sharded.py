@@ -246,9 +246,9 @@ def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_e
     every tensor of an 8-layer Qwen3-8B-shaped model (3.7 GB of bf16) in its own CUDA memory,
     push into 2 `ferry serve --device cuda:0` receivers; every sharded version must equal, on
     both receivers, the one-sender push of the same values (fingerprints), bytes moved = bytes
-    needed, and the transport cuda_ipc. With update.delivery = "auto" the ranks stage (direct
-    delivery of blocks is asked for explicitly until it is measured on a GPU: the next test)."""
-    result = _run_sharded_bench(ferry_executable, ["--senders", "4"])
+    needed, and the transport cuda_ipc, with update.delivery = "staged": every rank's blocks go
+    through the receivers' slots."""
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--delivery", "staged"])
     assert result["verified"], result["verification"]
     (row,) = result["rows"]
     assert row["transports"] == ["cuda_ipc"], row
@@ -259,11 +259,11 @@ def test_four_gpu_ranks_into_two_gpu_receivers_by_cuda_ipc(ferry_module, ferry_e
 
 def test_four_gpu_ranks_write_their_row_blocks_into_the_receivers_parameters(ferry_module,
                                                                              ferry_executable):
-    """The same with update.delivery = "direct": every rank's dim-0 blocks go straight into the
-    receivers' parameters (the whole tensor's destination plus the block's offset), verified
+    """The same with update.delivery = "auto" (the default): every rank's dim-0 blocks go straight
+    into the receivers' parameters (the piece's destination in the tensor's plan), verified
     against the one-sender push on both receivers, bytes moved = bytes needed; the second round
     goes through the sessions kept from the first."""
-    result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--delivery", "direct"])
+    result = _run_sharded_bench(ferry_executable, ["--senders", "4"])
     assert result["verified"], result["verification"]
     (row,) = result["rows"]
     assert row["transports"] == ["cuda_ipc"], row
@@ -289,7 +289,7 @@ def test_four_gpu_ranks_into_two_tensor_parallel_gpu_receivers(ferry_module, fer
     with update.delivery = "direct": each receiver takes only its rows and columns (bytes moved =
     bytes needed, less than the model), every version equal to the one-sender push of the same
     values on both receivers; direct, every rank's pieces go straight into the parameters."""
-    for extra, direct in (([], False), (["--delivery", "direct"], True)):
+    for extra, direct in ((["--delivery", "staged"], False), (["--delivery", "direct"], True)):
         result = _run_sharded_bench(ferry_executable, ["--senders", "4", "--tp"] + extra)
         assert result["verified"], result["verification"]
         (row,) = result["rows"]
