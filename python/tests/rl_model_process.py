@@ -28,9 +28,15 @@ Commands on stdin, one JSON line on stdout per command (other stdout lines are n
                 how much device memory that freed) and maps new memory at the same addresses.
   quit          (or end of stdin) exits 0.
   connect HOST:PORT  (trainer) creates the ferry.Sender to the rollout (kept for every step).
+
+A trainer started with `rank=R/S` is rank R of a sharded trainer of S ranks (FSDP style): every
+rank trains the same model on the same batches, and pushes only its dim-0 rows of every tensor
+(rows [R*ceil(n/S), ...), ferry.sharding.Block views into the parameters the optimizer writes)
+with push(..., rank=R, world=S); its snapshot holds its whole state, its answer also
+`rows` {name: [first, end)} and the rank_bytes / needed_bytes of the report.
 The first line is {"ready": ...}; a failure answers {"failure": "..."} (and exits 1 at startup).
 
-Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED [vmm]
+Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED [vmm|rank=R/S]
 """
 
 import contextlib
@@ -279,7 +285,22 @@ def delay(torch):
         a = a @ a * 1e-3
 
 
-def trainer(torch, transformers, ferry, family, delivery, seed):
+def row_blocks(ferry, state, rank, world):
+    """Rank `rank` of `world`'s dim-0 rows of every tensor (FSDP's even split: ceil(n / world)
+    rows a rank, the last ranks' blocks shorter or empty) as ferry.sharding.Block views, and
+    {name: [first, end)}."""
+    blocks, rows = {}, {}
+    for name, t in state.items():
+        n = t.shape[0]
+        per = -(-n // world)
+        first, end = min(rank * per, n), min((rank + 1) * per, n)
+        blocks[name] = ferry.sharding.Block(t[first:end], tuple(t.shape),
+                                            (first,) + (0,) * (t.dim() - 1))
+        rows[name] = [first, end]
+    return blocks, rows
+
+
+def trainer(torch, transformers, ferry, family, delivery, seed, shard=None):
     model, config, redrawn = build_model(torch, transformers, family, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     overrides = {} if delivery == "auto" else {"update__delivery": delivery}
@@ -315,7 +336,13 @@ def trainer(torch, transformers, ferry, family, delivery, seed):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 t0 = time.perf_counter()
-                report = sender.push(model.state_dict(), version=step, check=False)  # no sync
+                rows = None
+                if shard is None:
+                    report = sender.push(model.state_dict(), version=step, check=False)  # no sync
+                else:
+                    blocks, rows = row_blocks(ferry, model.state_dict(), *shard)
+                    report = sender.push(blocks, version=step, check=False, rank=shard[0],
+                                         world=shard[1])
                 wall = time.perf_counter() - t0
                 save_snapshot(torch, path, logits_of(torch, model, tokens),
                               model.state_dict().items())
@@ -327,7 +354,9 @@ def trainer(torch, transformers, ferry, family, delivery, seed):
                      "reused_session": bool(r and r.reused_session),
                      "writer_fingerprints": bool(r and r.writer_fingerprints),
                      "seconds": r.seconds if r else 0.0,
-                     "producer_wait_s": getattr(report, "producer_wait_seconds", None)})
+                     "producer_wait_s": getattr(report, "producer_wait_seconds", None),
+                     "rows": rows, "rank_bytes": list(r.rank_bytes) if r else [],
+                     "needed_bytes": r.needed_bytes if r else 0})
             else:
                 say({"failure": f"unknown command {words[0]!r}"})
         except Exception as e:
@@ -340,6 +369,10 @@ def trainer(torch, transformers, ferry, family, delivery, seed):
 def main():
     role, family, delivery, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     vmm = sys.argv[5:] == ["vmm"]
+    shard = None
+    if sys.argv[5:6] and sys.argv[5].startswith("rank="):
+        rank, world = sys.argv[5][len("rank="):].split("/")
+        shard = (int(rank), int(world))
     try:
         import torch
         import transformers
@@ -351,7 +384,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = False
         if role == "rollout":
             return rollout(torch, transformers, ferry, family, delivery, seed, vmm)
-        return trainer(torch, transformers, ferry, family, delivery, seed)
+        return trainer(torch, transformers, ferry, family, delivery, seed, shard)
     except Exception as e:
         say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return 1

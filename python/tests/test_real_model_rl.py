@@ -114,12 +114,15 @@ class Peer:
                                 f"{msg.get('traceback', '')}")
             return msg
 
-    def ask(self, command, timeout=STEP_TIMEOUT_S):
+    def send(self, command):
         try:
             self.proc.stdin.write(command + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise PeerError(f"the {self.name} is gone ({e})") from None
+
+    def ask(self, command, timeout=STEP_TIMEOUT_S):
+        self.send(command)
         return self.answer(timeout)
 
     def log_tail(self, chars=4000):
@@ -274,4 +277,92 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
                          for p in (rollout, trainer))
         noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
                           for p in (rollout, trainer) if p.noise)
+        raise AssertionError(f"{e}\n{logs}\n{noise}") from None
+
+
+@pytest.mark.parametrize("family,lend", [("dense", True), ("moe", True), ("dense", "vmm")])
+def test_sharded_trainer_ranks_push_right_after_the_optimizer_step(peers, tmp_path, family, lend):
+    """Two trainer processes are the ranks of one FSDP-style trainer: each trains the same model on
+    the same batches (AdamW, its kernels delayed as above) and pushes right after
+    optimizer.step() only its dim-0 rows of every tensor (ferry.sharding.Block views, rank=r,
+    world=2; the MoE's stacked experts split between the ranks) into one rollout with the
+    defaults (update.delivery "auto": each rank's rows straight into the engine's parameters).
+    Before every step after the first the rollout lends its memory (release and resume of
+    "weights"; with `vmm` its own VMM arena unmaps and remaps). After every push the rollout
+    holds each rank's rows bit for bit, written in place, at the pushed version, every rank
+    moved only its rows, and the rollout's logits equal the trainer's."""
+    torch = _requirements(family)
+    world = 2
+    rollout = peers("rollout", ["rollout", family, "auto", "1"] + (["vmm"] if lend == "vmm"
+                                                                     else []))
+    ranks = [peers(f"trainer rank {r}", ["trainer", family, "auto", "2", f"rank={r}/{world}"])
+             for r in range(world)]
+    everyone = [rollout] + ranks
+    try:
+        ready_r = rollout.answer(START_TIMEOUT_S)
+        for t in ranks:
+            ready_t = t.answer(START_TIMEOUT_S)
+            assert ready_t["names"] == ready_r["names"], "the trainer's names differ"
+            t.ask(f"connect 127.0.0.1:{ready_r['port']}")
+        r_path = tmp_path / "rollout-initial.pt"
+        rollout.ask(f"logits {r_path}")
+        previous_r = torch.load(r_path)
+        for step in range(1, STEPS + 1):
+            if lend and step > 1:
+                lent = rollout.ask("lend")
+                assert lent["restored"], f"step {step}: ferry did not write the weights back"
+                assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
+                if lend == "vmm":
+                    assert lent["freed_bytes"] >= 0.9 * lent["arena_bytes"], (
+                        f"step {step}: releasing the arena's {lent['arena_bytes']} bytes freed "
+                        f"only {lent['freed_bytes']}: another process still maps them")
+            t_paths = [tmp_path / f"rank{r}-step{step}.pt" for r in range(world)]
+            for t, path in zip(ranks, t_paths):  # every rank steps and pushes at once
+                t.send(f"step {step} {path}")
+            reports = [t.answer(STEP_TIMEOUT_S) for t in ranks]
+            for r, report in enumerate(reports):
+                assert report["committed"], f"step {step}, rank {r}: {report['error']}"
+                assert report["version"] == step
+                assert report["transport"] == "cuda_ipc", (r, report["transport"])
+                assert report["direct"], (
+                    f"step {step}, rank {r}: delivery auto, but the rank's rows were staged")
+            # Bytes moved per rank: its rows, none twice, the model's bytes in all.
+            assert all(rep["rank_bytes"] == reports[0]["rank_bytes"] for rep in reports), reports
+            assert all(b > 0 for b in reports[0]["rank_bytes"]), reports[0]["rank_bytes"]
+            assert sum(reports[0]["rank_bytes"]) == reports[0]["needed_bytes"] == \
+                ready_r["bytes"], reports[0]
+            r_path = tmp_path / f"rollout-step{step}.pt"
+            seen = rollout.ask(f"logits {r_path}")
+            assert seen["version"] == step, f"step {step}: the rollout publishes {seen}"
+            assert seen["pointers_unchanged"], (
+                f"step {step}: parameters were reallocated, not written in place: {seen['moved']}")
+            snaps = [torch.load(p) for p in t_paths]
+            r_snap = torch.load(r_path)
+            wrong, stale = [], []
+            for name, rows in reports[0]["rows"].items():
+                for r, snap in enumerate(snaps):
+                    first, end = reports[r]["rows"][name]
+                    got = r_snap["state"][name][first:end]
+                    if not torch.equal(_bits(got), _bits(snap["state"][name][first:end])):
+                        wrong.append(f"{name} rows {first}:{end} (rank {r})")
+                        if torch.equal(_bits(got), _bits(previous_r["state"][name][first:end])):
+                            stale.append(name)
+            assert not wrong, (
+                f"step {step} ({family}): after a committed push the rollout differs from the "
+                f"ranks in {len(wrong)} blocks, {len(stale)} of them still the previous "
+                f"version (read before the optimizer's kernels wrote them): {wrong[:8]}")
+            assert not _differences(torch, snaps[0], snaps[1]), (
+                f"step {step}: the two ranks' models differ: training is not deterministic "
+                "across the processes, so their rows are not one model")
+            assert not _differences(torch, snaps[0], r_snap), (
+                f"step {step}: every block equals its rank's, but the logits differ")
+            assert not torch.equal(_bits(r_snap["logits"]), _bits(previous_r["logits"])), (
+                f"step {step}: the rollout's logits did not change")
+            previous_r = r_snap
+            for p in t_paths + [r_path]:
+                p.unlink()
+    except (PeerError, AssertionError) as e:
+        logs = "\n".join(f"--- {p.name} stderr (tail) ---\n{p.log_tail()}" for p in everyone)
+        noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
+                          for p in everyone if p.noise)
         raise AssertionError(f"{e}\n{logs}\n{noise}") from None
