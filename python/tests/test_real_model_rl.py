@@ -187,6 +187,19 @@ def _differences(torch, trainer_snap, rollout_snap):
     return out
 
 
+def _lend(rollout, step, lend):
+    """The rollout lends its memory before `step` (release and resume of "weights"): the weights
+    come back and it is ready; with `vmm` unmapping its arena gave the memory back to the device
+    (nobody else, the trainers' sessions included, still mapped it)."""
+    lent = rollout.ask("lend")
+    assert lent["restored"], f"step {step}: ferry did not write the weights back"
+    assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
+    if lend == "vmm":
+        assert lent["freed_bytes"] >= 0.9 * lent["arena_bytes"], (
+            f"step {step}: releasing the arena's {lent['arena_bytes']} bytes freed "
+            f"only {lent['freed_bytes']}: another process still maps them")
+
+
 @pytest.mark.parametrize("delivery,lend", [("direct", False), ("staged", False),
                                            ("direct", True), ("direct", "vmm")])
 @pytest.mark.parametrize("family", ["dense", "moe"])
@@ -228,15 +241,7 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
         for step in range(1, STEPS + 1):
             t_path, r_path = snapshots(f"step{step}")
             if lend and step > 1:
-                lent = rollout.ask("lend")
-                assert lent["restored"], f"step {step}: ferry did not write the weights back"
-                assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
-                if lend == "vmm":
-                    # Unmapping the arena gave its memory back to the device: nobody else (the
-                    # trainer's session included) still mapped it.
-                    assert lent["freed_bytes"] >= 0.9 * lent["arena_bytes"], (
-                        f"step {step}: releasing the arena's {lent['arena_bytes']} bytes freed "
-                        f"only {lent['freed_bytes']}: another process still maps them")
+                _lend(rollout, step, lend)
             report = trainer.ask(f"step {step} {t_path}")
             assert report["committed"], f"step {step}: the push did not commit: {report['error']}"
             assert report["version"] == step
@@ -309,13 +314,7 @@ def test_sharded_trainer_ranks_push_right_after_the_optimizer_step(peers, tmp_pa
         previous_r = torch.load(r_path)
         for step in range(1, STEPS + 1):
             if lend and step > 1:
-                lent = rollout.ask("lend")
-                assert lent["restored"], f"step {step}: ferry did not write the weights back"
-                assert lent["health"] == "ready", f"step {step}: after the resume: {lent}"
-                if lend == "vmm":
-                    assert lent["freed_bytes"] >= 0.9 * lent["arena_bytes"], (
-                        f"step {step}: releasing the arena's {lent['arena_bytes']} bytes freed "
-                        f"only {lent['freed_bytes']}: another process still maps them")
+                _lend(rollout, step, lend)
             t_paths = [tmp_path / f"rank{r}-step{step}.pt" for r in range(world)]
             for t, path in zip(ranks, t_paths):  # every rank steps and pushes at once
                 t.send(f"step {step} {path}")
