@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 6
+#define FERRY_PLUGIN_ABI_MINOR 7
 
 /* ABI 1.6: the fingerprint ferry computes and compares (docs/fingerprint.md), named in every
  * manifest that carries one and computed by a put with fingerprint_out. A new definition gets a
@@ -396,6 +396,19 @@ typedef struct ferry_transport_api {
    * struct_size). */
   ferry_error_t* (*put_many)(ferry_transport_t* transport, ferry_peer_t* peer,
                              const ferry_put_args_t* const* args, size_t count);
+
+  /* ABI 1.7, optional (with register_memory and deregister_memory). Allocates desc->size bytes of
+   * memory of desc->kind in a place the transport chooses and registers them, as register_memory
+   * would register memory the host allocated: memory a peer reaches faster than the host's own
+   * (UCX: ucp_mem_map with UCP_MEM_MAP_ALLOCATE, which the shared-memory transports map into the
+   * peer, so a put there is a plain copy). desc->base must be NULL. *data_out (out): the first
+   * byte, aligned to at least FERRY_BUCKET_ALIGNMENT; its contents are unspecified. The memory is
+   * the transport's: it stays valid until deregister_memory(*out) frees it (the host never frees
+   * it itself), and it goes when the instance is destroyed. A kind the transport does not
+   * allocate is UNIMPLEMENTED, and the host then allocates and registers the memory itself, as
+   * it does for every plugin that leaves this NULL or is of minor < 7. Serialized. */
+  ferry_error_t* (*alloc_memory)(ferry_transport_t* transport, const ferry_memory_desc_t* desc,
+                                 void** data_out, ferry_memory_t** out);
 } ferry_transport_api_t;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -40,6 +40,9 @@
 //   kMemory (no bit)
 //     ferry_memory* register_memory(const ferry_memory_desc_t& desc);
 //     void deregister_memory(ferry_memory* memory) noexcept;
+//   kAllocMemory (no bit, ABI 1.7; needs kMemory): memory the transport allocates and registers,
+//   freed by deregister_memory
+//     sdk::Allocation alloc_memory(const ferry_memory_desc_t& desc);  // desc.base is NULL
 //   kDirectWrite (CAP_DIRECT_WRITE; needs kMemory and a peer group)
 //     std::vector<std::uint8_t> pack_key(ferry_memory* memory);
 //     ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
@@ -102,7 +105,8 @@ inline constexpr std::uint32_t kDeferredPuts = 1u << 5;
 inline constexpr std::uint32_t kAsync = 1u << 6;
 inline constexpr std::uint32_t kSource = 1u << 7;
 inline constexpr std::uint32_t kAbort = 1u << 8;
-inline constexpr std::uint32_t kAllTransportGroups = (1u << 9) - 1;
+inline constexpr std::uint32_t kAllocMemory = 1u << 9;
+inline constexpr std::uint32_t kAllTransportGroups = (1u << 10) - 1;
 
 // The capability bits that say where the peers may be rather than which functions exist
 // (Family::kConstraints); every other bit comes from the groups.
@@ -128,6 +132,12 @@ struct TransportCaps {
   std::uint32_t memory_kinds = 0;            // ferry_memory_kind_t bits
   std::uint64_t preferred_bucket_bytes = 0;  // 0: no preference
   std::uint32_t max_inflight_buckets = 0;    // 0 means 1
+};
+
+// Memory a transport allocated and registered (kAllocMemory): its first byte and registration.
+struct Allocation {
+  void* data = nullptr;
+  ferry_memory* memory = nullptr;
 };
 
 // One bucket a source read: its manifest (tensor_meta.capnp bytes) and the bytes of dst it
@@ -203,6 +213,7 @@ class TransportPlugin {
   static constexpr bool kHasAsync = (kGroups & kAsync) != 0;
   static constexpr bool kHasSource = (kGroups & kSource) != 0;
   static constexpr bool kHasAbort = (kGroups & kAbort) != 0;
+  static constexpr bool kHasAlloc = (kGroups & kAllocMemory) != 0;
 
   // The declaration is consistent: groups known, their prerequisites declared, flags only of
   // the constraint kind.
@@ -218,6 +229,7 @@ class TransportPlugin {
                 "kPutFingerprint needs kDirectWrite");
   static_assert(!kHasDeferredPuts || kHasDirectWrite, "kDeferredPuts needs kDirectWrite");
   static_assert(!kHasAsync || kPeers, "kAsync needs kPointToPoint or kBroadcast");
+  static_assert(!kHasAlloc || kHasMemory, "kAllocMemory needs kMemory");
 
   // All or none: each group's methods exist exactly when the group is declared.
   // clang-format off
@@ -270,6 +282,10 @@ class TransportPlugin {
                 "std::unique_ptr<Source> source_open(const char*): with kSource, and only then");
   static_assert(kHasAbort == requires(Transport& t, const char* reason) { t.abort(reason); },
                 "abort(const char*): with kAbort, and only then");
+  static_assert(kHasAlloc == requires(Transport& t, const ferry_memory_desc_t& d) {
+                  { t.alloc_memory(d) } -> std::same_as<Allocation>; },
+                "sdk::Allocation alloc_memory(const ferry_memory_desc_t&): with kAllocMemory, "
+                "and only then");
   // clang-format on
 
   static Transport& self(ferry_transport_t* transport) {
@@ -420,6 +436,24 @@ class TransportPlugin {
     });
   }
 
+  static ferry_error_t* alloc_memory(ferry_transport_t* transport, const ferry_memory_desc_t* desc,
+                                     void** data_out, ferry_memory_t** out) noexcept {
+    return guard([&] {
+      Transport& t = transport_of(transport, "alloc_memory");
+      clear_out(data_out, "alloc_memory");
+      clear_out(out, "alloc_memory");
+      const auto d = read_struct(desc, FERRY_STRUCT_SIZE(ferry_memory_desc_t, kind),
+                                 "alloc_memory", "memory desc");
+      if (d.base != nullptr || d.size == 0) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "{} alloc_memory: base must be NULL and size not 0",
+             Family::kName);
+      }
+      const Allocation a = t.alloc_memory(d);
+      *data_out = a.data;
+      *out = reinterpret_cast<ferry_memory_t*>(a.memory);
+    });
+  }
+
   static void deregister_memory(ferry_transport_t* transport, ferry_memory_t* memory) noexcept {
     if (transport != nullptr && memory != nullptr) {
       quietly([&] { self(transport).deregister_memory(memory); });
@@ -538,7 +572,7 @@ class TransportPlugin {
   // The table: the core always, each declared group's entries, NULL for the others.
   static constexpr ferry_transport_api_t kApi = [] {
     ferry_transport_api_t table{};
-    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, put_many);
+    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, alloc_memory);
     table.get_caps = &get_caps;
     table.create = &create;
     table.destroy = &destroy;
@@ -565,6 +599,7 @@ class TransportPlugin {
       table.request_free = &request_free;
     }
     if constexpr (kHasAbort) table.abort = &abort;
+    if constexpr (kHasAlloc) table.alloc_memory = &alloc_memory;
     if constexpr (kHasSource) {
       table.source_open = &source_open;
       table.source_catalog = &source_catalog;
