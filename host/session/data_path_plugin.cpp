@@ -51,10 +51,13 @@ ferry_blob_t borrow_blob(std::span<const std::uint8_t> bytes) {
   return b;
 }
 
-// A staging slot: host memory (SlotBuffer) or device memory of one GPU (cudaMalloc, shared by
-// the plugin as a legacy CUDA IPC allocation).
+// A staging slot: host memory (SlotBuffer), host memory the transport allocated (plugin ABI
+// 1.7 alloc_memory; the transport frees it when its registration goes) or device memory of one
+// GPU (cudaMalloc, shared by the plugin as a legacy CUDA IPC allocation).
 class StagingSlot {
  public:
+  // Memory the transport owns: this slot only borrows it.
+  explicit StagingSlot(std::span<std::byte> transport_owned) : bytes_(transport_owned) {}
   StagingSlot(std::uint64_t capacity, int device) : device_(device) {
     if (device < 0) {
       host_.emplace(capacity);
@@ -117,13 +120,19 @@ bool moves_device_memory(const ferry_transport_caps_t& caps, int device) {
 // memory of the tensors it puts from, once per session.
 // The plugin ABI minor from which a put's fingerprint_out is FERRY_FINGERPRINT_ALGORITHM.
 constexpr std::uint32_t kPutFingerprintMinor = 6;
+// The plugin ABI minor from which the transport may allocate the receiver's staging slots.
+constexpr std::uint32_t kAllocMemoryMinor = 7;
 
 class PluginInstance {
  public:
   PluginInstance(const registry::Registry& registry, const config::Config& config,
                  const std::string& name, ferry_role_t role, std::uint64_t capacity,
                  std::size_t slots, int device)
-      : plugin_(registry.transport(name)), name_(name), capacity_(capacity), slots_(slots) {
+      : plugin_(registry.transport(name)),
+        name_(name),
+        role_(role),
+        capacity_(capacity),
+        slots_(slots) {
     api_ = plugin_->transport();
     const auto& caps = plugin_->info().transport_caps;
     if (api_ == nullptr || !caps || api_->get_address == nullptr || api_->connect == nullptr ||
@@ -204,7 +213,50 @@ class PluginInstance {
     return memory;
   }
 
+  // A receiver's host slot allocated and registered by the transport (ABI 1.7 alloc_memory:
+  // memory its peer reaches faster, e.g. UCX shared memory mapped into the sender), or nullopt
+  // where the plugin has no alloc_memory or declines (UNIMPLEMENTED): the host allocates it.
+  struct Allocated {
+    void* data = nullptr;
+    ferry_memory_t* memory = nullptr;
+  };
+  std::optional<Allocated> alloc_slot() {
+    if (role_ != FERRY_ROLE_RECEIVER || slot_device_ >= 0 || api_->alloc_memory == nullptr ||
+        plugin_->info().abi_minor < kAllocMemoryMinor) {
+      return std::nullopt;
+    }
+    ferry_memory_desc_t desc{};
+    desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+    desc.size = capacity_;
+    desc.kind = FERRY_MEMORY_HOST;
+    desc.device = -1;
+    void* data = nullptr;
+    ferry_memory_t* memory = nullptr;
+    ferry_error_t* error = api_->alloc_memory(transport_, &desc, &data, &memory);
+    if (error != nullptr && host_api_table()->error_code(error) == FERRY_STATUS_UNIMPLEMENTED) {
+      logger("session")->debug("transport '{}' allocates no staging slots: {}", name_,
+                               host_api_table()->error_message(error));
+      host_api_table()->error_free(error);
+      return std::nullopt;
+    }
+    throw_if_error(error, context("alloc_memory"));
+    if (data == nullptr || reinterpret_cast<std::uintptr_t>(data) % FERRY_BUCKET_ALIGNMENT != 0) {
+      if (api_->deregister_memory != nullptr) api_->deregister_memory(transport_, memory);
+      fail(FERRY_STATUS_INTERNAL,
+           "transport '{}' alloc_memory returned {}, not aligned to {} bytes", name_, data,
+           FERRY_BUCKET_ALIGNMENT);
+    }
+    return Allocated{data, memory};
+  }
+
   void register_slot() {
+    if (auto allocated = alloc_slot()) {
+      memory_.push_back(allocated->memory);  // first: destroy() frees it whatever follows
+      buffers_.emplace_back(std::span<std::byte>(static_cast<std::byte*>(allocated->data),
+                                                 capacity_));
+      ++transport_slots_;
+      return;
+    }
     buffers_.emplace_back(capacity_, slot_device_);
     memory_.push_back(register_range(buffers_.back().bytes().data(), capacity_,
                                      slot_device_ >= 0 ? FERRY_MEMORY_CUDA : FERRY_MEMORY_HOST,
@@ -225,6 +277,7 @@ class PluginInstance {
     }
     memory_.clear();
     buffers_.clear();
+    transport_slots_ = 0;
   }
 
   // Drops the registrations of tensors' memory (the tensors need not outlive a push).
@@ -334,6 +387,7 @@ class PluginInstance {
   const ferry_transport_api_t* api_ = nullptr;
   std::shared_ptr<registry::LoadedPlugin> plugin_;
   std::string name_;
+  ferry_role_t role_ = FERRY_ROLE_SENDER;
   ferry_transport_caps_t caps_{};
   std::uint64_t capacity_ = 0;
   std::size_t slots_ = 0;
@@ -341,6 +395,7 @@ class PluginInstance {
   ferry_peer_t* peer_ = nullptr;
   std::vector<StagingSlot> buffers_;
   std::vector<ferry_memory_t*> memory_;  // of buffers_, in order
+  std::size_t transport_slots_ = 0;      // of buffers_, allocated by the transport (alloc_memory)
   // Tensor memory the sender put from: (address, bytes, kind) -> registration.
   std::map<std::tuple<std::uintptr_t, std::uint64_t, int>, ferry_memory_t*> local_;
   int slot_device_ = -1;           // receiver: the GPU its slots are on; -1: host slots
