@@ -1,6 +1,6 @@
 // ucx/ucx_plugin.cpp: the C entry of libferry_transport_ucx.so: ferry_plugin_negotiate over the
 // SDK's transport table (ferry/sdk/transport_plugin.hpp), a point-to-point transport with direct
-// writes and asynchronous requests over ucx_transport.hpp.
+// writes, memory it allocates itself and asynchronous requests over ucx_transport.hpp.
 #include <ferry/plugin.h>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/transport_plugin.hpp>
@@ -25,7 +25,8 @@ struct UcxPlugin {
   static constexpr const char* kOptions[] = {
       "tls", "error_mode", "rma", "keepalive_interval", "spin_polls", nullptr};
   static constexpr std::uint32_t kGroups =
-      sdk::kPointToPoint | sdk::kMemory | sdk::kDirectWrite | sdk::kAsync | sdk::kAbort;
+      sdk::kPointToPoint | sdk::kMemory | sdk::kAllocMemory | sdk::kDirectWrite | sdk::kAsync |
+      sdk::kAbort;
 
   static sdk::TransportCaps caps() {
     return {.memory_kinds = ferry::ucx::supported_memory_kinds(),

@@ -1,6 +1,7 @@
 // ucx/ucx_transport.cpp: the UCX transport instance: context and worker setup, the progress
-// thread, endpoints with peer failure handling, memory registration and remote keys, and the
-// tagged-rendezvous / RMA-put requests with deadlines and abort. See ucx_transport.hpp for the
+// thread, endpoints with peer failure handling, memory registration (and memory UCX allocates)
+// and remote keys, and the tagged-rendezvous / RMA-put requests with deadlines and abort; a put
+// into peer memory UCX maps here (shared memory it allocated) is a copy through the mapping. See ucx_transport.hpp for the
 // threading contract and README.md for the behaviour the host relies on.
 #include "ucx_transport.hpp"
 
@@ -9,6 +10,8 @@
 #include <ferry/sdk/error.hpp>
 
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <charconv>
@@ -760,6 +763,7 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
   request_free(flush);
   const bool put_allowed = options.rma == ferry::ucx::RmaPolicy::always ||
                            (options.rma == ferry::ucx::RmaPolicy::automatic && peer->rma_native);
+  const bool mapped_put = options.rma != ferry::ucx::RmaPolicy::never && !put_allowed;
   ferry::ucx::log(
       FERRY_LOG_DEBUG,
       fmt::format("connected to {} ({}, pid {}): lanes {}; errors: {}; RMA {}; primitive: {}",
@@ -769,7 +773,10 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
                   peer->rma_native ? "native (RDMA or mapped shared memory)"
                                    : "emulated (tcp) or slower than tagged rendezvous (cma)",
                   put_allowed ? "put + flush into registered memory (tagged rendezvous also served)"
-                              : "tagged rendezvous into posted buffers (put refused)"));
+                  : mapped_put
+                      ? "put + flush (a copy) into peer memory UCX allocated and maps here "
+                        "(alloc_memory over sysv/posix); tagged rendezvous into other memory"
+                      : "tagged rendezvous into posted buffers (put refused)"));
   return peer;
 }
 
@@ -826,6 +833,46 @@ ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) 
   auto* m = new ferry_memory{desc.base, desc.size, desc.kind, memh};
   memories.insert(m);
   return m;
+}
+
+ferry::sdk::Allocation ferry_transport::alloc_memory(const ferry_memory_desc_t& desc) {
+  if (desc.kind != FERRY_MEMORY_HOST) {
+    fail(FERRY_STATUS_UNIMPLEMENTED,
+         "ucx alloc_memory: allocates host memory only (asked for kind {}); register memory of "
+         "other kinds with register_memory",
+         static_cast<int>(desc.kind));
+  }
+  auto lock = api_lock();
+  throw_if_aborted_locked();
+  // UCX picks the method (UCX_ALLOC_PRIO: sysv, posix, then huge pages, mmap, heap); memory of
+  // sysv or posix shared memory is what a same-host peer maps and writes with a plain copy.
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  params.address = nullptr;
+  params.length = desc.size;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  params.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t status = ucp_mem_map(context, &params, &memh);
+  if (status != UCS_OK) {
+    fail(status == UCS_ERR_NO_MEMORY ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_IO,
+         "ucx alloc_memory of {} bytes: {}", desc.size, ucs_status_string(status));
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  status = ucp_mem_query(memh, &attr);
+  if (status != UCS_OK || attr.address == nullptr || attr.length < desc.size ||
+      reinterpret_cast<std::uintptr_t>(attr.address) % FERRY_BUCKET_ALIGNMENT != 0) {
+    ucp_mem_unmap(context, memh);
+    fail(FERRY_STATUS_UNIMPLEMENTED,
+         "ucx alloc_memory of {} bytes: UCX gave {} bytes at {} ({}), not {}-byte aligned memory "
+         "of that size",
+         desc.size, attr.length, attr.address, ucs_status_string(status), FERRY_BUCKET_ALIGNMENT);
+  }
+  auto* m = new ferry_memory{attr.address, desc.size, desc.kind, memh, true};
+  memories.insert(m);
+  return {attr.address, m};
 }
 
 std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
@@ -889,6 +936,15 @@ ferry_request* ferry_transport::recv_bucket(ferry_peer* peer, const ferry_bucket
 ucp_rkey_h ferry_transport::rkey_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key) {
   const auto found = peer->rkeys.find(key.checksum);
   if (found != peer->rkeys.end()) return found->second;
+  // A key to memory the peer's UCX allocated names its shared-memory segment, which unpacking
+  // attaches; once the peer is gone the segment is too, and UCX 1.13 then crashes on its own
+  // error path (ucp_ep_rkey_unpack -> ucp_rkey_destroy of the half-unpacked key: SIGSEGV,
+  // measured here). So a same-host peer's /proc entry is checked first; what is left is a peer
+  // dying between this check and the attach, microseconds.
+  if (peer->same_host && peer->pid != 0 && ferry::ucx::process_gone(peer->pid)) {
+    peer_failed_locked(peer, fmt::format("process {} is gone", peer->pid));
+    fail(FERRY_STATUS_PEER_FAILED, "{} (unpacking its remote key)", peer->failure);
+  }
   ucp_rkey_h rkey = nullptr;
   const ucs_status_t status = ucp_ep_rkey_unpack(peer->ep, key.packed_rkey.data(), &rkey);
   if (status != UCS_OK) {
@@ -911,13 +967,6 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          "ucx put to {}: [transport.ucx] rma = never; send buckets with send_bucket/recv_bucket",
          peer->name);
   }
-  if (options.rma == ferry::ucx::RmaPolicy::automatic && !peer->rma_native) {
-    fail(FERRY_STATUS_UNIMPLEMENTED,
-         "ucx put to {}: no RDMA or mapped shared memory among lanes {} (UCX emulates RMA over "
-         "tcp at ~1% of tagged throughput; cma put is ~3x slower than tagged buckets); send "
-         "buckets with send_bucket/recv_bucket, or set [transport.ucx] rma = always",
-         peer->name, peer->lanes);
-  }
   const auto key = ferry::ucx::decode_key(
       std::span<const std::uint8_t>(args.remote_key->data,
                                     static_cast<std::size_t>(args.remote_key->size)),
@@ -929,20 +978,61 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          peer->name, args.remote_offset, args.local.size, key.size);
   }
   const ucp_rkey_h rkey = rkey_for_locked(peer, key);
+  const std::uint64_t remote = key.base + args.remote_offset;
+  if (void* mapped = mapped_locked(rkey, remote, args.local.memory)) {
+    // The peer's memory is mapped here (shared memory UCX allocated: alloc_memory on the peer):
+    // the put is this copy, the fastest way over shared memory (UCX 1.13 would emulate the put
+    // with active messages, copying on both sides). The mutex stays held, so an abort or a
+    // disconnect cannot unmap it midway. A release fence orders the bytes before whatever the
+    // host sends after the flush (the flush then only checks that the peer still runs).
+    std::memcpy(mapped, data, args.local.size);
+    std::atomic_thread_fence(std::memory_order_release);
+    peer->copied_since_flush = true;
+    ferry_request* r = start_locked(peer, "put (copied)", args.deadline_ns, args.local.size);
+    complete_locked(r, UCS_OK, args.local.size);
+    return r;
+  }
+  if (options.rma == ferry::ucx::RmaPolicy::automatic && !peer->rma_native) {
+    fail(FERRY_STATUS_UNIMPLEMENTED,
+         "ucx put to {}: no RDMA or mapped shared memory among lanes {}, and the peer's memory "
+         "is not mapped here (only memory UCX allocated, alloc_memory, is, over sysv/posix) "
+         "(UCX emulates RMA over tcp at ~1% of tagged throughput; cma put is ~3x slower than "
+         "tagged buckets); send buckets with send_bucket/recv_bucket, or set [transport.ucx] "
+         "rma = always",
+         peer->name, peer->lanes);
+  }
   ferry_request* r = start_locked(
       peer, fmt::format("put of {} bytes to {} at offset {}", args.local.size, peer->name,
                         args.remote_offset),
       args.deadline_ns, args.local.size);
   ucp_request_param_t param = request_param(r);
-  finish_start_locked(r, ucp_put_nbx(peer->ep, data, args.local.size,
-                                     key.base + args.remote_offset, rkey, &param));
+  finish_start_locked(r, ucp_put_nbx(peer->ep, data, args.local.size, remote, rkey, &param));
   return r;
+}
+
+void* ferry_transport::mapped_locked(ucp_rkey_h rkey, std::uint64_t remote_address,
+                                     const ferry_memory* local) {
+  // Host memory only: a copy through the mapping cannot read device memory.
+  if (local->kind != FERRY_MEMORY_HOST && local->kind != FERRY_MEMORY_PINNED) return nullptr;
+  void* mapped = nullptr;
+  if (ucp_rkey_ptr(rkey, remote_address, &mapped) != UCS_OK) return nullptr;
+  return mapped;
 }
 
 ferry_request* ferry_transport::flush(ferry_peer* peer, std::int64_t deadline_ns) {
   auto lock = api_lock();
   throw_if_aborted_locked();
   checked_peer_locked(peer, "flush");
+  if (peer->copied_since_flush) {
+    // Copies into the peer's mapping succeed whether or not it still runs: a flush covering
+    // them is good only while it does (an endpoint without UCX error handling would not say).
+    peer->copied_since_flush = false;
+    if (peer->same_host && peer->pid != 0 && ferry::ucx::process_gone(peer->pid)) {
+      peer_failed_locked(peer, fmt::format("process {} is gone", peer->pid));
+      fail(FERRY_STATUS_PEER_FAILED, "{} (flush of the puts copied into its memory)",
+           peer->failure);
+    }
+  }
   ferry_request* r = start_locked(peer, "flush to " + peer->name, deadline_ns, 0);
   ucp_request_param_t param = request_param(r);
   finish_start_locked(r, ucp_ep_flush_nbx(peer->ep, &param));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ferry/plugin.h>
+#include <ferry/sdk/transport_plugin.hpp>
 
 #include <ucp/api/ucp.h>
 
@@ -81,6 +82,7 @@ struct ferry_transport {
   ferry_peer* connect(const ferry_connect_args_t& args);
   void disconnect(ferry_peer* peer);
   ferry_memory* register_memory(const ferry_memory_desc_t& desc);
+  ferry::sdk::Allocation alloc_memory(const ferry_memory_desc_t& desc);
   std::vector<std::uint8_t> pack_key(ferry_memory* memory);
   void deregister_memory(ferry_memory* memory);
   ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
@@ -143,6 +145,7 @@ struct ferry_transport {
                               std::uint64_t expected_length);
   void finish_start_locked(ferry_request* request, ucs_status_ptr_t status);
   ucp_rkey_h rkey_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key);
+  void* mapped_locked(ucp_rkey_h rkey, std::uint64_t remote_address, const ferry_memory* local);
   void* local_pointer(const ferry_memory_range_t& range, const char* what) const;
 };
 
@@ -159,6 +162,7 @@ struct ferry_peer {
   bool same_host = false;           // same kernel and PID namespace (the liveness check works)
   bool peer_errors = true;          // this endpoint's UCP_ERR_HANDLING_MODE_PEER (else NONE)
   std::uint32_t pid = 0;            // for the liveness check of a NONE endpoint
+  bool copied_since_flush = false;  // a put was copied into its mapped memory (see put)
   std::map<std::uint64_t, ucp_rkey_h> rkeys;  // by key blob checksum
 };
 
@@ -167,6 +171,7 @@ struct ferry_memory {
   std::uint64_t size = 0;
   ferry_memory_kind_t kind = FERRY_MEMORY_HOST;
   ucp_mem_h memh = nullptr;
+  bool allocated = false;  // by UCX (alloc_memory): ucp_mem_unmap frees it
 };
 
 struct ferry_request {

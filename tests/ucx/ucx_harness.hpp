@@ -143,6 +143,20 @@ class Side {
     check(api()->register_memory(t_, &desc, &m), "register_memory");
     return m;
   }
+  // `size` bytes of host memory the plugin allocates and registers (ABI 1.7 alloc_memory).
+  ferry_memory_t* alloc(std::uint64_t size, std::uint8_t** data) {
+    ferry_memory_desc_t desc{};
+    desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+    desc.size = size;
+    desc.kind = FERRY_MEMORY_HOST;
+    desc.device = -1;
+    void* p = nullptr;
+    ferry_memory_t* m = nullptr;
+    if (api()->alloc_memory == nullptr) throw std::runtime_error("the plugin has no alloc_memory");
+    check(api()->alloc_memory(t_, &desc, &p, &m), "alloc_memory");
+    *data = static_cast<std::uint8_t*>(p);
+    return m;
+  }
   Bytes key(ferry_memory_t* memory) {
     ferry_blob_t blob{};
     check(api()->pack_key(t_, memory, &blob), "pack_key");

@@ -1,9 +1,10 @@
 // tests/ucx/ucx_transport_test.cpp: libferry_transport_ucx.so through its C table with real UCX
 // endpoints: two processes (fork) over tcp and over shared memory exchange addresses and keys,
 // move tagged buckets and puts from 1 byte to 64 MiB byte-exact, keep many buckets in flight,
-// survive a peer killed with SIGKILL, and close without waiting (peer alive or killed); in one
-// process: deadlines, abort, garbage blobs, size mismatches, options, GPU memory refusal, and the
-// conformance suite.
+// survive a peer killed with SIGKILL, and close without waiting (peer alive or killed); puts
+// over shared memory into memory the plugin allocated (alloc_memory) as copies; in one process:
+// deadlines, abort, garbage blobs, size mismatches, options, GPU memory refusal, allocation, and
+// the conformance suite.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -381,6 +382,98 @@ TEST(UcxEnvironment, ShmPutStaysByteExactWhenTheEnvironmentAsksForNewProtocols) 
   expect_child_ok(sender);
 }
 
+// Memory the receiver's plugin allocated (alloc_memory) is mapped into a sender on the same host
+// over sysv/posix: there a put is a copy through the mapping, so rma = auto takes put (which it
+// refuses into memory the host allocated, PutOverTcpIsRefusedUnderRmaAutoPointingToTaggedBuckets
+// and the shm flavour of the tests above), and every size lands byte-exact. With
+// UCX_PROTO_ENABLE=y asked for on the sender too (the plugin pins the classic protocols on 1.13).
+TEST(UcxAllocatedMemory, ShmPutUnderRmaAutoIsACopyThatLandsByteExact) {
+  ASSERT_NE(api(), nullptr);
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> puts = {
+      {0, 1}, {3, 4099}, {kMiB, kMiB}, {2 * kMiB + 5, 64 * kMiB}};
+  const std::uint64_t region = 2 * kMiB + 5 + 64 * kMiB;
+  PeerProcess sender([&](const Channel& ch) {
+    setenv("UCX_PROTO_ENABLE", "y", 1);
+    Side side(FERRY_ROLE_SENDER, kShm.options);  // rma = auto
+    ferry_peer_t* peer = rendezvous(side, ch, "receiver-parent");
+    const Bytes key = ch.receive();
+    std::vector<std::uint8_t> data(region);
+    for (std::size_t k = 0; k < puts.size(); ++k) {
+      fill(data.data() + puts[k].first, puts[k].second, 200 + k);
+    }
+    ferry_memory_t* m = side.reg(data.data(), region);
+    for (const auto& [offset, size] : puts) {
+      ferry_request_t* r = nullptr;
+      const Status s = side.try_put(peer, m, offset, size, key, offset, &r);
+      if (!s.ok()) throw std::runtime_error("put under rma = auto: " + s.message);
+      side.complete(r, "put");
+    }
+    side.complete(side.flush(peer), "flush");
+    ch.send(std::string("flushed"));
+    ch.receive_text();
+  });
+  Channel ch = sender.channel();
+  Side side(FERRY_ROLE_RECEIVER, kShm.options);
+  rendezvous(side, ch, "sender-child");
+  std::uint8_t* data = nullptr;
+  ferry_memory_t* m = side.alloc(region, &data);
+  ASSERT_NE(data, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(data) % FERRY_BUCKET_ALIGNMENT, 0u);
+  std::memset(data, 0, region);
+  ch.send(side.key(m));
+  ASSERT_EQ(ch.receive_text(), "flushed");
+  for (std::size_t k = 0; k < puts.size(); ++k) {
+    EXPECT_EQ(first_mismatch(data + puts[k].first, puts[k].second, 200 + k), -1)
+        << "put " << k << " of " << puts[k].second << " bytes differs";
+  }
+  ch.send(std::string("checked"));
+  expect_child_ok(sender);
+}
+
+// A receiver killed after the sender copied into its memory: the copy itself cannot tell, the
+// flush that covers the next copy fails naming the peer (its /proc entry is gone), never a silent
+// success. A receiver already gone when its key is first used is PEER_FAILED too, before UCX
+// tries to attach its vanished segment (UCX 1.13 crashes on that error path).
+TEST(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
+  ASSERT_NE(api(), nullptr);
+  for (const bool put_while_alive : {true, false}) {
+    SCOPED_TRACE(put_while_alive ? "killed after a first put" : "killed before any put");
+    PeerProcess receiver([&](const Channel& ch) {
+      Side side(FERRY_ROLE_RECEIVER, kShm.options);
+      rendezvous(side, ch, "sender-parent");
+      std::uint8_t* data = nullptr;
+      ferry_memory_t* m = side.alloc(kMiB, &data);
+      ch.send(side.key(m));
+      ch.receive_text();  // killed while waiting here
+    });
+    Channel ch = receiver.channel();
+    Side side(FERRY_ROLE_SENDER, kShm.options);
+    ferry_peer_t* peer = rendezvous(side, ch, "receiver-child");
+    const Bytes key = ch.receive();
+    std::vector<std::uint8_t> data(kMiB, 7);
+    ferry_memory_t* m = side.reg(data.data(), kMiB);
+    if (put_while_alive) {
+      ferry_request_t* r = nullptr;
+      const Status s = side.try_put(peer, m, 0, kMiB, key, 0, &r);
+      ASSERT_TRUE(s.ok()) << s.message;
+      side.complete(r, "put");
+      side.complete(side.flush(peer), "flush");
+    }
+    receiver.kill_now();
+    ferry_request_t* r = nullptr;
+    const Status put = side.try_put(peer, m, 0, kMiB, key, 0, &r);
+    Status flushed = put;
+    if (put.ok()) {
+      side.complete(r, "put");
+      ferry_request_t* f = nullptr;
+      flushed = take(api()->flush(side.get(), peer, in_ms(10'000), &f));
+      if (flushed.ok()) flushed = side.finish(f, in_ms(10'000));
+    }
+    EXPECT_EQ(flushed.code, FERRY_STATUS_PEER_FAILED) << flushed.message;
+    EXPECT_NE(flushed.message.find("receiver-child"), std::string::npos) << flushed.message;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxPairTest, ::testing::Values(kTcp, kTcpAuto, kShm),
                          [](const ::testing::TestParamInfo<Flavor>& info) {
                            return std::string(info.param.name);
@@ -635,6 +728,30 @@ TEST_F(UcxLocalTest, DeviceMemoryIsRefusedWhenUcxHasNoCudaSupport) {
   EXPECT_EQ(s.code, FERRY_STATUS_UNIMPLEMENTED) << s.message;
   EXPECT_NE(s.message.find("pinned host memory"), std::string::npos) << s.message;
   EXPECT_EQ(m, nullptr);
+}
+
+TEST_F(UcxLocalTest, AllocatedMemoryIsAlignedWritableAndHostOnly) {
+  Side side(FERRY_ROLE_RECEIVER, kShm.options);
+  std::uint8_t* data = nullptr;
+  ferry_memory_t* m = side.alloc(3 * kMiB + 1, &data);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(data) % FERRY_BUCKET_ALIGNMENT, 0u);
+  fill(data, 3 * kMiB + 1, 9);
+  EXPECT_EQ(first_mismatch(data, 3 * kMiB + 1, 9), -1);
+  EXPECT_FALSE(side.key(m).empty());
+  api()->deregister_memory(side.get(), m);  // frees it
+
+  ferry_memory_desc_t desc{};
+  desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+  desc.size = kMiB;
+  desc.kind = FERRY_MEMORY_CUDA;
+  desc.device = 0;
+  void* p = nullptr;
+  ferry_memory_t* none = nullptr;
+  const Status s = take(api()->alloc_memory(side.get(), &desc, &p, &none));
+  EXPECT_EQ(s.code, FERRY_STATUS_UNIMPLEMENTED) << s.message;
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(p, nullptr);
 }
 
 TEST(UcxConformance, PluginPassesTheConformanceSuite) {
