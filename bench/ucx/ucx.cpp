@@ -2,7 +2,9 @@
 // receiver process (this program run again), per UCX transport and bucket size, in host or GPU
 // memory, through the plugin's C table exactly as the session protocol drives it (put + flush
 // where the plugin allows put, else tagged buckets into posted receives with two in flight), next
-// to ucx_perftest on the same transport, memory type and sizes.
+// to ucx_perftest on the same transport, memory type and sizes. The receiver's host buffer is
+// memory the plugin allocates (ABI 1.7 alloc_memory), as a session receiver's slots are, unless
+// --receiver-memory host.
 #include "bench/common/ferry_program.hpp"
 #include "bench/common/process_channel.hpp"
 #include "bench/ucx/ucx.hpp"
@@ -154,7 +156,13 @@ class Buffer {
     data = static_cast<std::uint8_t*>(p);
     std::memset(data, 0, n);
   }
+  // Host memory someone else owns (the transport's, from alloc_memory): zeroed, never freed here.
+  Buffer(void* borrowed, std::uint64_t n) : size(n), owned_(false) {
+    data = static_cast<std::uint8_t*>(borrowed);
+    std::memset(data, 0, n);
+  }
   ~Buffer() {
+    if (!owned_) return;
 #if FERRY_HAVE_CUDA
     if (cuda_) {
       (void)cudaFree(data);
@@ -204,6 +212,7 @@ class Buffer {
 #endif
   }
   bool cuda_ = false;
+  bool owned_ = true;
 };
 
 // Commands and rendezvous bytes between this process and the forked receiver.
@@ -281,6 +290,23 @@ class Endpoint {
     throw_if_error(api_.register_memory(t_, &desc, &m), "ucx register_memory");
     memories_.push_back(m);
     return m;
+  }
+  // `size` bytes of host memory the plugin allocates and registers (ABI 1.7), or nullptr where it
+  // does not (no alloc_memory, or UNIMPLEMENTED).
+  void* alloc(std::uint64_t size, ferry_memory_t** m) {
+    *m = nullptr;
+    if (api_.alloc_memory == nullptr) return nullptr;
+    ferry_memory_desc_t desc{};
+    desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+    desc.size = size;
+    desc.kind = FERRY_MEMORY_HOST;
+    desc.device = -1;
+    void* data = nullptr;
+    ErrorPtr error(api_.alloc_memory(t_, &desc, &data, m));
+    if (error && error_code(error.get()) == FERRY_STATUS_UNIMPLEMENTED) return nullptr;
+    throw_if_error(error.release(), "ucx alloc_memory");
+    memories_.push_back(*m);
+    return data;
   }
   Bytes key(ferry_memory_t* m) {
     ferry_blob_t blob{};
@@ -368,9 +394,15 @@ int receiver_main(const UcxBenchOptions& o, const ferry_transport_api_t& api,
     }
     Endpoint ep(api, FERRY_ROLE_RECEIVER, transport, cuda);
     ep.connect(ch, "bench sender");
-    Buffer buffer(largest, cuda);
-    ferry_memory_t* m = ep.reg(buffer);
+    ferry_memory_t* m = nullptr;
+    void* allocated = cuda || o.receiver_memory == "host" ? nullptr : ep.alloc(largest, &m);
+    std::unique_ptr<Buffer> owned = allocated != nullptr
+                                        ? std::make_unique<Buffer>(allocated, largest)
+                                        : std::make_unique<Buffer>(largest, cuda);
+    Buffer& buffer = *owned;
+    if (m == nullptr) m = ep.reg(buffer);
     ch.send(ep.key(m));
+    ch.send(std::string(allocated != nullptr ? "transport" : cuda ? "cuda" : "host"));
     std::uint32_t next_index = 0;
     for (;;) {
       std::istringstream command(ch.receive_text());
@@ -432,6 +464,7 @@ struct Measurement {
 };
 
 struct TransportRun {
+  std::string receiver_memory;  // "transport" (alloc_memory), "host" or "cuda"
   std::string primitive;  // "put" or "tag"
   std::string why;        // the plugin's answer to the probe put
   std::vector<Measurement> results;
@@ -510,6 +543,7 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
   Endpoint ep(api, FERRY_ROLE_SENDER, transport, cuda, rma);
   ep.connect(ch, "bench receiver");
   const Bytes key = ch.receive();
+  run.receiver_memory = ch.receive_text();
   Buffer buffer(largest, cuda);
   ferry_memory_t* m = ep.reg(buffer);
 
@@ -691,8 +725,10 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
       code = 1;
       continue;
     }
-    std::printf("ucx %s: primitive %s (%s)\n", transport.c_str(), run.primitive.c_str(),
-                run.why.c_str());
+    std::printf("ucx %s: primitive %s (%s); receiver memory: %s\n", transport.c_str(),
+                run.primitive.c_str(), run.why.c_str(),
+                run.receiver_memory == "transport" ? "allocated by the plugin (alloc_memory)"
+                                                   : run.receiver_memory.c_str());
     for (const Measurement& meas : run.results) {
       PerftestResult put, tag, tag_e;
       if (!o.no_perftest) {
@@ -751,6 +787,7 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
       record["iterations"] = meas.iterations;
       record["primitive"] = run.primitive;
       record["primitive_reason"] = run.why;
+      record["receiver_memory"] = run.receiver_memory;
       record["ferry_bytes_per_second"] = ferry_bps;
       record["ferry_seconds"] = meas.seconds;
       record["intact"] = meas.intact;

@@ -22,6 +22,8 @@ struct UcxBenchOptions {
   std::vector<std::string> transports;  // --transports; empty: tcp,shm (cpu), cuda_ipc,tcp (cuda)
   std::string device = "cpu";           // --device: cpu (host buffers) or cuda (GPU 0 buffers)
   std::string primitive = "auto";  // --primitive: auto (the plugin's choice), put, tag
+  std::string receiver_memory = "auto";  // --receiver-memory: auto (the plugin's alloc_memory
+                                         // where it has one), host (allocated by the bench)
   std::vector<std::uint64_t> sizes;     // --sizes (bytes); empty: 1 MiB, 16 MiB, 256 MiB, 1 GiB
   std::uint64_t bytes_per_size = 1ull << 30;  // --bytes-per-size: iterations = this / size
   int min_iterations = 3;               // --min-iterations

@@ -36,6 +36,10 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   sub->add_option("--primitive", o->primitive,
                   "auto (the plugin's choice, as the session makes it), put or tag (forced)")
       ->check(CLI::IsMember({"auto", "put", "tag"}));
+  sub->add_option("--receiver-memory", o->receiver_memory,
+                  "the receiver's host buffer: auto (allocated by the plugin where it offers "
+                  "alloc_memory, as a session's slots are) or host (allocated by the bench)")
+      ->check(CLI::IsMember({"auto", "host"}));
   sub->add_option("--perftest", o->perftest,
                   "the ucx_perftest program (default: the bundle's bin/ucx_perftest, of the UCX "
                   "it carries, else from PATH)");
