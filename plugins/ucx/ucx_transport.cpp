@@ -982,14 +982,18 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
   if (void* mapped = mapped_locked(rkey, remote, args.local.memory)) {
     // The peer's memory is mapped here (shared memory UCX allocated: alloc_memory on the peer):
     // the put is this copy, the fastest way over shared memory (UCX 1.13 would emulate the put
-    // with active messages, copying on both sides). The mutex stays held, so an abort or a
+    // with active messages, copying on both sides), halves of a large one copied by this thread
+    // and a helper (split_copy.hpp). The mutex stays held, so an abort or a
     // disconnect cannot unmap it midway. A release fence orders the bytes before whatever the
     // host sends after the flush (the flush then only checks that the peer still runs).
-    std::memcpy(mapped, data, args.local.size);
+    split_copy.copy(mapped, data, args.local.size);
     std::atomic_thread_fence(std::memory_order_release);
     peer->copied_since_flush = true;
+    // Done already: nobody waits on it yet, so nobody is woken (a wakeup per put set the idle
+    // progress thread spinning against the next copy on a 2-core machine).
     ferry_request* r = start_locked(peer, "put (copied)", args.deadline_ns, args.local.size);
-    complete_locked(r, UCS_OK, args.local.size);
+    r->ucx_completed = true;
+    r->done = true;
     return r;
   }
   if (options.rma == ferry::ucx::RmaPolicy::automatic && !peer->rma_native) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "split_copy.hpp"
 #include "ucx_wire.hpp"
 
 namespace ferry::ucx {
@@ -124,6 +125,7 @@ struct ferry_transport {
   std::int64_t next_liveness_ns = 0;  // next /proc check of the peers
   bool liveness_checked = false;      // a peer's endpoint has no UCX error handling (NONE)
   std::thread progress_thread;
+  ferry::ucx::SplitCopy split_copy;  // puts that are copies into the peer's mapped memory
 
  private:
   void progress_loop();
