@@ -170,7 +170,14 @@ struct Everything : PeersOnly {
   std::unique_ptr<ferry_source> source_open(const char*) {
     return std::make_unique<ferry_source>();
   }
+  // kAllocMemory: its own memory (the registration's size field carries it), freed by
+  // deregister_memory.
+  sdk::Allocation alloc_memory(const ferry_memory_desc_t& desc) {
+    allocated.resize(desc.size);
+    return {allocated.data(), new ferry_memory{desc.size}};
+  }
   std::size_t last_put_many = 0;
+  std::vector<std::uint8_t> allocated;
 };
 struct EverythingPlugin {
   using Transport = Everything;
@@ -223,7 +230,7 @@ ferry_transport_t* create(const ferry_transport_api_t& api) {
 
 TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   const ferry_transport_api_t& api = *PeersTable::api();
-  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, put_many));
+  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, alloc_memory));
   const auto caps = caps_of(api);
   EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY);
   EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_HOST));
@@ -251,6 +258,7 @@ TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   EXPECT_EQ(api.source_catalog, nullptr);
   EXPECT_EQ(api.source_read, nullptr);
   EXPECT_EQ(api.source_close, nullptr);
+  EXPECT_EQ(api.alloc_memory, nullptr);
   EXPECT_EQ(std::memcmp(&kCopied, &api, sizeof api), 0);
 }
 
@@ -309,6 +317,23 @@ TEST_F(TransportPluginTest, EveryGroupFillsTheWholeTable) {
   EXPECT_EQ(no_args.code, FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(no_args.message, "all put_many: args is NULL");
   EXPECT_EQ(take(api.put_many(t, &peer, nullptr, 0)).code, FERRY_STATUS_OK);
+  // alloc_memory: data and registration out; a desc with a base (or no size) is refused.
+  ferry_memory_desc_t desc{};
+  desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);
+  desc.size = 4096;
+  desc.kind = FERRY_MEMORY_HOST;
+  void* data = nullptr;
+  ferry_memory_t* m = nullptr;
+  EXPECT_EQ(take(api.alloc_memory(t, &desc, &data, &m)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(data, reinterpret_cast<Everything*>(t)->allocated.data());
+  ASSERT_NE(m, nullptr);
+  api.deregister_memory(t, m);
+  desc.base = data;
+  const Outcome with_base = take(api.alloc_memory(t, &desc, &data, &m));
+  EXPECT_EQ(with_base.code, FERRY_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(with_base.message, "all alloc_memory: base must be NULL and size not 0");
+  EXPECT_EQ(data, nullptr);
+  EXPECT_EQ(m, nullptr);
   api.destroy(t);
 }
 
