@@ -1,8 +1,8 @@
 // ucx/ucx_transport.cpp: the UCX transport instance: context and worker setup, the progress
 // thread, endpoints with peer failure handling, memory registration (and memory UCX allocates)
 // and remote keys, and the tagged-rendezvous / RMA-put requests with deadlines and abort; a put
-// into peer memory UCX maps here (shared memory it allocated) is a copy through the mapping. See ucx_transport.hpp for the
-// threading contract and README.md for the behaviour the host relies on.
+// into a same-host peer's alloc_memory segment, mapped here, is a copy (shared_segment.hpp). See
+// ucx_transport.hpp for the threading contract and README.md for the behaviour the host relies on.
 #include "ucx_transport.hpp"
 
 #include "process_state.hpp"
@@ -217,6 +217,22 @@ Options parse_options(const ferry_option_t* options, std::size_t count) {
   return o;
 }
 
+bool tls_allows_shared_memory(const std::optional<std::string>& tls) {
+  if (!tls) return true;
+  std::string_view list = *tls;
+  const bool exclude = !list.empty() && list.front() == '^';  // UCX: "^tcp" = all but tcp
+  if (exclude) list.remove_prefix(1);
+  bool named = false;
+  while (!list.empty()) {
+    const auto comma = list.find(',');
+    const std::string_view name = trim(list.substr(0, comma));
+    named = named || name == "sm" || name == "shm" || name == "sysv" || name == "posix" ||
+            name == "mm" || name == "all";
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+  }
+  return exclude ? !named : named;
+}
+
 bool peer_errors_for(ErrorMode mode, bool same_host) {
   return mode == ErrorMode::peer || (mode == ErrorMode::automatic && !same_host);
 }
@@ -331,6 +347,8 @@ ferry_transport::ferry_transport(const ferry_transport_create_args_t& args,
                       ? "registered directly (UCX built with CUDA)"
                       : "not supported by this UCX build; the host stages device memory through "
                         "pinned host memory"));
+  copy_into_segments = ferry::ucx::tls_allows_shared_memory(options.tls);
+  own_process_space = ferry::ucx::process_space();
   progress_thread = std::thread([this] { progress_loop(); });
 }
 
@@ -525,6 +543,7 @@ void ferry_transport::close_endpoint_locked(ferry_peer* peer, bool force) {
   if (peer->ep == nullptr) return;
   for (auto& [sum, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
   peer->rkeys.clear();
+  peer->segments.clear();  // unmaps (nothing copies now: copies run under the mutex)
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // Forcing is only safe when both sides handle peer errors (ucp.h); otherwise flush-close.
@@ -763,7 +782,8 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
   request_free(flush);
   const bool put_allowed = options.rma == ferry::ucx::RmaPolicy::always ||
                            (options.rma == ferry::ucx::RmaPolicy::automatic && peer->rma_native);
-  const bool mapped_put = options.rma != ferry::ucx::RmaPolicy::never && !put_allowed;
+  const bool mapped_put =
+      options.rma != ferry::ucx::RmaPolicy::never && same_host && copy_into_segments;
   ferry::ucx::log(
       FERRY_LOG_DEBUG,
       fmt::format("connected to {} ({}, pid {}): lanes {}; errors: {}; RMA {}; primitive: {}",
@@ -772,11 +792,15 @@ ferry_peer* ferry_transport::connect(const ferry_connect_args_t& args) {
                                     : "none in UCX, the peer's /proc entry checked every 100 ms",
                   peer->rma_native ? "native (RDMA or mapped shared memory)"
                                    : "emulated (tcp) or slower than tagged rendezvous (cma)",
-                  put_allowed ? "put + flush into registered memory (tagged rendezvous also served)"
-                  : mapped_put
-                      ? "put + flush (a copy) into peer memory UCX allocated and maps here "
-                        "(alloc_memory over sysv/posix); tagged rendezvous into other memory"
-                      : "tagged rendezvous into posted buffers (put refused)"));
+                  mapped_put
+                      ? (put_allowed ? "put + flush: a copy into the peer's alloc_memory segments "
+                                       "(mapped here, same host), UCX put into other registered "
+                                       "memory"
+                                     : "put + flush (a copy) into the peer's alloc_memory "
+                                       "segments, mapped here (same host); tagged rendezvous "
+                                       "into other memory")
+                  : put_allowed ? "put + flush into registered memory (tagged rendezvous also served)"
+                                : "tagged rendezvous into posted buffers (put refused)"));
   return peer;
 }
 
@@ -842,37 +866,30 @@ ferry::sdk::Allocation ferry_transport::alloc_memory(const ferry_memory_desc_t& 
          "other kinds with register_memory",
          static_cast<int>(desc.kind));
   }
+  if (desc.size == 0) fail(FERRY_STATUS_INVALID_ARGUMENT, "ucx alloc_memory: size is 0");
+  // A sealed memory file (shared_segment.hpp), registered with UCX like any memory (tagged
+  // receives land in it, UCX puts reach it); its key also names the file, which a sender on this
+  // host maps and copies into (put), whatever the endpoint's error handling.
+  auto segment = std::make_unique<ferry::ucx::OwnedSegment>(desc.size);
   auto lock = api_lock();
   throw_if_aborted_locked();
-  // UCX picks the method (UCX_ALLOC_PRIO: sysv, posix, then huge pages, mmap, heap); memory of
-  // sysv or posix shared memory is what a same-host peer maps and writes with a plain copy.
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = nullptr;
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  params.address = segment->data();
   params.length = desc.size;
-  params.flags = UCP_MEM_MAP_ALLOCATE;
   params.memory_type = UCS_MEMORY_TYPE_HOST;
   ucp_mem_h memh = nullptr;
-  ucs_status_t status = ucp_mem_map(context, &params, &memh);
+  const ucs_status_t status = ucp_mem_map(context, &params, &memh);
   if (status != UCS_OK) {
     fail(status == UCS_ERR_NO_MEMORY ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_IO,
-         "ucx alloc_memory of {} bytes: {}", desc.size, ucs_status_string(status));
+         "ucx alloc_memory of {} bytes: registering it: {}", desc.size,
+         ucs_status_string(status));
   }
-  ucp_mem_attr_t attr{};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-  status = ucp_mem_query(memh, &attr);
-  if (status != UCS_OK || attr.address == nullptr || attr.length < desc.size ||
-      reinterpret_cast<std::uintptr_t>(attr.address) % FERRY_BUCKET_ALIGNMENT != 0) {
-    ucp_mem_unmap(context, memh);
-    fail(FERRY_STATUS_UNIMPLEMENTED,
-         "ucx alloc_memory of {} bytes: UCX gave {} bytes at {} ({}), not {}-byte aligned memory "
-         "of that size",
-         desc.size, attr.length, attr.address, ucs_status_string(status), FERRY_BUCKET_ALIGNMENT);
-  }
-  auto* m = new ferry_memory{attr.address, desc.size, desc.kind, memh, true};
+  void* data = segment->data();
+  auto* m = new ferry_memory{data, desc.size, desc.kind, memh, std::move(segment)};
   memories.insert(m);
-  return {attr.address, m};
+  return {data, m};
 }
 
 std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
@@ -892,6 +909,10 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
   const auto* bytes = static_cast<const std::uint8_t*>(buffer);
   key.packed_rkey.assign(bytes, bytes + size);
   ucp_rkey_buffer_release(buffer);
+  if (memory->segment) {
+    key.segment = memory->segment->id();
+    key.process_space = own_process_space;
+  }
   return ferry::ucx::encode_key(key);
 }
 
@@ -936,15 +957,10 @@ ferry_request* ferry_transport::recv_bucket(ferry_peer* peer, const ferry_bucket
 ucp_rkey_h ferry_transport::rkey_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key) {
   const auto found = peer->rkeys.find(key.checksum);
   if (found != peer->rkeys.end()) return found->second;
-  // A key to memory the peer's UCX allocated names its shared-memory segment, which unpacking
-  // attaches; once the peer is gone the segment is too, and UCX 1.13 then crashes on its own
-  // error path (ucp_ep_rkey_unpack -> ucp_rkey_destroy of the half-unpacked key: SIGSEGV,
-  // measured here). So a same-host peer's /proc entry is checked first; what is left is a peer
-  // dying between this check and the attach, microseconds.
-  if (peer->same_host && peer->pid != 0 && ferry::ucx::process_gone(peer->pid)) {
-    peer_failed_locked(peer, fmt::format("process {} is gone", peer->pid));
-    fail(FERRY_STATUS_PEER_FAILED, "{} (unpacking its remote key)", peer->failure);
-  }
+  // Keys of this plugin name registered memory only (alloc_memory registers a memory file it
+  // made; it never asks UCX to allocate): no sysv/posix segment for UCX to attach here. UCX 1.13
+  // crashed on the error path of such an attach (ucp_rkey_destroy of a half-unpacked key) when
+  // the owner had died just before.
   ucp_rkey_h rkey = nullptr;
   const ucs_status_t status = ucp_ep_rkey_unpack(peer->ep, key.packed_rkey.data(), &rkey);
   if (status != UCS_OK) {
@@ -977,16 +993,15 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
          "ucx put to {}: remote range [{}, +{}) lies outside the peer's registered {} bytes",
          peer->name, args.remote_offset, args.local.size, key.size);
   }
-  const ucp_rkey_h rkey = rkey_for_locked(peer, key);
-  const std::uint64_t remote = key.base + args.remote_offset;
-  if (void* mapped = mapped_locked(rkey, remote, args.local.memory)) {
-    // The peer's memory is mapped here (shared memory UCX allocated: alloc_memory on the peer):
-    // the put is this copy, the fastest way over shared memory (UCX 1.13 would emulate the put
-    // with active messages, copying on both sides), halves of a large one copied by this thread
-    // and a helper (split_copy.hpp). The mutex stays held, so an abort or a
-    // disconnect cannot unmap it midway. A release fence orders the bytes before whatever the
-    // host sends after the flush (the flush then only checks that the peer still runs).
-    split_copy.copy(mapped, data, args.local.size);
+  if (std::uint8_t* segment = segment_for_locked(peer, key, args.local.memory)) {
+    // The peer's memory is its alloc_memory segment, mapped here: the put is this copy, the
+    // fastest way over shared memory (UCX 1.13 would emulate the put with active messages,
+    // copying on both sides), halves of a large one copied by this thread and a helper
+    // (split_copy.hpp). The mapping is this process's own and stays valid until the endpoint
+    // closes, which waits for the mutex held here: the copy cannot fault, even if the peer
+    // died a moment ago (its flush says so). A release fence orders the bytes before whatever
+    // the host sends after the flush.
+    split_copy.copy(segment + args.remote_offset, data, args.local.size);
     std::atomic_thread_fence(std::memory_order_release);
     peer->copied_since_flush = true;
     // Done already: nobody waits on it yet, so nobody is woken (a wakeup per put set the idle
@@ -999,28 +1014,61 @@ ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& ar
   if (options.rma == ferry::ucx::RmaPolicy::automatic && !peer->rma_native) {
     fail(FERRY_STATUS_UNIMPLEMENTED,
          "ucx put to {}: no RDMA or mapped shared memory among lanes {}, and the peer's memory "
-         "is not mapped here (only memory UCX allocated, alloc_memory, is, over sysv/posix) "
+         "is not mapped here (only memory its plugin allocated, alloc_memory, on this host and "
+         "with tls allowing shared memory, is) "
          "(UCX emulates RMA over tcp at ~1% of tagged throughput; cma put is ~3x slower than "
          "tagged buckets); send buckets with send_bucket/recv_bucket, or set [transport.ucx] "
          "rma = always",
          peer->name, peer->lanes);
   }
+  const ucp_rkey_h rkey = rkey_for_locked(peer, key);
   ferry_request* r = start_locked(
       peer, fmt::format("put of {} bytes to {} at offset {}", args.local.size, peer->name,
                         args.remote_offset),
       args.deadline_ns, args.local.size);
   ucp_request_param_t param = request_param(r);
-  finish_start_locked(r, ucp_put_nbx(peer->ep, data, args.local.size, remote, rkey, &param));
+  finish_start_locked(r, ucp_put_nbx(peer->ep, data, args.local.size,
+                                     key.base + args.remote_offset, rkey, &param));
   return r;
 }
 
-void* ferry_transport::mapped_locked(ucp_rkey_h rkey, std::uint64_t remote_address,
-                                     const ferry_memory* local) {
-  // Host memory only: a copy through the mapping cannot read device memory.
-  if (local->kind != FERRY_MEMORY_HOST && local->kind != FERRY_MEMORY_PINNED) return nullptr;
-  void* mapped = nullptr;
-  if (ucp_rkey_ptr(rkey, remote_address, &mapped) != UCS_OK) return nullptr;
-  return mapped;
+std::uint8_t* ferry_transport::segment_for_locked(ferry_peer* peer,
+                                                  const ferry::ucx::KeyInfo& key,
+                                                  const ferry_memory* local) {
+  // Host memory only (a copy cannot read device memory), into the segment of this very peer on
+  // this host, and only where tls allows shared memory.
+  if (!copy_into_segments || key.segment.pid == 0 || key.segment.pid != peer->pid ||
+      !peer->same_host || key.process_space != own_process_space ||
+      (local->kind != FERRY_MEMORY_HOST && local->kind != FERRY_MEMORY_PINNED)) {
+    return nullptr;
+  }
+  if (const auto found = peer->segments.find(key.checksum); found != peer->segments.end()) {
+    return found->second.data();
+  }
+  if (peer->unmappable.count(key.checksum) != 0) return nullptr;
+  // The attach is plain system calls that fail with a code (shared_segment.hpp): a peer gone
+  // before it is an answer, not a crash.
+  ferry::ucx::MappedSegment segment;
+  std::string why;
+  switch (segment.attach(key.segment, &why)) {
+    case ferry::ucx::MappedSegment::Outcome::mapped:
+      return peer->segments.emplace(key.checksum, std::move(segment)).first->second.data();
+    case ferry::ucx::MappedSegment::Outcome::owner_gone:
+      peer_failed_locked(peer, why);
+      fail(FERRY_STATUS_PEER_FAILED, "{} (mapping its memory for a put)", peer->failure);
+    case ferry::ucx::MappedSegment::Outcome::not_that_file:
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "ucx put to {}: the remote key names memory the peer no longer has: {}", peer->name,
+           why);
+    case ferry::ucx::MappedSegment::Outcome::refused:
+      break;
+  }
+  ferry::ucx::log(FERRY_LOG_DEBUG,
+                  fmt::format("put to {}: its memory cannot be mapped here ({}); UCX carries "
+                              "puts into it",
+                              peer->name, why));
+  peer->unmappable.insert(key.checksum);
+  return nullptr;
 }
 
 ferry_request* ferry_transport::flush(ferry_peer* peer, std::int64_t deadline_ns) {

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "shared_segment.hpp"
 #include "split_copy.hpp"
 #include "ucx_wire.hpp"
 
@@ -59,6 +61,10 @@ struct Options {
   std::string keepalive_interval = "1s";  // UCX_KEEPALIVE_INTERVAL: how soon a dead peer shows
   std::uint32_t spin_polls = 4096;        // idle polls before the progress thread naps
 };
+
+// Whether a `tls` option (unset: UCX's own choice, all transports) lets this instance use shared
+// memory: a copy into a same-host peer's mapped segment is a shared-memory transport too.
+bool tls_allows_shared_memory(const std::optional<std::string>& tls);
 
 // Parses [transport.ucx] options; throws INVALID_ARGUMENT naming an unknown key or a bad value.
 Options parse_options(const ferry_option_t* options, std::size_t count);
@@ -126,6 +132,9 @@ struct ferry_transport {
   bool liveness_checked = false;      // a peer's endpoint has no UCX error handling (NONE)
   std::thread progress_thread;
   ferry::ucx::SplitCopy split_copy;  // puts that are copies into the peer's mapped memory
+  bool copy_into_segments = false;   // tls allows shared memory: puts into a same-host peer's
+                                     // alloc_memory segment are copies (see put)
+  std::string own_process_space;     // "<boot_id>/<pid namespace>" of this process
 
  private:
   void progress_loop();
@@ -147,7 +156,8 @@ struct ferry_transport {
                               std::uint64_t expected_length);
   void finish_start_locked(ferry_request* request, ucs_status_ptr_t status);
   ucp_rkey_h rkey_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key);
-  void* mapped_locked(ucp_rkey_h rkey, std::uint64_t remote_address, const ferry_memory* local);
+  std::uint8_t* segment_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key,
+                                   const ferry_memory* local);
   void* local_pointer(const ferry_memory_range_t& range, const char* what) const;
 };
 
@@ -166,6 +176,11 @@ struct ferry_peer {
   std::uint32_t pid = 0;            // for the liveness check of a NONE endpoint
   bool copied_since_flush = false;  // a put was copied into its mapped memory (see put)
   std::map<std::uint64_t, ucp_rkey_h> rkeys;  // by key blob checksum
+  // The peer's alloc_memory segments mapped here, by key blob checksum, kept until the endpoint
+  // closes (mapped, they stay valid whatever the peer does); keys whose segment cannot be mapped
+  // here (permissions, limits) go by UCX.
+  std::map<std::uint64_t, ferry::ucx::MappedSegment> segments;
+  std::set<std::uint64_t> unmappable;
 };
 
 struct ferry_memory {
@@ -173,7 +188,8 @@ struct ferry_memory {
   std::uint64_t size = 0;
   ferry_memory_kind_t kind = FERRY_MEMORY_HOST;
   ucp_mem_h memh = nullptr;
-  bool allocated = false;  // by UCX (alloc_memory): ucp_mem_unmap frees it
+  // alloc_memory's shared segment (freed after ucp_mem_unmap); null for register_memory.
+  std::unique_ptr<ferry::ucx::OwnedSegment> segment;
 };
 
 struct ferry_request {

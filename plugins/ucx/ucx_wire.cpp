@@ -10,7 +10,9 @@ namespace {
 
 constexpr char kAddressMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'U', 'C', 'A'};
 constexpr char kKeyMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'U', 'C', 'K'};
-constexpr std::uint32_t kFormatVersion = 1;
+constexpr std::uint32_t kAddressVersion = 1;
+// 2: the key carries the owner's shared segment (alloc_memory) and process space.
+constexpr std::uint32_t kKeyVersion = 2;
 constexpr std::size_t kMaxPayload = 1u << 20;  // UCX addresses and rkeys are far smaller
 
 // Appends and reads fixed-width little-endian-as-native fields; both sides are the same
@@ -74,14 +76,14 @@ class Reader {
     bytes(v.data(), n);
     return v;
   }
-  void magic(const char (&expected)[8]) {
+  void magic(const char (&expected)[8], std::uint32_t expected_version) {
     char m[8];
     bytes(m, 8);
     if (std::memcmp(m, expected, 8) != 0) bad("wrong magic; not a ferry UCX {} blob", kind_);
     const auto version = pod<std::uint32_t>();
-    if (version != kFormatVersion) {
+    if (version != expected_version) {
       fail(FERRY_STATUS_INCOMPATIBLE, "{}: {} blob has format version {}, this plugin reads {}",
-           what_, kind_, version, kFormatVersion);
+           what_, kind_, version, expected_version);
     }
   }
   // Reads the trailing checksum and checks it covers exactly the rest of the blob.
@@ -119,7 +121,7 @@ std::uint64_t fnv1a64(std::span<const std::uint8_t> bytes, std::uint64_t seed) {
 std::vector<std::uint8_t> encode_address(const AddressInfo& info) {
   Writer w;
   w.bytes(kAddressMagic, 8);
-  w.pod(kFormatVersion);
+  w.pod(kAddressVersion);
   w.pod<std::uint32_t>(info.error_mode);
   w.pod(info.pid);
   w.text(info.process_space);
@@ -131,7 +133,7 @@ std::vector<std::uint8_t> encode_address(const AddressInfo& info) {
 AddressInfo decode_address(std::span<const std::uint8_t> blob, const std::string& what) {
   Reader r(blob, what, "UCX worker address");
   AddressInfo info;
-  r.magic(kAddressMagic);
+  r.magic(kAddressMagic, kAddressVersion);
   const auto mode = r.pod<std::uint32_t>();
   if (mode > 2) r.bad("error mode {}", mode);
   info.error_mode = mode;
@@ -147,22 +149,38 @@ AddressInfo decode_address(std::span<const std::uint8_t> blob, const std::string
 std::vector<std::uint8_t> encode_key(const KeyInfo& info) {
   Writer w;
   w.bytes(kKeyMagic, 8);
-  w.pod(kFormatVersion);
+  w.pod(kKeyVersion);
   w.pod(info.base);
   w.pod(info.size);
   w.block(info.packed_rkey);
+  w.pod(info.segment.pid);
+  w.pod(info.segment.fd);
+  w.pod(info.segment.device);
+  w.pod(info.segment.inode);
+  w.pod(info.segment.size);
+  w.text(info.process_space);
   return w.finish();
 }
 
 KeyInfo decode_key(std::span<const std::uint8_t> blob, const std::string& what) {
   Reader r(blob, what, "remote key");
   KeyInfo info;
-  r.magic(kKeyMagic);
+  r.magic(kKeyMagic, kKeyVersion);
   info.base = r.pod<std::uint64_t>();
   info.size = r.pod<std::uint64_t>();
   info.packed_rkey = r.block();
+  info.segment.pid = r.pod<std::uint32_t>();
+  info.segment.fd = r.pod<std::int32_t>();
+  info.segment.device = r.pod<std::uint64_t>();
+  info.segment.inode = r.pod<std::uint64_t>();
+  info.segment.size = r.pod<std::uint64_t>();
+  info.process_space = r.text();
   info.checksum = r.verify_end();
   if (info.base + info.size < info.base) r.bad("range [{:#x}, +{}) overflows", info.base, info.size);
+  if (info.segment.pid != 0 && (info.segment.fd < 0 || info.segment.size < info.size)) {
+    r.bad("segment (fd {}, {} bytes) does not cover the {} bytes of the key", info.segment.fd,
+          info.segment.size, info.size);
+  }
   return info;
 }
 

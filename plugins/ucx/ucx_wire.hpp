@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "shared_segment.hpp"
+
 namespace ferry::ucx {
 
 // FNV-1a 64-bit: a checksum for framing, not a security measure.
@@ -35,6 +37,10 @@ struct KeyInfo {
   std::uint64_t base = 0;  // the registered range in the owner's address space
   std::uint64_t size = 0;
   std::vector<std::uint8_t> packed_rkey;  // ucp_rkey_pack bytes
+  // Memory the owner's plugin allocated (alloc_memory): its shared segment, which a peer in the
+  // same process space ("<boot_id>/<pid namespace>", as AddressInfo) maps; pid 0: none.
+  SegmentId segment;
+  std::string process_space;
   std::uint64_t checksum = 0;             // of the whole blob; identifies it in rkey caches
 };
 

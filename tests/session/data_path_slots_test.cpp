@@ -1,8 +1,9 @@
 // tests/session/data_path_slots_test.cpp: where a plugin receiver's staging slots come from. With
-// the UCX plugin (ABI 1.7 alloc_memory) they are shared memory UCX allocated, which a sender of
-// this host maps: its data path then puts (a copy through the mapping) and the bucket lands
-// byte-exact. With a plugin that allocates nothing (tests/plugins' loop transport) the host
-// allocates them and buckets move as before.
+// the UCX plugin (ABI 1.7 alloc_memory) they are shared memory the plugin allocated (a memory
+// file), which a sender of this host maps: its data path then puts (a copy through the mapping)
+// and the bucket lands byte-exact, with the plugin's default options as with shm and
+// error_mode = none. With a plugin that allocates nothing (tests/plugins' loop transport) the
+// host allocates them and buckets move as before.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -40,7 +41,8 @@ std::string mapping_of(const void* p) {
 
 bool is_shared_memory(const std::string& mapping) {
   return mapping.find("SYSV") != std::string::npos ||
-         mapping.find("/dev/shm/") != std::string::npos;
+         mapping.find("/dev/shm/") != std::string::npos ||
+         mapping.find("/memfd:") != std::string::npos;
 }
 
 // A registry of the plugin in environment variable `env` (skipped when unset: not built).
@@ -53,11 +55,13 @@ std::unique_ptr<registry::Registry> registry_of(const char* env) {
 
 std::uint8_t pattern(std::uint64_t i) { return static_cast<std::uint8_t>((i * 131) ^ (i >> 9)); }
 
-TEST(PluginSlots, UcxReceiverSlotsAreSharedMemoryASenderPutsIntoByteExact) {
+class UcxSlots : public ::testing::TestWithParam<bool> {};
+
+TEST_P(UcxSlots, ReceiverSlotsAreSharedMemoryASenderPutsIntoByteExact) {
   auto registry = registry_of("FERRY_UCX_PLUGIN");
   if (!registry) GTEST_SKIP() << "the UCX plugin is not built";
   config::Config config;
-  config.transports["ucx"] = {{"tls", "sm"}, {"error_mode", "none"}};
+  if (GetParam()) config.transports["ucx"] = {{"tls", "sm"}, {"error_mode", "none"}};
   constexpr std::uint64_t kCapacity = 8 * kMiB + 4096;
   auto receiver = make_plugin_receiver_path(*registry, config, "ucx", kCapacity, 2);
   for (std::uint32_t s = 0; s < 2; ++s) {
@@ -91,6 +95,11 @@ TEST(PluginSlots, UcxReceiverSlotsAreSharedMemoryASenderPutsIntoByteExact) {
   }
   EXPECT_EQ(first_bad, bytes) << "the bucket differs from byte " << first_bad;
 }
+
+INSTANTIATE_TEST_SUITE_P(Options, UcxSlots, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "shm_error_mode_none" : "defaults");
+                         });
 
 TEST(PluginSlots, ATransportWithoutAllocGetsHostAllocatedSlots) {
   auto registry = registry_of("FERRY_LOOP_PLUGIN");

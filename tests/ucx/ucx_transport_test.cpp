@@ -9,6 +9,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -382,19 +384,29 @@ TEST(UcxEnvironment, ShmPutStaysByteExactWhenTheEnvironmentAsksForNewProtocols) 
   expect_child_ok(sender);
 }
 
-// Memory the receiver's plugin allocated (alloc_memory) is mapped into a sender on the same host
-// over sysv/posix: there a put is a copy through the mapping, so rma = auto takes put (which it
-// refuses into memory the host allocated, PutOverTcpIsRefusedUnderRmaAutoPointingToTaggedBuckets
-// and the shm flavour of the tests above), and every size lands byte-exact. With
-// UCX_PROTO_ENABLE=y asked for on the sender too (the plugin pins the classic protocols on 1.13).
-TEST(UcxAllocatedMemory, ShmPutUnderRmaAutoIsACopyThatLandsByteExact) {
-  ASSERT_NE(api(), nullptr);
+// Memory the receiver's plugin allocated (alloc_memory: a sealed memory file) is mapped by a
+// sender on the same host: there a put is a copy through the mapping, so rma = auto takes put
+// (which it refuses into memory the host allocated, PutOverTcpIsRefusedUnderRmaAutoPointingTo-
+// TaggedBuckets and the shm flavour of the tests above), and every size lands byte-exact. With
+// the plugin's default options (error_mode = peer, tls = UCX's choice) as with shm + error_mode =
+// none; with tls = tcp (no shared memory) put stays refused. UCX_PROTO_ENABLE=y asked for on the
+// sender too (the plugin pins the classic protocols on 1.13).
+class UcxAllocatedMemory : public ::testing::TestWithParam<Flavor> {
+ protected:
+  void SetUp() override { ASSERT_NE(api(), nullptr); }
+};
+
+const Flavor kDefault{"default", {}};
+
+TEST_P(UcxAllocatedMemory, PutUnderRmaAutoIsACopyThatLandsByteExact) {
+  const Options options = GetParam().options;
+  const bool copies = std::string(GetParam().name) != "tcp";
   const std::vector<std::pair<std::uint64_t, std::uint64_t>> puts = {
       {0, 1}, {3, 4099}, {kMiB, kMiB}, {2 * kMiB + 5, 64 * kMiB}};
   const std::uint64_t region = 2 * kMiB + 5 + 64 * kMiB;
   PeerProcess sender([&](const Channel& ch) {
     setenv("UCX_PROTO_ENABLE", "y", 1);
-    Side side(FERRY_ROLE_SENDER, kShm.options);  // rma = auto
+    Side side(FERRY_ROLE_SENDER, options);  // rma = auto
     ferry_peer_t* peer = rendezvous(side, ch, "receiver-parent");
     const Bytes key = ch.receive();
     std::vector<std::uint8_t> data(region);
@@ -405,15 +417,21 @@ TEST(UcxAllocatedMemory, ShmPutUnderRmaAutoIsACopyThatLandsByteExact) {
     for (const auto& [offset, size] : puts) {
       ferry_request_t* r = nullptr;
       const Status s = side.try_put(peer, m, offset, size, key, offset, &r);
+      if (!copies) {
+        if (s.code != FERRY_STATUS_UNIMPLEMENTED) {
+          throw std::runtime_error("put over tls = tcp not refused: " + s.message);
+        }
+        continue;
+      }
       if (!s.ok()) throw std::runtime_error("put under rma = auto: " + s.message);
       side.complete(r, "put");
     }
-    side.complete(side.flush(peer), "flush");
+    if (copies) side.complete(side.flush(peer), "flush");
     ch.send(std::string("flushed"));
     ch.receive_text();
   });
   Channel ch = sender.channel();
-  Side side(FERRY_ROLE_RECEIVER, kShm.options);
+  Side side(FERRY_ROLE_RECEIVER, options);
   rendezvous(side, ch, "sender-child");
   std::uint8_t* data = nullptr;
   ferry_memory_t* m = side.alloc(region, &data);
@@ -422,7 +440,7 @@ TEST(UcxAllocatedMemory, ShmPutUnderRmaAutoIsACopyThatLandsByteExact) {
   std::memset(data, 0, region);
   ch.send(side.key(m));
   ASSERT_EQ(ch.receive_text(), "flushed");
-  for (std::size_t k = 0; k < puts.size(); ++k) {
+  for (std::size_t k = 0; copies && k < puts.size(); ++k) {
     EXPECT_EQ(first_mismatch(data + puts[k].first, puts[k].second, 200 + k), -1)
         << "put " << k << " of " << puts[k].second << " bytes differs";
   }
@@ -432,14 +450,15 @@ TEST(UcxAllocatedMemory, ShmPutUnderRmaAutoIsACopyThatLandsByteExact) {
 
 // A receiver killed after the sender copied into its memory: the copy itself cannot tell, the
 // flush that covers the next copy fails naming the peer (its /proc entry is gone), never a silent
-// success. A receiver already gone when its key is first used is PEER_FAILED too, before UCX
-// tries to attach its vanished segment (UCX 1.13 crashes on that error path).
-TEST(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
-  ASSERT_NE(api(), nullptr);
+// success. A receiver already gone when its key is first used is PEER_FAILED too (its segment
+// cannot be opened any more).
+TEST_P(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
+  const Options options = GetParam().options;
+  if (std::string(GetParam().name) == "tcp") GTEST_SKIP() << "no copies with tls = tcp";
   for (const bool put_while_alive : {true, false}) {
     SCOPED_TRACE(put_while_alive ? "killed after a first put" : "killed before any put");
     PeerProcess receiver([&](const Channel& ch) {
-      Side side(FERRY_ROLE_RECEIVER, kShm.options);
+      Side side(FERRY_ROLE_RECEIVER, options);
       rendezvous(side, ch, "sender-parent");
       std::uint8_t* data = nullptr;
       ferry_memory_t* m = side.alloc(kMiB, &data);
@@ -447,7 +466,7 @@ TEST(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
       ch.receive_text();  // killed while waiting here
     });
     Channel ch = receiver.channel();
-    Side side(FERRY_ROLE_SENDER, kShm.options);
+    Side side(FERRY_ROLE_SENDER, options);
     ferry_peer_t* peer = rendezvous(side, ch, "receiver-child");
     const Bytes key = ch.receive();
     std::vector<std::uint8_t> data(kMiB, 7);
@@ -472,6 +491,135 @@ TEST(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
     EXPECT_EQ(flushed.code, FERRY_STATUS_PEER_FAILED) << flushed.message;
     EXPECT_NE(flushed.message.find("receiver-child"), std::string::npos) << flushed.message;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Flavors, UcxAllocatedMemory, ::testing::Values(kDefault, kShm, kTcp),
+                         [](const ::testing::TestParamInfo<Flavor>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// Where a receiver dies, relative to the sender's puts into its allocated memory.
+enum class KillPoint {
+  before_first_put,  // gone before the sender maps its memory
+  racing_first_put,  // killed by another thread while the first put maps and copies
+  between_puts,      // after a put and flush, before the next put
+  during_long_put,   // killed by another thread while 64 MiB puts copy, one after another
+};
+
+const char* kill_point_name(KillPoint k) {
+  switch (k) {
+    case KillPoint::before_first_put:
+      return "before the first put";
+    case KillPoint::racing_first_put:
+      return "racing the first put";
+    case KillPoint::between_puts:
+      return "between puts";
+    case KillPoint::during_long_put:
+      return "during a long put";
+  }
+  return "?";
+}
+
+// One sender life against one receiver killed at `point`: the sender's puts and flushes end in
+// PEER_FAILED naming the receiver, never in a crash, a hang or a success after the death. Throws
+// std::runtime_error saying what went wrong.
+void kill_receiver_once(const Options& options, KillPoint point, std::uint32_t delay_us) {
+  constexpr std::uint64_t kRegion = 64 * kMiB;
+  PeerProcess receiver([&](const Channel& ch) {
+    Side side(FERRY_ROLE_RECEIVER, options);
+    rendezvous(side, ch, "sender-parent");
+    std::uint8_t* data = nullptr;
+    ferry_memory_t* m = side.alloc(kRegion, &data);
+    ch.send(side.key(m));
+    ch.receive_text();  // killed while waiting here
+  });
+  Channel ch = receiver.channel();
+  Side side(FERRY_ROLE_SENDER, options);
+  ferry_peer_t* peer = rendezvous(side, ch, "receiver-child");
+  const Bytes key = ch.receive();
+  std::vector<std::uint8_t> data(kRegion, 5);
+  ferry_memory_t* m = side.reg(data.data(), kRegion);
+  const std::uint64_t piece = point == KillPoint::during_long_put ? kRegion : kMiB;
+
+  std::thread killer;
+  if (point == KillPoint::before_first_put) receiver.kill_now();
+  if (point == KillPoint::between_puts) {
+    ferry_request_t* r = nullptr;
+    const Status s = side.try_put(peer, m, 0, piece, key, 0, &r);
+    if (!s.ok()) throw std::runtime_error("put while the receiver runs: " + s.message);
+    side.complete(r, "put");
+    side.complete(side.flush(peer), "flush");
+    receiver.kill_now();
+  }
+  if (point == KillPoint::racing_first_put || point == KillPoint::during_long_put) {
+    const pid_t pid = receiver.pid();
+    killer = std::thread([pid, delay_us] {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      ::kill(pid, SIGKILL);  // reaped by the PeerProcess (a zombie until then: gone as well)
+    });
+  }
+  // Puts and flushes until one fails; the receiver is dead or dying, so one must, soon.
+  Status last;
+  const std::int64_t give_up = in_ms(20'000);
+  int rounds = 0;
+  while (last.ok() && now_ns() < give_up) {
+    ++rounds;
+    ferry_request_t* r = nullptr;
+    last = side.try_put(peer, m, 0, piece, key, 0, &r);
+    if (last.ok()) last = side.finish(r, in_ms(10'000));
+    if (last.ok()) {
+      ferry_request_t* f = nullptr;
+      last = take(api()->flush(side.get(), peer, in_ms(10'000), &f));
+      if (last.ok()) last = side.finish(f, in_ms(10'000));
+    }
+    if (last.ok() && point != KillPoint::during_long_put && point != KillPoint::racing_first_put) {
+      throw std::runtime_error("a put and flush to the killed receiver succeeded");
+    }
+  }
+  if (killer.joinable()) killer.join();
+  if (last.code != FERRY_STATUS_PEER_FAILED ||
+      last.message.find("receiver-child") == std::string::npos) {
+    throw std::runtime_error("after " + std::to_string(rounds) + " round(s): expected "
+                             "PEER_FAILED naming receiver-child, got code " +
+                             std::to_string(last.code) + ": " + last.message);
+  }
+}
+
+// The receiver is killed at each point, again and again (timing moves the race), in a sender
+// process of its own so that a crash shows as this test's failure with its signal. Both the
+// default options (UCX peer error handling) and shm with error_mode = none.
+TEST(UcxAllocatedMemoryKills, ReceiverKilledAnywhereFailsTheSenderNamingItNeverCrashingIt) {
+  ASSERT_NE(api(), nullptr);
+  constexpr int kIterations = 80;
+  constexpr std::int64_t kBudgetMs = 60'000;
+  PeerProcess sender([&](const Channel& ch) {
+    const std::int64_t give_up = in_ms(kBudgetMs);
+    int done = 0;
+    for (int i = 0; i < kIterations && now_ns() < give_up; ++i, ++done) {
+      const auto point = static_cast<KillPoint>(i % 4);
+      const Options& options = (i / 4) % 2 == 0 ? kDefault.options : kShm.options;
+      const std::uint32_t delay_us = static_cast<std::uint32_t>((i * 397) % 3000);
+      try {
+        kill_receiver_once(options, point, delay_us);
+      } catch (const std::exception& e) {
+        throw std::runtime_error("iteration " + std::to_string(i) + " (" + kill_point_name(point) +
+                                 ", " + ((i / 4) % 2 == 0 ? "default" : "shm") + " options, " +
+                                 std::to_string(delay_us) + " us): " + e.what());
+      }
+    }
+    ch.send(std::to_string(done));
+  });
+  Channel ch = sender.channel();
+  std::string done;
+  try {
+    done = ch.receive_text();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the sender process ended early: " << e.what();
+  }
+  expect_child_ok(sender);  // a crash shows here, with its signal
+  if (done.empty()) return;
+  std::printf("%s of %d iterations ran\n", done.c_str(), kIterations);
+  EXPECT_GE(std::stoi(done), 16) << "too few iterations within the time budget";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxPairTest, ::testing::Values(kTcp, kTcpAuto, kShm),
@@ -605,7 +753,7 @@ TEST_F(UcxLocalTest, GarbageAndOutOfRangeRemoteKeysAreRefused) {
   EXPECT_NE(s.message.find("remote key"), std::string::npos) << s.message;
 
   Bytes flipped = key;
-  flipped[flipped.size() - 12] ^= 1;
+  flipped[40] ^= 1;  // inside the packed UCX key (after magic, version, base, size, its length)
   s = sender_->try_put(to_receiver_, lm, 0, 16, flipped, 0, &r);
   EXPECT_EQ(s.code, FERRY_STATUS_INVALID_ARGUMENT) << s.message;
   EXPECT_NE(s.message.find("checksum"), std::string::npos) << s.message;
