@@ -62,6 +62,9 @@ struct BenchTransport {
 constexpr BenchTransport kTransports[] = {
     {"tcp", "tcp", "tcp,cuda_copy", true},
     {"shm", "sm", "sm,cuda_copy", false},
+    // The plugin's default options on one host: UCX's own transport choice ("": UCX_TLS unset)
+    // and peer error handling; what a session without [transport.ucx] options gets.
+    {"default", "", "", true},
     // What a GPU receiver on this host gets with UCX's own transport choice: cuda_ipc for the
     // bulk, tcp for control messages and wireup.
     {"cuda_ipc", nullptr, "cuda_ipc,cuda_copy,tcp", true},
@@ -72,8 +75,8 @@ const BenchTransport& bench_transport(const std::string& name, bool cuda) {
     if (name == t.name && (cuda ? t.cuda_tls : t.host_tls) != nullptr) return t;
   }
   fail(FERRY_STATUS_INVALID_ARGUMENT,
-       "ferry bench ucx: unknown transport '{}' for --device {} (cpu: tcp, shm; cuda: cuda_ipc, "
-       "tcp, shm)",
+       "ferry bench ucx: unknown transport '{}' for --device {} (cpu: tcp, shm, default; cuda: "
+       "cuda_ipc, tcp, shm, default)",
        name, cuda ? "cuda" : "cpu");
 }
 std::string tls_of(const std::string& name, bool cuda) {
@@ -94,7 +97,8 @@ std::uint32_t supported_memory_kinds_of(const ferry_transport_api_t& api) {
 std::vector<ferry_option_t> transport_options(const std::string& name, bool cuda, const char* rma,
                                               std::string& storage) {
   storage = tls_of(name, cuda);
-  std::vector<ferry_option_t> options = {{"tls", storage.c_str()}, {"rma", rma}};
+  std::vector<ferry_option_t> options = {{"rma", rma}};
+  if (!storage.empty()) options.push_back({"tls", storage.c_str()});
   if (!bench_transport(name, cuda).peer_errors) options.push_back({"error_mode", "none"});
   return options;
 }
@@ -698,7 +702,7 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
   std::vector<std::string> transports = o.transports;
   if (transports.empty()) {
     transports = cuda ? std::vector<std::string>{"cuda_ipc", "tcp"}
-                      : std::vector<std::string>{"tcp", "shm"};
+                      : std::vector<std::string>{"tcp", "shm", "default"};
   }
   for (const auto& t : transports) bench_transport(t, cuda);  // validates every name first
   if (cuda && (supported_memory_kinds_of(api) & FERRY_MEMORY_CUDA) == 0) {
@@ -715,7 +719,8 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
     const std::string tls = tls_of(transport, cuda);
     std::printf("ucx %s (UCX_TLS %s, %s memory): ferry through the plugin (sender here, receiver "
                 "a second process)\n",
-                transport.c_str(), tls.c_str(), memory.c_str());
+                transport.c_str(), tls.empty() ? "unset: UCX's choice" : tls.c_str(),
+                memory.c_str());
     Watchdog::phase("pushing buckets through the UCX plugin");
     TransportRun run;
     try {
@@ -810,9 +815,10 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
   table.print();
   std::printf("ferry: sender here -> receiver process through libferry_transport_ucx.so; baselines:\n"
               "ucx_perftest (MB/s read as 2^20 B/s) on the same UCX_TLS, memory type (-m) and\n"
-              "sizes; ratio = ferry / best baseline (target >= 70%%). tcp and cuda_ipc: the\n"
-              "plugin's default error_mode=peer; tag_bw -e: perftest with that same error\n"
-              "handling (UCX gives up zero-copy over tcp with it); shm: error_mode=none.\n");
+              "sizes; ratio = ferry / best baseline (target >= 70%%). tcp, cuda_ipc and default:\n"
+              "the plugin's default error_mode=peer; tag_bw -e: perftest with that same error\n"
+              "handling (UCX gives up zero-copy over tcp with it); shm: error_mode=none;\n"
+              "default: UCX_TLS unset, for the plugin and perftest alike.\n");
   return code;
 }
 

@@ -16,10 +16,11 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   CLI::App* sub = bench->add_subcommand(
       "ucx", "buckets through the UCX plugin between two processes vs ucx_perftest (tcp, shm)");
   sub->add_option("--transports", o->transports,
-                  "UCX transports to measure: tcp, shm (default tcp,shm); with --device cuda also "
-                  "cuda_ipc (default cuda_ipc,tcp)")
+                  "UCX transports to measure: tcp, shm, default (the plugin's default options, "
+                  "UCX_TLS unset; default tcp,shm,default); with --device cuda also cuda_ipc "
+                  "(default cuda_ipc,tcp)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tcp", "shm", "cuda_ipc"}));
+      ->check(CLI::IsMember({"tcp", "shm", "default", "cuda_ipc"}));
   sub->add_option("--device", o->device,
                   "cpu: host buffers (default); cuda: GPU 0 buffers on both sides (needs a UCX "
                   "with CUDA)")

@@ -19,14 +19,19 @@
 namespace ferry::bench {
 namespace {
 
-// Forks and execs `argv` with UCX_TLS set; stdout+stderr go to `out_fd` (or /dev/null).
+// Forks and execs `argv` with UCX_TLS set (unset for ""); stdout+stderr go to `out_fd` (or
+// /dev/null).
 pid_t spawn(const std::vector<std::string>& argv, const std::string& tls, int out_fd) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t pid = fork();
   if (pid != 0) return pid;
-  setenv("UCX_TLS", tls.c_str(), 1);
+  if (tls.empty()) {
+    unsetenv("UCX_TLS");
+  } else {
+    setenv("UCX_TLS", tls.c_str(), 1);
+  }
   int fd = out_fd >= 0 ? out_fd : open("/dev/null", O_WRONLY);
   if (fd >= 0) {
     dup2(fd, STDOUT_FILENO);
