@@ -841,22 +841,27 @@ ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) 
   }
   auto lock = api_lock();
   throw_if_aborted_locked();
+  const ucp_mem_h memh = map_locked(desc.base, desc.size, type, "register_memory");
+  auto* m = new ferry_memory{desc.base, desc.size, desc.kind, memh};
+  memories.insert(m);
+  return m;
+}
+
+ucp_mem_h ferry_transport::map_locked(void* base, std::uint64_t size, ucs_memory_type_t type,
+                                      const char* call) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = desc.base;
-  params.length = desc.size;
+  params.address = base;
+  params.length = size;
   params.memory_type = type;
   ucp_mem_h memh = nullptr;
   const ucs_status_t status = ucp_mem_map(context, &params, &memh);
   if (status != UCS_OK) {
     fail(status == UCS_ERR_NO_MEMORY ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_IO,
-         "ucx register_memory of {} bytes at {}: {}", desc.size, desc.base,
-         ucs_status_string(status));
+         "ucx {} of {} bytes at {}: {}", call, size, base, ucs_status_string(status));
   }
-  auto* m = new ferry_memory{desc.base, desc.size, desc.kind, memh};
-  memories.insert(m);
-  return m;
+  return memh;
 }
 
 ferry::sdk::Allocation ferry_transport::alloc_memory(const ferry_memory_desc_t& desc) {
@@ -873,19 +878,8 @@ ferry::sdk::Allocation ferry_transport::alloc_memory(const ferry_memory_desc_t& 
   auto segment = std::make_unique<ferry::ucx::OwnedSegment>(desc.size);
   auto lock = api_lock();
   throw_if_aborted_locked();
-  ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = segment->data();
-  params.length = desc.size;
-  params.memory_type = UCS_MEMORY_TYPE_HOST;
-  ucp_mem_h memh = nullptr;
-  const ucs_status_t status = ucp_mem_map(context, &params, &memh);
-  if (status != UCS_OK) {
-    fail(status == UCS_ERR_NO_MEMORY ? FERRY_STATUS_OUT_OF_MEMORY : FERRY_STATUS_IO,
-         "ucx alloc_memory of {} bytes: registering it: {}", desc.size,
-         ucs_status_string(status));
-  }
+  const ucp_mem_h memh =
+      map_locked(segment->data(), desc.size, UCS_MEMORY_TYPE_HOST, "alloc_memory");
   void* data = segment->data();
   auto* m = new ferry_memory{data, desc.size, desc.kind, memh, std::move(segment)};
   memories.insert(m);

@@ -155,6 +155,8 @@ struct ferry_transport {
   ferry_request* start_locked(ferry_peer* peer, std::string what, std::int64_t deadline_ns,
                               std::uint64_t expected_length);
   void finish_start_locked(ferry_request* request, ucs_status_ptr_t status);
+  // ucp_mem_map of [base, +size); throws naming `call` (OUT_OF_MEMORY or IO).
+  ucp_mem_h map_locked(void* base, std::uint64_t size, ucs_memory_type_t type, const char* call);
   ucp_rkey_h rkey_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key);
   std::uint8_t* segment_for_locked(ferry_peer* peer, const ferry::ucx::KeyInfo& key,
                                    const ferry_memory* local);

@@ -398,6 +398,19 @@ class UcxAllocatedMemory : public ::testing::TestWithParam<Flavor> {
 
 const Flavor kDefault{"default", {}};
 
+// The body of a receiver process: connects as "sender-parent"'s peer, allocates `size` bytes by
+// alloc_memory, sends their key, and waits (to be killed).
+std::function<void(const Channel&)> allocate_and_wait(const Options& options, std::uint64_t size) {
+  return [options, size](const Channel& ch) {
+    Side side(FERRY_ROLE_RECEIVER, options);
+    rendezvous(side, ch, "sender-parent");
+    std::uint8_t* data = nullptr;
+    ferry_memory_t* m = side.alloc(size, &data);
+    ch.send(side.key(m));
+    ch.receive_text();  // killed while waiting here
+  };
+}
+
 TEST_P(UcxAllocatedMemory, PutUnderRmaAutoIsACopyThatLandsByteExact) {
   const Options options = GetParam().options;
   const bool copies = std::string(GetParam().name) != "tcp";
@@ -457,14 +470,7 @@ TEST_P(UcxAllocatedMemory, FlushAfterCopiesFailsWhenTheReceiverIsGone) {
   if (std::string(GetParam().name) == "tcp") GTEST_SKIP() << "no copies with tls = tcp";
   for (const bool put_while_alive : {true, false}) {
     SCOPED_TRACE(put_while_alive ? "killed after a first put" : "killed before any put");
-    PeerProcess receiver([&](const Channel& ch) {
-      Side side(FERRY_ROLE_RECEIVER, options);
-      rendezvous(side, ch, "sender-parent");
-      std::uint8_t* data = nullptr;
-      ferry_memory_t* m = side.alloc(kMiB, &data);
-      ch.send(side.key(m));
-      ch.receive_text();  // killed while waiting here
-    });
+    PeerProcess receiver(allocate_and_wait(options, kMiB));
     Channel ch = receiver.channel();
     Side side(FERRY_ROLE_SENDER, options);
     ferry_peer_t* peer = rendezvous(side, ch, "receiver-child");
@@ -525,14 +531,7 @@ const char* kill_point_name(KillPoint k) {
 // std::runtime_error saying what went wrong.
 void kill_receiver_once(const Options& options, KillPoint point, std::uint32_t delay_us) {
   constexpr std::uint64_t kRegion = 64 * kMiB;
-  PeerProcess receiver([&](const Channel& ch) {
-    Side side(FERRY_ROLE_RECEIVER, options);
-    rendezvous(side, ch, "sender-parent");
-    std::uint8_t* data = nullptr;
-    ferry_memory_t* m = side.alloc(kRegion, &data);
-    ch.send(side.key(m));
-    ch.receive_text();  // killed while waiting here
-  });
+  PeerProcess receiver(allocate_and_wait(options, kRegion));
   Channel ch = receiver.channel();
   Side side(FERRY_ROLE_SENDER, options);
   ferry_peer_t* peer = rendezvous(side, ch, "receiver-child");
