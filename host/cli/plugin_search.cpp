@@ -48,6 +48,7 @@ std::vector<std::string> capability_words(std::uint32_t flags) {
       {FERRY_TRANSPORT_CAP_SOURCE, "source"},
       {FERRY_TRANSPORT_CAP_PUT_FINGERPRINT, "put-fingerprint"},
       {FERRY_TRANSPORT_CAP_PUT_DEFERRED, "put-deferred"},
+      {FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES, "put-chunk-hashes"},
       {FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES, "separate-processes"},
       {FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS, "group-rendezvous"},
   };

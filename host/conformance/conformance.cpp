@@ -384,7 +384,7 @@ class Suite {
       fail("FERRY-ABI-7", "get_caps failed: " + seen.message);
       return;
     }
-    const std::uint32_t known_flags = (1u << 10) - 1;  // through GROUP_RENDEZVOUS (ABI 1.5)
+    const std::uint32_t known_flags = (1u << 11) - 1;  // through PUT_CHUNK_HASHES (ABI 1.8)
     const std::uint32_t known_kinds = FERRY_MEMORY_HOST | FERRY_MEMORY_PINNED | FERRY_MEMORY_CUDA;
     std::vector<std::string> problems;
     if ((caps.flags & ~known_flags) != 0) {
@@ -424,6 +424,10 @@ class Suite {
     if ((caps.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) != 0 &&
         (caps.flags & FERRY_TRANSPORT_CAP_DIRECT_WRITE) == 0) {
       problems.push_back("PUT_DEFERRED needs DIRECT_WRITE");
+    }
+    if ((caps.flags & FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES) != 0 &&
+        (caps.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) == 0) {
+      problems.push_back("PUT_CHUNK_HASHES needs PUT_FINGERPRINT");
     }
     if (present(api.put_many) && (caps.flags & FERRY_TRANSPORT_CAP_PUT_DEFERRED) == 0) {
       problems.push_back("put_many needs PUT_DEFERRED");

@@ -29,7 +29,8 @@ const std::vector<Requirement>& requirements() {
        "Transport get_caps writes nothing past caps->struct_size, sets only known flag and "
        "memory-kind bits, declares a topology (point-to-point, broadcast or source) and a memory "
        "kind, and provides the functions each flag needs (DIRECT_WRITE: register_memory, "
-       "pack_key, put, flush; PUT_FINGERPRINT and PUT_DEFERRED: DIRECT_WRITE; put_many: "
+       "pack_key, put, flush; PUT_FINGERPRINT and PUT_DEFERRED: DIRECT_WRITE; PUT_CHUNK_HASHES: "
+       "PUT_FINGERPRINT; put_many: "
        "PUT_DEFERRED; ASYNC: request_test, request_wait, request_free; SOURCE: "
        "source_open, source_catalog, source_read, source_close; POINT_TO_POINT/BROADCAST: "
        "get_address, connect, disconnect, send_bucket or recv_bucket)."},

@@ -93,7 +93,9 @@ class ReceiverDataPath {
 // `offset` of the receiver's shared region `region` (set_regions()). With `fingerprint` set
 // (only where fingerprints_pieces()), the path stores there the fingerprint of the bytes it
 // wrote, computed as it wrote them, by the time the piece's bucket is finished (not for an
-// empty piece, which writes nothing).
+// empty piece, which writes nothing). With `chunk_hashes` also set (only where
+// hashes_piece_chunks()), it stores there the hash of each 1 MiB chunk it wrote, numbered from
+// `chunk_base` (ferry_put_args_t.chunk_hashes_out), and `fingerprint` is their XXH64.
 struct TensorPiece {
   const void* data = nullptr;
   std::uint64_t size = 0;
@@ -102,6 +104,8 @@ struct TensorPiece {
   int device = 0;
   std::int64_t region = -1;
   std::uint64_t* fingerprint = nullptr;
+  std::uint64_t* chunk_hashes = nullptr;
+  std::uint64_t chunk_base = 0;
 };
 
 // How many start_pieces() calls may be started and not finished (SenderDataPath): three, so
@@ -132,6 +136,9 @@ class SenderDataPath {
   // (TensorPiece::fingerprint): the transport's copy computes it in the same pass
   // (FERRY_TRANSPORT_CAP_PUT_FINGERPRINT). Known from creation on.
   virtual bool fingerprints_pieces() const { return false; }
+  // True when such pieces may also ask for their chunk hashes (TensorPiece::chunk_hashes,
+  // FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES). Known from creation on.
+  virtual bool hashes_piece_chunks() const { return false; }
   // Direct delivery: the packed keys of the receiver's shared regions (Welcome), in order.
   virtual void set_regions(std::vector<std::vector<std::uint8_t>> /*keys*/) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot write into shared regions", name());

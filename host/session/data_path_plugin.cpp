@@ -122,6 +122,8 @@ bool moves_device_memory(const ferry_transport_caps_t& caps, int device) {
 constexpr std::uint32_t kPutFingerprintMinor = 6;
 // The plugin ABI minor from which the transport may allocate the receiver's staging slots.
 constexpr std::uint32_t kAllocMemoryMinor = 7;
+// The plugin ABI minor from which a put may ask for its chunk hashes (chunk_hashes_out).
+constexpr std::uint32_t kPutChunkHashesMinor = 8;
 
 class PluginInstance {
  public:
@@ -547,6 +549,11 @@ class PluginSenderPath final : public SenderDataPath {
            (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_FINGERPRINT) != 0 &&
            p_.plugin_->info().abi_minor >= kPutFingerprintMinor;
   }
+  bool hashes_piece_chunks() const override {
+    return fingerprints_pieces() &&
+           (p_.caps_.flags & FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES) != 0 &&
+           p_.plugin_->info().abi_minor >= kPutChunkHashesMinor;
+  }
   void set_regions(std::vector<std::vector<std::uint8_t>> keys) override {
     if (!delivers_pieces(FERRY_MEMORY_CUDA)) {
       fail(FERRY_STATUS_UNIMPLEMENTED, "transport '{}' cannot put CUDA tensors into the receiver",
@@ -575,9 +582,9 @@ class PluginSenderPath final : public SenderDataPath {
   ferry_request_t* put(const ferry_memory_range_t& local, std::uint32_t slot,
                        std::uint64_t offset, Clock::time_point deadline,
                        const std::string& phase, std::int64_t region = -1,
-                       std::uint64_t* fingerprint_out = nullptr) {
+                       const TensorPiece* piece = nullptr) {
     ferry_blob_t key = remote_key(slot, region, phase);
-    const ferry_put_args_t args = put_args(local, &key, offset, deadline, phase, fingerprint_out);
+    const ferry_put_args_t args = put_args(local, &key, offset, deadline, phase, piece);
     ferry_request_t* request = nullptr;
     throw_if_error(p_.api_->put(p_.transport_, p_.peer_, &args, &request), p_.context(phase));
     return request;
@@ -594,20 +601,29 @@ class PluginSenderPath final : public SenderDataPath {
 
   ferry_put_args_t put_args(const ferry_memory_range_t& local, const ferry_blob_t* key,
                             std::uint64_t offset, Clock::time_point deadline,
-                            const std::string& phase, std::uint64_t* fingerprint_out) {
+                            const std::string& phase, const TensorPiece* piece) {
     ferry_put_args_t args{};
     args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
     args.local = local;
     args.remote_key = key;
     args.remote_offset = offset;
     args.deadline_ns = to_ns(deadline);
-    if (fingerprint_out != nullptr) {
+    if (piece != nullptr && piece->fingerprint != nullptr) {
       if (!fingerprints_pieces()) {
         fail(FERRY_STATUS_INTERNAL, "{}: transport '{}' cannot fingerprint its puts", phase,
              p_.name_);
       }
       args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, fingerprint_out);
-      args.fingerprint_out = fingerprint_out;
+      args.fingerprint_out = piece->fingerprint;
+      if (piece->chunk_hashes != nullptr) {
+        if (!hashes_piece_chunks()) {
+          fail(FERRY_STATUS_INTERNAL, "{}: transport '{}' cannot hash its puts' chunks", phase,
+               p_.name_);
+        }
+        args.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, chunk_index_base);
+        args.chunk_hashes_out = piece->chunk_hashes;
+        args.chunk_index_base = piece->chunk_base;
+      }
     }
     return args;
   }
@@ -635,7 +651,7 @@ class PluginSenderPath final : public SenderDataPath {
       }
       const ferry_blob_t* key =
           piece.region >= 0 ? &region_keys[static_cast<std::size_t>(piece.region)] : &slot_key;
-      args.push_back(put_args(spans[i], key, piece.offset, deadline, phase, piece.fingerprint));
+      args.push_back(put_args(spans[i], key, piece.offset, deadline, phase, &piece));
     }
     std::vector<const ferry_put_args_t*> pointers;
     pointers.reserve(args.size());
@@ -683,8 +699,8 @@ class PluginSenderPath final : public SenderDataPath {
         for (std::size_t i = 0; i < pieces.size(); ++i) {
           const auto& piece = pieces[i];
           if (piece.size == 0) continue;  // (the caller knows the fingerprint of nothing)
-          st.requests.push_back(put(spans[i], slot, piece.offset, deadline, phase, piece.region,
-                                    piece.fingerprint));
+          st.requests.push_back(
+              put(spans[i], slot, piece.offset, deadline, phase, piece.region, &piece));
         }
       }
       if (launch) issue_flush(st, deadline, phase);

@@ -178,10 +178,16 @@ class Session final : public update::BucketSource, public ShardMember {
   }
   void check_complete() override { declared_.check_complete(); }
   const std::vector<std::uint64_t>& commit_prints() const override { return commit_prints_; }
+  const std::vector<std::vector<std::uint64_t>>& commit_chunks() const override {
+    return commit_chunks_;
+  }
 
   update::UpdateEnd end() override {
     update::UpdateEnd out;
-    if (prints_at_commit_) out.writer_fingerprints = std::move(commit_prints_);
+    if (prints_at_commit_) {
+      out.writer_fingerprints = std::move(commit_prints_);
+      out.writer_chunk_hashes = std::move(commit_chunks_);
+    }
     return out;
   }
 
@@ -377,8 +383,12 @@ class Session final : public update::BucketSource, public ShardMember {
       }
       auto list = out.initDestinations(static_cast<unsigned>(destinations_.size()));
       for (unsigned i = 0; i < destinations_.size(); ++i) {
-        list[i].setRegion(destinations_[i].first);
-        list[i].setOffset(destinations_[i].second);
+        list[i].setRegion(destinations_[i].region);
+        list[i].setOffset(destinations_[i].offset);
+        if (destinations_[i].chunk_base) {
+          list[i].setChunkHashes(true);
+          list[i].setChunkBase(*destinations_[i].chunk_base);
+        }
       }
     }
   }
@@ -471,12 +481,20 @@ class Session final : public update::BucketSource, public ShardMember {
   std::string share_destinations(std::span<const update::UpdateEngine::DirectDestination> dests) {
     try {
       std::map<const std::byte*, std::uint32_t> region_of;  // block base -> region index
-      std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;
+      std::vector<SharedDestination> destinations;
       std::vector<std::vector<std::uint8_t>> keys;
       for (const auto& d : dests) {
         auto [it, added] = region_of.emplace(d.block, static_cast<std::uint32_t>(keys.size()));
         if (added) keys.push_back(data_->share_region(d.block, d.block_bytes));
-        destinations.emplace_back(it->second, static_cast<std::uint64_t>(d.data - d.block));
+        // A piece of a parameter on a chunk boundary: its chunk hashes make the parameter's
+        // fingerprint with the other pieces' (UpdateEngine::attach_direct_fingerprints).
+        const bool piece = d.param_offset != 0 || d.bytes != d.param_bytes;
+        std::optional<std::uint64_t> chunk_base;
+        if (piece && d.param_offset % kernels::kFingerprintChunkBytes == 0) {
+          chunk_base = d.param_offset / kernels::kFingerprintChunkBytes;
+        }
+        destinations.push_back(
+            {it->second, static_cast<std::uint64_t>(d.data - d.block), chunk_base});
       }
       region_keys_ = std::move(keys);
       destinations_ = std::move(destinations);
@@ -813,6 +831,7 @@ class Session final : public update::BucketSource, public ShardMember {
   std::uint32_t next_ = 0;            // the bucket next() expects
   std::uint32_t last_slot_ = 0;       // the slot of the bucket next() handed out last
   std::vector<std::uint64_t> commit_prints_;  // the Commit's writer fingerprints
+  std::vector<std::vector<std::uint64_t>> commit_chunks_;  // ... and chunk hashes (may be empty)
   Clock::time_point begin_start_{};
   Clock::time_point commit_start_{};
   // verify() -> applied() of the bucket being applied (one at a time): the ack fingerprints'
@@ -823,7 +842,14 @@ class Session final : public update::BucketSource, public ShardMember {
   // Direct delivery offered in the Welcome: shared regions' keys, and per Hello tensor its
   // (region, offset); empty when not offered. direct_: the Begin chose it.
   std::vector<std::vector<std::uint8_t>> region_keys_;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations_;
+  // Direct delivery: where each Hello tensor (or piece) goes, and the chunk index its chunk
+  // hashes start from where the receiver takes them (Destination.chunkHashes).
+  struct SharedDestination {
+    std::uint32_t region = 0;
+    std::uint64_t offset = 0;
+    std::optional<std::uint64_t> chunk_base;
+  };
+  std::vector<SharedDestination> destinations_;
   bool direct_ = false;
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
   bool slots_released_ = false;    // a kept direct session let its staging slots go
@@ -901,11 +927,24 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
              ch_.peer(), root.getCommit().getVersion(), version_);
       }
       const auto prints = root.getCommit().getFingerprints();
+      const auto chunks = root.getCommit().getChunkHashes();
       commit_prints_.clear();
+      commit_chunks_.clear();
       if (prints_at_commit_) {
         commit_prints_.reserve(prints.size());
         for (auto v : prints) commit_prints_.push_back(v);
-      } else if (prints.size() != 0) {
+        if (chunks.size() != 0 && chunks.size() != prints.size()) {
+          fail(FERRY_STATUS_CORRUPT_DATA,
+               "{}: commit: {} lists of chunk hashes for {} fingerprints", ch_.peer(),
+               chunks.size(), prints.size());
+        }
+        commit_chunks_.reserve(chunks.size());
+        for (auto list : chunks) {
+          auto& hashes = commit_chunks_.emplace_back();
+          hashes.reserve(list.size());
+          for (auto v : list) hashes.push_back(v);
+        }
+      } else if (prints.size() != 0 || chunks.size() != 0) {
         fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit: fingerprints that the Begin did not announce",
              ch_.peer());
       }

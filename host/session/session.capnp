@@ -76,6 +76,12 @@ struct Need {
 struct Destination {
   region @0 :UInt32;  # index into Welcome.regions
   offset @1 :UInt64;
+  # The tensor is a piece of a parameter starting at byte chunkBase * 1 MiB of it: the receiver
+  # takes the writing copy's chunk hashes of it, numbered from chunkBase, with the Commit
+  # (Commit.chunkHashes), where the sender's transport computes them
+  # (FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES), and makes the parameter's fingerprint from them.
+  chunkHashes @2 :Bool;
+  chunkBase @3 :UInt64;
 }
 
 struct Slot {
@@ -162,6 +168,10 @@ struct Commit {
   # Begin.fingerprintsAtCommit: the writing copies' fingerprint of every manifest entry, buckets
   # in order, entries in manifest order.
   fingerprints @1 :List(UInt64);
+  # With them, for the entries whose Destination asked for chunk hashes: the writing copy's hash
+  # of each 1 MiB chunk (Destination.chunkBase on); one list per fingerprint, empty for the
+  # others, or no lists at all.
+  chunkHashes @2 :List(List(UInt64));
 }
 
 struct Committed {

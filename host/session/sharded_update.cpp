@@ -516,8 +516,20 @@ update::UpdateEnd ShardedUpdate::end() {
   if (!at_commit || !*at_commit) return out;
   std::vector<std::size_t> taken(world_, 0);
   std::vector<std::uint64_t> prints;
+  // Chunk hashes (Commit.chunkHashes): laid out alike where any rank sent them.
+  bool any_chunks = false;
+  for (std::uint32_t r = 0; r < world_; ++r) {
+    any_chunks = any_chunks || !ranks_[r].join.member->commit_chunks().empty();
+  }
+  std::vector<std::vector<std::uint64_t>> chunks;
   for (const auto& [rank, entries] : in_place_order_) {
     const auto& mine = ranks_[rank].join.member->commit_prints();
+    const auto& my_chunks = ranks_[rank].join.member->commit_chunks();
+    if (any_chunks) {
+      for (std::size_t e = taken[rank]; e < taken[rank] + entries; ++e) {
+        chunks.push_back(e < my_chunks.size() ? my_chunks[e] : std::vector<std::uint64_t>{});
+      }
+    }
     if (taken[rank] + entries > mine.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA,
            "rank {}: its commit carries {} writer fingerprints, fewer than the entries it wrote "
@@ -536,6 +548,7 @@ update::UpdateEnd ShardedUpdate::end() {
     }
   }
   out.writer_fingerprints = std::move(prints);
+  out.writer_chunk_hashes = std::move(chunks);
   return out;
 }
 

@@ -68,6 +68,9 @@ class ShardMember {
   // carried, one per entry of its in-place buckets in its bucket order. Worker thread, after
   // every rank's Commit arrived.
   virtual const std::vector<std::uint64_t>& commit_prints() const = 0;
+  // With them: the Commit's chunk hashes, one list per fingerprint (empty lists for entries
+  // without), or none at all.
+  virtual const std::vector<std::vector<std::uint64_t>>& commit_chunks() const = 0;
 };
 
 // How one rank's Begin said it delivers (Begin.direct, writerFingerprints,

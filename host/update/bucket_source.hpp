@@ -56,6 +56,9 @@ struct UpdateEnd {
   // Writer fingerprints of the buckets written in place, in recording order, for entries that
   // had none (UpdateEngine::attach_direct_fingerprints); absent when the sender sent none.
   std::optional<std::vector<std::uint64_t>> writer_fingerprints;
+  // With them: one list per writer fingerprint, the writing copy's chunk hashes of that entry
+  // (UpdateEngine::attach_direct_fingerprints); empty when the sender sent none.
+  std::vector<std::vector<std::uint64_t>> writer_chunk_hashes;
   // The label to publish with, where the source learned it only now (else the run's).
   std::optional<std::string> label;
 };

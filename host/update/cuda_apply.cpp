@@ -4,6 +4,7 @@
 
 #include "common/log.hpp"
 
+#include <ferry/kernels/cpu.hpp>
 #include <ferry/kernels/cuda.hpp>
 #include <ferry/sdk/error.hpp>
 
@@ -272,6 +273,38 @@ std::vector<std::uint64_t> CudaApplier::fingerprints(std::span<const std::byte* 
                         c.apply_stream),
         "copying the fingerprints to the host");
   check(cudaStreamSynchronize(c.apply_stream), "computing fingerprints");
+  return out;
+}
+
+std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const> data,
+                                                     std::span<const std::uint64_t> bytes,
+                                                     std::span<const std::uint64_t> first_index) {
+  DeviceScope scope(cuda_->device);
+  auto& c = *cuda_;
+  std::uint64_t chunks = 0;
+  for (auto b : bytes) {
+    chunks += (b + kernels::kFingerprintChunkBytes - 1) / kernels::kFingerprintChunkBytes;
+  }
+  std::vector<std::uint64_t> out(chunks, 0);
+  if (chunks == 0) return out;
+  std::uint64_t* device = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&device), chunks * sizeof(std::uint64_t),
+                        c.apply_stream),
+        "allocating the chunk hashes");
+  try {
+    kernels::fingerprint_chunks_many_cuda_async(
+        std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()),
+                                     data.size()),
+        bytes, first_index, device, c.apply_stream);
+    check(cudaMemcpyAsync(out.data(), device, chunks * sizeof(std::uint64_t),
+                          cudaMemcpyDeviceToHost, c.apply_stream),
+          "copying the chunk hashes to the host");
+  } catch (...) {
+    (void)cudaFreeAsync(device, c.apply_stream);
+    throw;
+  }
+  check(cudaFreeAsync(device, c.apply_stream), "freeing the chunk hashes");
+  check(cudaStreamSynchronize(c.apply_stream), "computing chunk hashes");
   return out;
 }
 

@@ -73,6 +73,12 @@ class CudaApplier {
   // enqueued before, with one wait at the end.
   std::vector<std::uint64_t> fingerprints(std::span<const std::byte* const> data,
                                           std::span<const std::uint64_t> bytes);
+  // The chunk hashes of each device range, numbered from first_index[i]
+  // (kernels::fingerprint_chunks_many_cuda_async), the ranges' one after the other; the same
+  // ordering and wait.
+  std::vector<std::uint64_t> chunk_hashes(std::span<const std::byte* const> data,
+                                          std::span<const std::uint64_t> bytes,
+                                          std::span<const std::uint64_t> first_index);
 
   // Copies `bytes` bytes of device memory to the host (synchronous, after enqueued work).
   void copy_to_host(void* dst, const void* src, std::uint64_t bytes);

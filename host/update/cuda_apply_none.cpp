@@ -35,6 +35,11 @@ std::vector<std::uint64_t> CudaApplier::fingerprints(std::span<const std::byte* 
                                                      std::span<const std::uint64_t>) {
   no_cuda();
 }
+std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const>,
+                                                     std::span<const std::uint64_t>,
+                                                     std::span<const std::uint64_t>) {
+  no_cuda();
+}
 void CudaApplier::copy_to_host(void*, const void*, std::uint64_t) { no_cuda(); }
 bool CudaApplier::is_device_memory(const void*) noexcept { return false; }
 int CudaApplier::device_of(const void*) { no_cuda(); }

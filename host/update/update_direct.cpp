@@ -6,11 +6,14 @@
 #include "update/block_plan.hpp"
 #include "update/cuda_apply.hpp"
 
+#include <ferry/kernels/cpu.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 namespace ferry::update {
 
@@ -36,6 +39,8 @@ std::optional<UpdateEngine::DirectDestination> UpdateEngine::direct_destination_
   d.bytes = *count * esize;
   d.block = target.block;
   d.block_bytes = target.block_bytes;
+  d.param_offset = op.dst_offset * esize;
+  d.param_bytes = target.bytes;
   if (d.block == nullptr || d.data < d.block || d.data + d.bytes > d.block + d.block_bytes) {
     return std::nullopt;
   }
@@ -200,7 +205,8 @@ void UpdateEngine::record_direct(Bucket& bucket) {
       }
       const auto& op = *op_of[i];
       writes.push_back({dest->data, dest->bytes, e.fingerprint, op.dst_param,
-                        op.dst_offset == 0 && dest->bytes == targets_[op.dst_param].bytes});
+                        op.dst_offset == 0 && dest->bytes == targets_[op.dst_param].bytes,
+                        dest->param_offset, {}});
       bytes += dest->bytes;
     }
     for (std::size_t i = 0; i < m.tensors.size(); ++i) record_written(*op_of[i]);
@@ -221,7 +227,8 @@ void UpdateEngine::record_direct(Bucket& bucket) {
   }
 }
 
-void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> prints) {
+void UpdateEngine::attach_direct_fingerprints(
+    std::span<const std::uint64_t> prints, std::span<const std::vector<std::uint64_t>> chunk_hashes) {
   std::lock_guard lock(op_mutex_);
   {
     std::lock_guard state(state_mutex_);
@@ -236,6 +243,24 @@ void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> pri
            "{} writer fingerprints for {} tensors written in place", prints.size(),
            in_place_.size());
     }
+    if (!chunk_hashes.empty() && chunk_hashes.size() != prints.size()) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{} lists of chunk hashes for {} writer fingerprints",
+           chunk_hashes.size(), prints.size());
+    }
+    const auto& layout = plans_.layout();
+    for (std::size_t i = 0; i < chunk_hashes.size(); ++i) {
+      const auto& hashes = chunk_hashes[i];
+      if (hashes.empty()) continue;
+      const auto& w = in_place_[i];
+      const std::uint64_t expected =
+          (w.bytes + kernels::kFingerprintChunkBytes - 1) / kernels::kFingerprintChunkBytes;
+      if (w.offset % kernels::kFingerprintChunkBytes != 0 || hashes.size() != expected) {
+        fail(FERRY_STATUS_CORRUPT_DATA,
+             "parameter '{}': {} chunk hashes for {} bytes written at byte {} (expected {} at a "
+             "chunk boundary)",
+             layout[w.param].name, hashes.size(), w.bytes, w.offset, expected);
+      }
+    }
     for (std::size_t i = 0; i < prints.size(); ++i) {
       if (in_place_[i].expected) {
         fail(FERRY_STATUS_CORRUPT_DATA,
@@ -243,6 +268,7 @@ void UpdateEngine::attach_direct_fingerprints(std::span<const std::uint64_t> pri
              plans_.layout()[in_place_[i].param].name);
       }
       in_place_[i].expected = prints[i];
+      if (!chunk_hashes.empty()) in_place_[i].chunk_hashes = chunk_hashes[i];
     }
   } catch (const std::exception& e) {
     fail_locked("at commit (writer fingerprints)", e.what());
@@ -275,6 +301,7 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
     data.push_back(w.data);
     bytes.push_back(w.bytes);
   }
+  if (trusted) assemble_from_chunks_locked(known);
   if (reread.empty()) return known;
   const auto prints = cuda_locked().fingerprints(data, bytes);
   for (std::size_t k = 0; k < reread.size(); ++k) {
@@ -290,6 +317,61 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
     if (w.whole) known[w.param] = print;
   }
   return known;
+}
+
+void UpdateEngine::assemble_from_chunks_locked(std::vector<std::optional<std::uint64_t>>& known) {
+  constexpr std::uint64_t C = kernels::kFingerprintChunkBytes;
+  // Per parameter written in pieces with chunk hashes: its chunk hashes as far as pieces hashed
+  // whole chunks of it.
+  struct Chunks {
+    std::vector<std::uint64_t> hashes;
+    std::vector<bool> have;
+  };
+  std::map<std::uint32_t, Chunks> params;
+  for (const auto& w : in_place_) {
+    if (w.whole || w.chunk_hashes.empty() || known[w.param]) continue;
+    const std::uint64_t size = targets_[w.param].bytes;
+    auto [it, added] = params.try_emplace(w.param);
+    if (added) {
+      it->second.hashes.assign((size + C - 1) / C, 0);
+      it->second.have.assign(it->second.hashes.size(), false);
+    }
+    const std::uint64_t base = w.offset / C;
+    for (std::uint64_t j = 0; j < w.chunk_hashes.size(); ++j) {
+      const std::uint64_t k = base + j;
+      if (k >= it->second.hashes.size()) break;
+      // The piece's chunk j is the parameter's chunk k only when it holds all of it.
+      const std::uint64_t in_piece = std::min(C, w.bytes - j * C);
+      const std::uint64_t in_param = std::min(C, size - k * C);
+      if (in_piece != in_param) continue;
+      it->second.hashes[k] = w.chunk_hashes[j];
+      it->second.have[k] = true;
+    }
+  }
+  // The chunks no piece hashed whole (where pieces meet inside a chunk), read in one pass.
+  std::vector<const std::byte*> data;
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::uint64_t> index;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> slots;
+  for (auto& [param, c] : params) {
+    const std::uint64_t size = targets_[param].bytes;
+    for (std::uint64_t k = 0; k < c.hashes.size(); ++k) {
+      if (c.have[k]) continue;
+      data.push_back(targets_[param].view.data + k * C);
+      bytes.push_back(std::min(C, size - k * C));
+      index.push_back(k);
+      slots.emplace_back(param, k);
+    }
+  }
+  if (!data.empty()) {
+    const auto hashes = cuda_locked().chunk_hashes(data, bytes, index);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      params[slots[i].first].hashes[slots[i].second] = hashes[i];
+    }
+  }
+  for (const auto& [param, c] : params) {
+    known[param] = kernels::combine_chunk_hashes(c.hashes, targets_[param].bytes);
+  }
 }
 
 

@@ -185,6 +185,8 @@ class UpdateEngine {
     std::uint64_t bytes = 0;
     std::byte* block = nullptr;  // the memory block holding it (ParamInfo::block)
     std::uint64_t block_bytes = 0;
+    std::uint64_t param_offset = 0;  // where `data` is in its parameter (bytes)
+    std::uint64_t param_bytes = 0;   // the parameter's size
   };
   // One per tensor, in order; nullopt where the plan is not such a copy (or fails). Binds the
   // layout when no update is active.
@@ -220,7 +222,13 @@ class UpdateEngine {
   // recorded by record_direct_bucket, in recording order, for entries that had none. A count
   // that differs, or an entry given one twice, is CORRUPT_DATA and ends the update. With writer
   // fingerprints (begin_direct_writes(true)), commit fails for any entry still without one.
-  void attach_direct_fingerprints(std::span<const std::uint64_t> prints);
+  // `chunk_hashes`, empty or one list per print: the writing copy's hash of each 1 MiB chunk of
+  // an entry written at a chunk boundary of its parameter, numbered as the parameter's chunks
+  // (empty lists for the others). With writer fingerprints trusted, a parameter written in
+  // pieces then gets its fingerprint from its pieces' chunk hashes, reading only the chunks no
+  // piece hashed whole, instead of all of it (docs/fingerprint.md).
+  void attach_direct_fingerprints(std::span<const std::uint64_t> prints,
+                                  std::span<const std::vector<std::uint64_t>> chunk_hashes = {});
 
   // Fingerprints (xxh64-interleaved-v1 of the parameter bytes) the sender computed, checked at
   // commit. A name that is not a layout parameter fails the commit. Needs an active update.
@@ -316,10 +324,14 @@ class UpdateEngine {
     std::optional<std::uint64_t> expected;  // the sender's fingerprint
     std::uint32_t param = 0;
     bool whole = false;  // it covers the whole parameter
+    std::uint64_t offset = 0;                // bytes into the parameter
+    std::vector<std::uint64_t> chunk_hashes;  // attach_direct_fingerprints' (may be empty)
   };
   std::vector<InPlaceWrite> in_place_;
-  // Verifies in_place_; returns per target the fingerprints of those written whole.
+  // Verifies in_place_; returns per target the fingerprints of those written whole, and of those
+  // written in pieces whose chunk hashes make it (assemble_from_chunks_locked).
   std::vector<std::optional<std::uint64_t>> verify_in_place_locked();
+  void assemble_from_chunks_locked(std::vector<std::optional<std::uint64_t>>& known);
   // apply() for a staged bucket / one written in place (update_apply.cpp, update_direct.cpp).
   void apply_staged(Bucket& bucket);
   void record_direct(Bucket& bucket);

@@ -116,7 +116,9 @@ UpdateReport run_update(UpdateEngine& engine, BucketSource& source, const Update
     finish_inflight();
     set_phase(run, "commit");
     UpdateEnd end = source.end();
-    if (end.writer_fingerprints) engine.attach_direct_fingerprints(*end.writer_fingerprints);
+    if (end.writer_fingerprints) {
+      engine.attach_direct_fingerprints(*end.writer_fingerprints, end.writer_chunk_hashes);
+    }
     if (!end.expected.empty()) engine.set_expected_fingerprints(std::move(end.expected));
     if (end.label) engine.set_label(std::move(*end.label));
     engine.commit();

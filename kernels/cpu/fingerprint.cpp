@@ -55,7 +55,8 @@ std::uint64_t chunk_hash(const unsigned char* p, std::uint64_t len, std::uint64_
 
 }  // namespace
 
-std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads) {
+std::vector<std::uint64_t> fingerprint_chunks_cpu(const void* data, std::uint64_t bytes,
+                                                  std::uint64_t first_index, unsigned threads) {
   const auto* base = static_cast<const unsigned char*>(data);
   const std::uint64_t chunks = (bytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
   std::vector<std::uint64_t> hashes(chunks);
@@ -63,7 +64,7 @@ std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned th
   auto hash_chunk = [&](std::uint64_t i) {
     const std::uint64_t begin = i * kFingerprintChunkBytes;
     const std::uint64_t len = std::min(kFingerprintChunkBytes, bytes - begin);
-    hashes[i] = chunk_hash(base + begin, len, i);
+    hashes[i] = chunk_hash(base + begin, len, first_index + i);
   };
 
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -81,7 +82,15 @@ std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned th
     for (unsigned t = 1; t < workers; ++t) pool.emplace_back(work);
     work();
   }
+  return hashes;
+}
+
+std::uint64_t combine_chunk_hashes(std::span<const std::uint64_t> hashes, std::uint64_t bytes) {
   return XXH64(hashes.data(), hashes.size() * sizeof(std::uint64_t), bytes);
+}
+
+std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads) {
+  return combine_chunk_hashes(fingerprint_chunks_cpu(data, bytes, 0, threads), bytes);
 }
 
 }  // namespace ferry::kernels

@@ -202,6 +202,32 @@ void fingerprint_many_cuda_async(std::span<const void* const> data,
              "fingerprint_many_cuda_async: launching the fingerprint kernels");
 }
 
+void fingerprint_chunks_many_cuda_async(std::span<const void* const> data,
+                                        std::span<const std::uint64_t> bytes,
+                                        std::span<const std::uint64_t> first_index,
+                                        std::uint64_t* device_hashes, cudaStream_t stream) {
+  if (data.size() != bytes.size() || data.size() != first_index.size()) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "fingerprint_chunks_many_cuda_async: {} ranges, {} sizes, {} first indexes", data.size(),
+         bytes.size(), first_index.size());
+  }
+  const std::size_t n = data.size();
+  if (n == 0) return;
+  if (device_hashes == nullptr) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_chunks_many_cuda_async: device_hashes is null");
+  }
+  std::vector<cuda_detail::FingerprintRange> ranges(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (data[i] == nullptr && bytes[i] > 0) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "fingerprint_chunks_many_cuda_async: range {} has null data for {} bytes", i, bytes[i]);
+    }
+    ranges[i] = {data[i], bytes[i], first_index[i]};
+  }
+  check_cuda(cuda_detail::launch_chunk_hashes(ranges.data(), n, device_hashes, stream),
+             "fingerprint_chunks_many_cuda_async: launching the chunk kernel");
+}
+
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream) {
   std::uint64_t* device_result = nullptr;
   check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&device_result), sizeof(std::uint64_t),

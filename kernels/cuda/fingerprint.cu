@@ -25,11 +25,13 @@ constexpr unsigned kGroupsPerBlock = kThreads / kGroup;
 static_assert(kThreads % 32 == 0 && 32 % kGroup == 0, "a group must lie within one warp");
 constexpr unsigned kChunkWarps = 8;  // chunk kernel: 8 chunks per block, one per warp
 
-// One range as the kernels see it: its chunk hashes are hashes[first_chunk ..] of the batch.
+// One range as the kernels see it: its chunk hashes are hashes[first_chunk ..] of the batch,
+// its chunks numbered from first_index (0 but for chunk hashes of a range's pieces).
 struct DeviceRange {
   const unsigned char* data;
   std::uint64_t bytes;
   std::uint64_t first_chunk;
+  std::uint64_t first_index;
 };
 
 // The kernels' argument. A batch of one range carries it in `single` (no upload); otherwise
@@ -76,7 +78,8 @@ __global__ void __launch_bounds__(kChunkWarps * 32) chunk_kernel(Batch b) {
   const std::uint64_t begin = index * kChunkBytes;
   const std::uint64_t rest = range.bytes - begin;
   const std::uint64_t len = rest < kChunkBytes ? rest : kChunkBytes;
-  const std::uint64_t h = fp::warp_chunk_hash(range.data + begin, len, index, lane, scratch[warp]);
+  const std::uint64_t h =
+      fp::warp_chunk_hash(range.data + begin, len, range.first_index + index, lane, scratch[warp]);
   if (lane == 0) b.hashes[g] = h;
 }
 
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Batch b) {
       static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
   const unsigned lane = threadIdx.x % kGroup;
   const bool active = r < b.num_ranges;
-  DeviceRange range{nullptr, 0, 0};
+  DeviceRange range{nullptr, 0, 0, 0};
   if (active) range = range_at(b, r);
   const std::uint64_t chunks = (range.bytes + kChunkBytes - 1) / kChunkBytes;
   // An empty range reads nothing (and `hashes` may be null when every range is empty).
@@ -103,13 +106,19 @@ unsigned blocks_for(std::uint64_t groups) {
 
 }  // namespace
 
-cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,
-                                std::uint64_t* device_results, cudaStream_t stream) {
+namespace {
+
+// launch_fingerprints, or with `device_chunk_hashes` launch_chunk_hashes: the chunk kernel
+// writes there (no scratch) and the combine kernel is left out.
+cudaError_t launch(const FingerprintRange* ranges, std::size_t num_ranges,
+                   std::uint64_t* device_results, std::uint64_t* device_chunk_hashes,
+                   cudaStream_t stream) {
   if (num_ranges == 0) return cudaSuccess;
   std::vector<DeviceRange> table(num_ranges);
   std::uint64_t chunks = 0;
   for (std::size_t i = 0; i < num_ranges; ++i) {
-    table[i] = {static_cast<const unsigned char*>(ranges[i].data), ranges[i].bytes, chunks};
+    table[i] = {static_cast<const unsigned char*>(ranges[i].data), ranges[i].bytes, chunks,
+                ranges[i].first_index};
     chunks += (ranges[i].bytes + kChunkBytes - 1) / kChunkBytes;
   }
   // The grids are 1-D: 2^31 - 1 blocks.
@@ -123,7 +132,8 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
   batch.results = device_results;
   // One stream-ordered scratch allocation: the chunk hashes, then the range table (8-byte
   // aligned after them) unless the batch has one range, which travels in the argument.
-  const std::uint64_t hash_bytes = chunks * sizeof(std::uint64_t);
+  const std::uint64_t hash_bytes =
+      device_chunk_hashes != nullptr ? 0 : chunks * sizeof(std::uint64_t);
   const std::uint64_t table_bytes = num_ranges > 1 ? num_ranges * sizeof(DeviceRange) : 0;
   unsigned char* scratch = nullptr;
   cudaError_t err = cudaSuccess;
@@ -131,7 +141,8 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
     err = cudaMallocAsync(reinterpret_cast<void**>(&scratch), hash_bytes + table_bytes, stream);
     if (err != cudaSuccess) return err;
   }
-  batch.hashes = reinterpret_cast<std::uint64_t*>(scratch);
+  batch.hashes = device_chunk_hashes != nullptr ? device_chunk_hashes
+                                                : reinterpret_cast<std::uint64_t*>(scratch);
   if (table_bytes > 0) {
     auto* device_table = reinterpret_cast<DeviceRange*>(scratch + hash_bytes);
     batch.ranges = device_table;
@@ -145,7 +156,7 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
     chunk_kernel<<<blocks, kChunkWarps * 32, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
-  if (err == cudaSuccess) {
+  if (err == cudaSuccess && device_chunk_hashes == nullptr) {
     combine_kernel<<<blocks_for(num_ranges), kThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
   }
@@ -154,6 +165,18 @@ cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_
     if (err == cudaSuccess) err = free_err;
   }
   return err;
+}
+
+}  // namespace
+
+cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,
+                                std::uint64_t* device_results, cudaStream_t stream) {
+  return launch(ranges, num_ranges, device_results, nullptr, stream);
+}
+
+cudaError_t launch_chunk_hashes(const FingerprintRange* ranges, std::size_t num_ranges,
+                                std::uint64_t* device_hashes, cudaStream_t stream) {
+  return launch(ranges, num_ranges, nullptr, device_hashes, stream);
 }
 
 }  // namespace ferry::kernels::cuda_detail

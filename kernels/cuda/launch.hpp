@@ -44,10 +44,12 @@ cudaError_t launch_scatter_table(const DeviceOp* device_ops, std::size_t num_ops
                                  std::uint64_t total_units, std::uintptr_t src_base,
                                  cudaStream_t stream);
 
-// One byte range to fingerprint (device address, length).
+// One byte range to fingerprint (device address, length); its chunks numbered from first_index
+// (launch_chunk_hashes; 0 for a fingerprint).
 struct FingerprintRange {
   const void* data;
   std::uint64_t bytes;
+  std::uint64_t first_index = 0;
 };
 
 // Launches the chunk hash kernel over every chunk of every range and the combine kernel (two
@@ -56,5 +58,9 @@ struct FingerprintRange {
 // batch exceeds one grid (2^35 chunks).
 cudaError_t launch_fingerprints(const FingerprintRange* ranges, std::size_t num_ranges,
                                 std::uint64_t* device_results, cudaStream_t stream);
+// The chunk kernel alone: range i's chunk hashes (numbered from its first_index), the ranges'
+// one after the other, into device_hashes (one launch).
+cudaError_t launch_chunk_hashes(const FingerprintRange* ranges, std::size_t num_ranges,
+                                std::uint64_t* device_hashes, cudaStream_t stream);
 
 }  // namespace ferry::kernels::cuda_detail

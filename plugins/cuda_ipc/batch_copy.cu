@@ -67,12 +67,14 @@ static_assert(kHashThreads % 32 == 0 && 32 % fp::kGroup == 0, "a group must lie 
 constexpr unsigned kCopyWarps = 8;
 
 // One op as the fingerprinting kernels see it: its chunks are global chunks first_chunk ..
-// first_chunk + ceil(bytes / C) - 1 of the launch, their hashes hashes[first_chunk ..].
+// first_chunk + ceil(bytes / C) - 1 of the launch, their hashes hashes[first_chunk ..], each
+// numbered from chunk_base (0 but for the pieces of a longer range).
 struct HashedOp {
   const unsigned char* src;
   unsigned char* dst;
   std::uint64_t bytes;
   std::uint64_t first_chunk;
+  std::uint64_t chunk_base;
 };
 
 // Both kernels' parameter (16 KiB for 512 ops, within the 32 KiB CUDA 12.1+ allows).
@@ -113,8 +115,8 @@ __global__ void __launch_bounds__(kCopyWarps * 32) copy_chunk_kernel(const Hashe
   const std::uint64_t begin = index * fp::kChunkBytes;
   const std::uint64_t rest = op.bytes - begin;
   const std::uint64_t len = rest < fp::kChunkBytes ? rest : fp::kChunkBytes;
-  const std::uint64_t h = fp::warp_chunk_hash(op.src + begin, len, index, lane, scratch[warp],
-                                              fp::CopyTo{op.dst + begin});
+  const std::uint64_t h = fp::warp_chunk_hash(op.src + begin, len, op.chunk_base + index, lane,
+                                              scratch[warp], fp::CopyTo{op.dst + begin});
   if (lane == 0) b.hashes[g] = h;
 }
 
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kHashThreads) combine_kernel(const HashedBatch
       static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / fp::kGroup;
   const unsigned lane = threadIdx.x % fp::kGroup;
   const bool active = i < b.n;
-  HashedOp op{nullptr, nullptr, 0, 0};
+  HashedOp op{nullptr, nullptr, 0, 0, 0};
   if (active) op = b.ops[i];
   const std::uint64_t chunks = (op.bytes + fp::kChunkBytes - 1) / fp::kChunkBytes;
   // An empty op reads nothing (and `hashes` is null when every op is empty): XXH64 of no bytes.
@@ -159,9 +161,18 @@ cudaError_t launch_batch_copy(const CopyOp* ops, std::size_t n, cudaStream_t str
 
 std::size_t fingerprinted_copy_staging_bytes(std::size_t n) { return n * sizeof(HashedOp); }
 
+std::uint64_t fingerprinted_copy_chunks(const CopyOp* ops, std::size_t n) {
+  std::uint64_t chunks = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    chunks += ops[i].bytes / fp::kChunkBytes + (ops[i].bytes % fp::kChunkBytes != 0 ? 1 : 0);
+  }
+  return chunks;
+}
+
 cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
                                       std::uint64_t* device_results, void* pinned_staging,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, const std::uint64_t* chunk_bases,
+                                      std::uint64_t* host_chunk_hashes) {
   if (n == 0) return cudaSuccess;
   if (device_results == nullptr || pinned_staging == nullptr) return cudaErrorInvalidValue;
   auto* table = static_cast<HashedOp*>(pinned_staging);
@@ -169,7 +180,8 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
   std::uint64_t chunks = 0;
   for (std::size_t i = 0; i < n; ++i) {
     table[i] = {static_cast<const unsigned char*>(ops[i].src),
-                static_cast<unsigned char*>(ops[i].dst), ops[i].bytes, chunks};
+                static_cast<unsigned char*>(ops[i].dst), ops[i].bytes, chunks,
+                chunk_bases != nullptr ? chunk_bases[i] : 0};
     // ceil(bytes / C) without overflowing near 2^64.
     chunks += ops[i].bytes / fp::kChunkBytes + (ops[i].bytes % fp::kChunkBytes != 0 ? 1 : 0);
   }
@@ -198,6 +210,10 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
   if (err == cudaSuccess) {
     combine_kernel<<<hash_blocks_for(n), kHashThreads, 0, stream>>>(batch);
     err = cudaGetLastError();
+  }
+  if (err == cudaSuccess && host_chunk_hashes != nullptr && chunks > 0) {
+    err = cudaMemcpyAsync(host_chunk_hashes, batch.hashes, chunks * sizeof(std::uint64_t),
+                          cudaMemcpyDeviceToHost, stream);
   }
   const cudaError_t free_err = cudaFreeAsync(scratch, stream);
   if (err == cudaSuccess) err = free_err;

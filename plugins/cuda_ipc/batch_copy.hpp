@@ -40,8 +40,17 @@ std::size_t fingerprinted_copy_staging_bytes(std::size_t n);
 // parameter table would hold 512 ops). No op's source may overlap any op's destination (sources are read through the
 // read-only cache). A table copy, two launches and a stream-ordered scratch allocation (the
 // table, and 8 bytes per MiB) on `stream`; the results are there once the stream reaches them.
+// With `chunk_bases` (n entries), op i's chunks are numbered from chunk_bases[i] (its bytes
+// taken as chunks chunk_bases[i], .. of a longer range, docs/fingerprint.md) and its result is
+// the XXH64 of those hashes seeded with its length; with `host_chunk_hashes` (page-locked,
+// fingerprinted_copy_chunks(ops, n) entries) every op's chunk hashes, op after op, are copied
+// there once the stream passes the launch.
 cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
                                       std::uint64_t* device_results, void* pinned_staging,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream,
+                                      const std::uint64_t* chunk_bases = nullptr,
+                                      std::uint64_t* host_chunk_hashes = nullptr);
+// The chunks of the ops together: ceil(bytes / 1 MiB) each.
+std::uint64_t fingerprinted_copy_chunks(const CopyOp* ops, std::size_t n);
 
 }  // namespace ferry::cuda_ipc

@@ -25,8 +25,8 @@ struct CudaIpcPlugin {
   // The option keys create accepts ([transport.cuda_ipc]; plugin ABI 1.3).
   static constexpr const char* kOptions[] = {"socket_dir", "copy_lanes", nullptr};
   static constexpr std::uint32_t kGroups = sdk::kPointToPoint | sdk::kMemory | sdk::kDirectWrite |
-                                           sdk::kPutFingerprint | sdk::kDeferredPuts | sdk::kAsync |
-                                           sdk::kAbort;
+                                           sdk::kPutFingerprint | sdk::kPutChunkHashes |
+                                           sdk::kDeferredPuts | sdk::kAsync | sdk::kAbort;
   // A process cannot open the CUDA IPC handles it exported itself.
   static constexpr std::uint32_t kConstraints =
       FERRY_TRANSPORT_CAP_SAME_NODE_ONLY | FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;

@@ -829,6 +829,10 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
       fail(FERRY_STATUS_INVALID_ARGUMENT,
            "cuda_ipc put: fingerprint_out is offered for puts from device memory only");
     }
+    if (args.chunk_hashes_out != nullptr && args.fingerprint_out == nullptr) {
+      fail(FERRY_STATUS_INVALID_ARGUMENT,
+           "cuda_ipc put: chunk_hashes_out is offered with fingerprint_out only");
+    }
     if (bytes == 0) {
       if (args.fingerprint_out != nullptr) empty_prints.push_back(args.fingerprint_out);
       continue;
@@ -846,7 +850,8 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
     }
     std::uint8_t* const dst = all_mapped ? imported->base + args.remote_offset
                                          : mapped(peer, *imported, args.remote_offset, bytes);
-    copies.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out});
+    copies.push_back({peer, dst, src, bytes, device_source, args.fingerprint_out,
+                      args.chunk_hashes_out, args.chunk_index_base});
   }
   // xxh64-interleaved-v1 of nothing: the combining XXH64 of no chunk hashes, seed 0.
   for (auto* out : empty_prints) {
@@ -870,6 +875,9 @@ void ferry_transport::issue_pending_locked() {
   ops.reserve(copies.size());
   std::vector<CopyOp> print_ops;  // the copies that also fingerprint what they write
   std::vector<std::uint64_t*> outs;
+  std::vector<std::uint64_t> chunk_bases;  // per print op
+  std::vector<PrintBatch::ChunkOut> chunk_outs;
+  std::uint64_t print_chunks = 0;
   auto copy_call = [&](const void* src, void* dst, std::uint64_t bytes) {
     check_rt(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
              "cudaMemcpyAsync into the peer's memory");
@@ -879,6 +887,10 @@ void ferry_transport::issue_pending_locked() {
     if (c.fingerprint_out != nullptr) {
       print_ops.push_back({c.src, c.dst, c.bytes});
       outs.push_back(c.fingerprint_out);
+      chunk_bases.push_back(c.chunk_index_base);
+      const std::uint64_t chunks = fingerprinted_copy_chunks(&print_ops.back(), 1);
+      if (c.chunk_hashes_out != nullptr) chunk_outs.push_back({c.chunk_hashes_out, print_chunks, chunks});
+      print_chunks += chunks;
     } else if (c.device_source) {
       ops.push_back({c.src, c.dst, c.bytes});
     } else {
@@ -933,13 +945,17 @@ void ferry_transport::issue_pending_locked() {
     // One pinned array: the n fingerprints read back, then the kernel's op table.
     const std::size_t table_words =
         (fingerprinted_copy_staging_bytes(n) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t);
-    std::tie(batch.host, batch.capacity) = take_pinned_prints(n + table_words);
+    // and, where a put asked for them, every chunk hash of the launch.
+    const std::uint64_t hash_words = chunk_outs.empty() ? 0 : print_chunks;
+    std::tie(batch.host, batch.capacity) = take_pinned_prints(n + table_words + hash_words);
+    if (hash_words > 0) batch.chunk_hashes = batch.host + n + table_words;
     std::uint64_t* device_prints = nullptr;
     try {
       check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
                                lane),
                "cudaMallocAsync (fingerprints)");
-      check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n, lane),
+      check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n, lane,
+                                         chunk_bases.data(), batch.chunk_hashes),
                "the fingerprinting copy kernel into the peer's memory");
       check_rt(cudaMemcpyAsync(batch.host, device_prints, n * sizeof(std::uint64_t),
                                cudaMemcpyDeviceToHost, lane),
@@ -959,6 +975,7 @@ void ferry_transport::issue_pending_locked() {
     check_rt(cudaEventRecord(lane_done_[l], lane), "cudaEventRecord");
     check_rt(cudaStreamWaitEvent(stream_, lane_done_[l], 0), "cudaStreamWaitEvent");
     batch.outs = std::move(outs);
+    batch.chunk_outs = std::move(chunk_outs);
     batch.issued = issued_ticket_;
     print_batches_.push_back(std::move(batch));
   }
@@ -980,6 +997,9 @@ void ferry_transport::deliver_prints_locked(std::uint64_t covers) noexcept {
     PrintBatch batch = std::move(print_batches_.front());
     print_batches_.pop_front();
     for (std::size_t i = 0; i < batch.outs.size(); ++i) *batch.outs[i] = batch.host[i];
+    for (const auto& c : batch.chunk_outs) {
+      std::memcpy(c.out, batch.chunk_hashes + c.first, c.count * sizeof(std::uint64_t));
+    }
     give_pinned_prints(batch.host, batch.capacity);
     log_launch_locked(batch);
   }

@@ -223,6 +223,8 @@ struct ferry_transport {
     std::uint64_t bytes = 0;
     bool device_source = false;  // the local side is CUDA memory (else host: a copy call)
     std::uint64_t* fingerprint_out = nullptr;  // ferry_put_args_t.fingerprint_out
+    std::uint64_t* chunk_hashes_out = nullptr;  // ferry_put_args_t.chunk_hashes_out (ABI 1.7)
+    std::uint64_t chunk_index_base = 0;
   };
   std::vector<PendingCopy> pending_;
   // Puts that asked for their fingerprint go through the fused copy kernel
@@ -234,6 +236,15 @@ struct ferry_transport {
     std::uint64_t* host = nullptr;  // page-locked, at least outs.size() entries
     std::size_t capacity = 0;
     std::vector<std::uint64_t*> outs;
+    // Puts that asked for their chunk hashes: where they go, and where the op's hashes start
+    // in the launch's read-back (host + chunk_hashes_at) and how many.
+    struct ChunkOut {
+      std::uint64_t* out;
+      std::uint64_t first;
+      std::uint64_t count;
+    };
+    std::vector<ChunkOut> chunk_outs;
+    std::uint64_t* chunk_hashes = nullptr;  // within host: every chunk hash of the launch
     // Timing events around the launch on its lane, for the debug log (where GPU time goes).
     cudaEvent_t began = nullptr;
     cudaEvent_t ended = nullptr;

@@ -31,7 +31,8 @@ TEST(CudaIpcPlugin, DeclaresSameNodeDirectWritesThatFingerprint) {
   EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY |
                             FERRY_TRANSPORT_CAP_DIRECT_WRITE | FERRY_TRANSPORT_CAP_ASYNC |
                             FERRY_TRANSPORT_CAP_PUT_FINGERPRINT | FERRY_TRANSPORT_CAP_PUT_DEFERRED |
-                            FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES);
+                            FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES |
+                            FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES);
   EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_CUDA | FERRY_MEMORY_PINNED));
   for (auto fn : {reinterpret_cast<void*>(plugin()->put), reinterpret_cast<void*>(plugin()->flush),
                   reinterpret_cast<void*>(plugin()->pack_key),

@@ -132,6 +132,33 @@ TEST(Fingerprint, ThreadCountDoesNotChangeTheValue) {
   }
 }
 
+// A range written in pieces that start on chunk boundaries: each piece's chunk hashes, taken
+// with the index of its first chunk in the range, are the range's own, so the range's
+// fingerprint is made from them without reading it again; a piece's own chunk numbering (0)
+// and a piece that ends inside a chunk of the range give other hashes.
+TEST(Fingerprint, PiecesOnChunkBoundariesMakeTheRangesFingerprint) {
+  const auto data = random_bytes(7 * kMiB + 300, 5);
+  const std::uint64_t whole = fk::fingerprint_cpu(data.data(), data.size());
+  const std::vector<std::uint64_t> cuts = {0, 2 * kMiB, 3 * kMiB, 6 * kMiB, data.size()};
+  std::vector<std::uint64_t> hashes;
+  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const auto piece = fk::fingerprint_chunks_cpu(data.data() + cuts[k], cuts[k + 1] - cuts[k],
+                                                  cuts[k] / kMiB, k % 2 ? 1 : 3);
+    hashes.insert(hashes.end(), piece.begin(), piece.end());
+  }
+  EXPECT_EQ(fk::combine_chunk_hashes(hashes, data.size()), whole);
+  EXPECT_EQ(hashes, fk::fingerprint_chunks_cpu(data.data(), data.size(), 0));
+  // Numbered from 0, the second piece's hashes differ from the range's.
+  const auto own = fk::fingerprint_chunks_cpu(data.data() + 2 * kMiB, kMiB, 0);
+  EXPECT_NE(own[0], hashes[2]);
+  // A piece ending half-way through chunk 3: its last hash is not chunk 3's.
+  const auto short_piece = fk::fingerprint_chunks_cpu(data.data() + 3 * kMiB, kMiB / 2, 3);
+  EXPECT_NE(short_piece[0], hashes[3]);
+  // The range's last, shorter chunk is the same from a piece that ends with the range.
+  const auto tail = fk::fingerprint_chunks_cpu(data.data() + 7 * kMiB, 300, 7);
+  EXPECT_EQ(tail[0], hashes[7]);
+}
+
 TEST(Fingerprint, ChangedSwappedOrTruncatedBytesChangeTheValue) {
   auto data = random_bytes(2 * kMiB + 7, 3);
   const std::uint64_t base = fk::fingerprint_cpu(data.data(), data.size());

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -368,6 +369,46 @@ TEST(GpuFingerprint, ManyRangesOfEverySizeAndAlignmentInOneCallMatchTheCpu) {
   expect_many_equal_cpu(host, device, {{3, 5 * kMiB + 3}}, stream);
   expect_many_equal_cpu(host, device, {{0, 0}, {5, 0}}, stream);
   cuda_ok(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// Chunk hashes of pieces numbered from their first chunk in a longer range (the receiver's
+// pieces of a parameter): the device's equal fingerprint_chunks_cpu's, and the pieces' hashes
+// on chunk boundaries combine into the range's fingerprint.
+TEST(GpuFingerprint, ChunkHashesOfPiecesNumberedInTheirRangeMatchTheCpu) {
+  const std::uint64_t total = 9 * kMiB + 4000;
+  const auto host = random_bytes(total, 650);
+  DeviceBuffer device(total);
+  device.upload(host);
+  // (offset, bytes, first index): pieces on chunk boundaries, a short tail, odd shifts.
+  const std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> ranges = {
+      {0, 3 * kMiB, 0},          {3 * kMiB, kMiB, 3},   {4 * kMiB, 5 * kMiB + 4000, 4},
+      {5 * kMiB + 7, kMiB - 9, 5}, {100, 0, 2},          {123, 4096 + 5, 77}};
+  std::vector<const void*> data;
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::uint64_t> first;
+  std::uint64_t chunks = 0;
+  for (const auto& [offset, n, index] : ranges) {
+    data.push_back(device.data() + offset);
+    bytes.push_back(n);
+    first.push_back(index);
+    chunks += (n + kMiB - 1) / kMiB;
+  }
+  DeviceBuffer out(chunks * 8);
+  fk::fingerprint_chunks_many_cuda_async(data, bytes, first,
+                                         reinterpret_cast<std::uint64_t*>(out.data()), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "sync");
+  const auto raw = out.download();
+  std::vector<std::uint64_t> got(chunks);
+  std::memcpy(got.data(), raw.data(), chunks * 8);
+  std::vector<std::uint64_t> expected;
+  for (const auto& [offset, n, index] : ranges) {
+    const auto h = fk::fingerprint_chunks_cpu(host.data() + offset, n, index);
+    expected.insert(expected.end(), h.begin(), h.end());
+  }
+  EXPECT_EQ(got, expected);
+  // The first three pieces tile the range: their 10 hashes make its fingerprint.
+  const std::vector<std::uint64_t> tiling(got.begin(), got.begin() + 10);
+  EXPECT_EQ(fk::combine_chunk_hashes(tiling, total), fk::fingerprint_cpu(host.data(), total));
 }
 
 TEST(GpuFingerprint, FourThousandRangesFromFourKiBToFourMiBMatchTheCpu) {

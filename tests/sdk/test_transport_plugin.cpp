@@ -205,7 +205,7 @@ constexpr std::uint32_t kEveryFlag =
     FERRY_TRANSPORT_CAP_SAME_NODE_ONLY | FERRY_TRANSPORT_CAP_DIRECT_WRITE |
     FERRY_TRANSPORT_CAP_ASYNC | FERRY_TRANSPORT_CAP_SOURCE | FERRY_TRANSPORT_CAP_PUT_FINGERPRINT |
     FERRY_TRANSPORT_CAP_PUT_DEFERRED | FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES |
-    FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS;
+    FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS | FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES;
 static_assert(EverythingTable::kFlags == kEveryFlag);
 // The table is a constant: a plugin may copy it into a table of its own at load time.
 constinit const ferry_transport_api_t kCopied = PeersTable::kApi;

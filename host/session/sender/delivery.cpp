@@ -40,6 +40,14 @@ Delivery::Delivery(SenderState& state_, const Link& link_, std::size_t index_,
       if (plan.sizes[t] == 0) session_prints[t] = kernels::fingerprint_cpu(nullptr, 0, 1);
     }
   }
+  if (prints_at_commit && data.hashes_piece_chunks() && link.chunk_bases.size() == tensors.size()) {
+    session_chunks.resize(tensors.size());
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      if (!link.chunk_bases[t] || plan.sizes[t] == 0) continue;
+      session_chunks[t].assign(
+          (plan.sizes[t] + kernels::kFingerprintChunkBytes - 1) / kernels::kFingerprintChunkBytes, 0);
+    }
+  }
   const std::uint32_t count = bucket_count();
   for (std::uint32_t k = 0; direct && k < count;) {
     std::uint32_t end = k + 1;
@@ -76,6 +84,10 @@ std::vector<TensorPiece> Delivery::pieces_of(const PlannedBucket& b) {
       p.offset = link.destinations[t].second;
     }
     if (writer_prints) p.fingerprint = &session_prints[t];
+    if (t < session_chunks.size() && !session_chunks[t].empty()) {
+      p.chunk_hashes = session_chunks[t].data();
+      p.chunk_base = *link.chunk_bases[t];
+    }
     pieces.push_back(p);
   }
   return pieces;

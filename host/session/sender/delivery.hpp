@@ -55,6 +55,9 @@ struct Delivery {
   bool prints_at_commit = false;  // those fingerprints go with the Commit
   // Per tensor, from the copies (writer_prints); complete once every group is finished.
   std::vector<std::uint64_t> session_prints;
+  // Per tensor whose receiver takes its chunk hashes (Link::chunk_bases, with fingerprints at
+  // commit and a transport that hashes its puts' chunks): the copy's chunk hashes; else empty.
+  std::vector<std::vector<std::uint64_t>> session_chunks;
   // Direct delivery copies in groups, [first, end) buckets: one bucket, or, where the copies
   // fingerprint what they write, consecutive buckets of at least
   // SenderOptions::fingerprinted_group_bytes (the fingerprinting kernel needs thousands of

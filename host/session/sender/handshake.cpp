@@ -20,12 +20,13 @@ const char* delivery_name(config::Delivery d) {
 }
 
 // Direct delivery when the receiver offered it (a destination per tensor), the configuration
-// allows it and every tensor is in CUDA memory the data path puts from. Fills `destinations`.
-// `w`: the Welcome, or a Rejoined.
+// allows it and every tensor is in CUDA memory the data path puts from. Fills the link's
+// `destinations` and `chunk_bases`. `w`: the Welcome, or a Rejoined.
 template <typename Reader>
 bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
                    const PushPlan& plan, std::size_t tensor_count, const std::string& peer,
-                   std::vector<std::pair<std::uint32_t, std::uint64_t>>& destinations) {
+                   Link& link) {
+  auto& destinations = link.destinations;
   if (config.update.delivery == config::Delivery::staged || !w.hasDestinations() ||
       w.getDestinations().size() != tensor_count || !plan.cuda_tensors ||
       !data.delivers_pieces(FERRY_MEMORY_CUDA)) {
@@ -34,12 +35,15 @@ bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
   std::vector<std::vector<std::uint8_t>> keys;
   for (auto k : w.getRegions()) keys.emplace_back(k.begin(), k.end());
   destinations.clear();
+  link.chunk_bases.clear();
   for (auto d : w.getDestinations()) {
     if (d.getRegion() >= keys.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: welcome: destination in region {} of {}", peer,
            d.getRegion(), keys.size());
     }
     destinations.emplace_back(d.getRegion(), d.getOffset());
+    link.chunk_bases.push_back(d.getChunkHashes() ? std::optional<std::uint64_t>(d.getChunkBase())
+                                                  : std::nullopt);
   }
   data.set_regions(std::move(keys));
   logger("sender")->info("{}: direct delivery: tensors go straight into the receiver's "
@@ -192,7 +196,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
     const auto connect_start = Clock::now();
     connect_path(w, *data, plan, ch.peer(), deadline_in(options.connect_timeout));
     connect_s = seconds_since(connect_start);
-    direct = choose_direct(config, w, *data, plan, sent_count, ch.peer(), link.destinations);
+    direct = choose_direct(config, w, *data, plan, sent_count, ch.peer(), link);
   }
   writer_prints = direct && data->fingerprints_pieces();
   if (!writer_prints && !link.trims) plan.seal();
@@ -259,7 +263,7 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
   }
   const double connected_s = seconds_since(start);
   const bool direct =
-      choose_direct(config, r, data, plan, tensors.size(), ch.peer(), link.destinations);
+      choose_direct(config, r, data, plan, tensors.size(), ch.peer(), link);
   if (direct != link.direct) {
     fail(FERRY_STATUS_INCOMPATIBLE,
          "{}: rejoin: the receiver {} direct delivery after its release, the session {}", ch.peer(),

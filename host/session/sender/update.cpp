@@ -59,6 +59,18 @@ void commit(Delivery& d) {
     for (const auto& b : d.plan.buckets) {
       for (const auto& item : b.items) list.set(at++, d.session_prints[item.first]);
     }
+    // The copies' chunk hashes, where the receiver asked for them (Destination.chunkHashes).
+    if (!d.session_chunks.empty()) {
+      auto lists = commit.initChunkHashes(entries);
+      at = 0;
+      for (const auto& b : d.plan.buckets) {
+        for (const auto& item : b.items) {
+          const auto& hashes = d.session_chunks[item.first];
+          auto one = lists.init(at++, static_cast<unsigned>(hashes.size()));
+          for (unsigned j = 0; j < hashes.size(); ++j) one.set(j, hashes[j]);
+        }
+      }
+    }
   }
   ch.send(m, deadline_in(d.options.commit_timeout), "commit");
   auto msg = ch.recv(deadline_in(d.options.commit_timeout), "commit", kAnswerSpin);

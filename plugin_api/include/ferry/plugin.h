@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 7
+#define FERRY_PLUGIN_ABI_MINOR 8
 
 /* ABI 1.6: the fingerprint ferry computes and compares (docs/fingerprint.md), named in every
  * manifest that carries one and computed by a put with fingerprint_out. A new definition gets a
@@ -217,7 +217,12 @@ typedef enum ferry_transport_cap {
    * collective broadcast from rank 0 of exactly data.size bytes, matched with the peers' calls
    * in the order issued (the trainer's `torch.distributed.broadcast`, one per tensor or per
    * flattened bucket). */
-  FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS = 1u << 9
+  FERRY_TRANSPORT_CAP_GROUP_RENDEZVOUS = 1u << 9,
+  /* ABI 1.8 (with CAP_PUT_FINGERPRINT): a fingerprinting put can also hand back the hash of each
+   * 1 MiB chunk of what it writes, numbered as chunks of a longer range (ferry_put_args_t
+   * .chunk_hashes_out), so that a receiver makes the fingerprint of a parameter written in
+   * pieces from its pieces' chunk hashes instead of reading it again. */
+  FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES = 1u << 10
 } ferry_transport_cap_t;
 
 typedef struct ferry_transport_caps {
@@ -291,6 +296,16 @@ typedef struct ferry_put_args {
    * data is read once, and stores it here (host memory the caller keeps valid) before the flush that
    * covers this put completes. Undefined when the put or the flush fails. */
   uint64_t* fingerprint_out;
+  /* ABI 1.8, optional (CAP_PUT_CHUNK_HASHES; only with fingerprint_out). When non-NULL, the
+   * transport also stores the hash of each 1 MiB chunk of the bytes it writes, ceil(size / 1 MiB)
+   * of them in order, here (host memory the caller keeps valid) before the flush that covers
+   * this put completes. The chunks are numbered from chunk_index_base (docs/fingerprint.md: the
+   * index seeds each chunk's accumulators), as chunks chunk_index_base, chunk_index_base + 1, ..
+   * of a longer range the put writes a piece of, at byte chunk_index_base * 1 MiB of it;
+   * *fingerprint_out is then XXH64 of these hashes seeded with the size (the fingerprint of the
+   * bytes when chunk_index_base is 0). Undefined when the put or the flush fails. */
+  uint64_t* chunk_hashes_out;
+  uint64_t chunk_index_base;
 } ferry_put_args_t;
 
 /* A request to a source (CAP_SOURCE): fill `dst` with the next tensors that fit. */

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace ferry::kernels {
 
@@ -71,6 +72,17 @@ inline constexpr std::uint64_t kFingerprintChunkBytes = 1ull << 20;
 
 // xxh64-interleaved-v1 of `bytes` bytes at `data`. `threads` = 0 uses the hardware count.
 std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads = 0);
+
+// The chunk hashes of `bytes` bytes at `data` taken as chunks first_index, first_index + 1, ..
+// of a longer range (docs/fingerprint.md, "Fingerprints of a range written in pieces"): the
+// range's own chunk hashes when `data` starts first_index * kFingerprintChunkBytes bytes into it
+// (the last one only where the range ends with `data`).
+std::vector<std::uint64_t> fingerprint_chunks_cpu(const void* data, std::uint64_t bytes,
+                                                  std::uint64_t first_index, unsigned threads = 0);
+// The fingerprint of a range of `bytes` bytes from its chunk hashes, in order (step 4 of the
+// definition): fingerprint_cpu(data, bytes) ==
+// combine_chunk_hashes(fingerprint_chunks_cpu(data, bytes, 0), bytes).
+std::uint64_t combine_chunk_hashes(std::span<const std::uint64_t> hashes, std::uint64_t bytes);
 
 // FP8 block quantization (FERRY_TRANSFORM_FP8_BLOCK_QUANT; arithmetic in fp8_block.hpp).
 // Scale addressing, the convention every FP8 op follows (the ABI has only scale_param):

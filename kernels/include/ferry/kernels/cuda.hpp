@@ -99,6 +99,15 @@ void fingerprint_many_cuda_async(std::span<const void* const> data,
                                  std::span<const std::uint64_t> bytes,
                                  std::uint64_t* device_results, cudaStream_t stream);
 
+// fingerprint_chunks_cpu of many ranges: range i's ceil(bytes[i] / 1 MiB) chunk hashes, numbered
+// from first_index[i], into device_hashes (device memory), the ranges' one after the other;
+// enqueued on `stream` (one launch; the range table copied before this returns).
+// INVALID_ARGUMENT as fingerprint_many_cuda_async.
+void fingerprint_chunks_many_cuda_async(std::span<const void* const> data,
+                                        std::span<const std::uint64_t> bytes,
+                                        std::span<const std::uint64_t> first_index,
+                                        std::uint64_t* device_hashes, cudaStream_t stream);
+
 // The same, waiting for the stream and returning the value (synchronizes `stream`).
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream);
 

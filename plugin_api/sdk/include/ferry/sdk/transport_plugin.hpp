@@ -49,6 +49,8 @@
 //     ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
 //   kPutFingerprint (CAP_PUT_FINGERPRINT; needs kDirectWrite): no method, put honours
 //     args.fingerprint_out
+//   kPutChunkHashes (CAP_PUT_CHUNK_HASHES, ABI 1.8; needs kPutFingerprint): no method, put
+//     honours args.chunk_hashes_out and args.chunk_index_base
 //   kDeferredPuts (CAP_PUT_DEFERRED; needs kDirectWrite)
 //     void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
 //   kAsync (CAP_ASYNC; needs a peer group)
@@ -106,7 +108,8 @@ inline constexpr std::uint32_t kAsync = 1u << 6;
 inline constexpr std::uint32_t kSource = 1u << 7;
 inline constexpr std::uint32_t kAbort = 1u << 8;
 inline constexpr std::uint32_t kAllocMemory = 1u << 9;
-inline constexpr std::uint32_t kAllTransportGroups = (1u << 10) - 1;
+inline constexpr std::uint32_t kPutChunkHashes = 1u << 10;
+inline constexpr std::uint32_t kAllTransportGroups = (1u << 11) - 1;
 
 // The capability bits that say where the peers may be rather than which functions exist
 // (Family::kConstraints); every other bit comes from the groups.
@@ -121,6 +124,7 @@ constexpr std::uint32_t transport_flags(std::uint32_t groups, std::uint32_t cons
   if (groups & kBroadcast) flags |= FERRY_TRANSPORT_CAP_BROADCAST;
   if (groups & kDirectWrite) flags |= FERRY_TRANSPORT_CAP_DIRECT_WRITE;
   if (groups & kPutFingerprint) flags |= FERRY_TRANSPORT_CAP_PUT_FINGERPRINT;
+  if (groups & kPutChunkHashes) flags |= FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES;
   if (groups & kDeferredPuts) flags |= FERRY_TRANSPORT_CAP_PUT_DEFERRED;
   if (groups & kAsync) flags |= FERRY_TRANSPORT_CAP_ASYNC;
   if (groups & kSource) flags |= FERRY_TRANSPORT_CAP_SOURCE;
@@ -227,6 +231,8 @@ class TransportPlugin {
                 "kDirectWrite needs kMemory and kPointToPoint or kBroadcast");
   static_assert((kGroups & kPutFingerprint) == 0 || kHasDirectWrite,
                 "kPutFingerprint needs kDirectWrite");
+  static_assert((kGroups & kPutChunkHashes) == 0 || (kGroups & kPutFingerprint) != 0,
+                "kPutChunkHashes needs kPutFingerprint");
   static_assert(!kHasDeferredPuts || kHasDirectWrite, "kDeferredPuts needs kDirectWrite");
   static_assert(!kHasAsync || kPeers, "kAsync needs kPointToPoint or kBroadcast");
   static_assert(!kHasAlloc || kHasMemory, "kAllocMemory needs kMemory");
