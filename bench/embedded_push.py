@@ -275,10 +275,10 @@ class Child:
     thread so that every wait has a timeout), its stderr shared with ours. `what` names it in
     the errors (bench/sharded_push.py uses it for its senders)."""
 
-    def __init__(self, cmd, what):
+    def __init__(self, cmd, what, stderr=None, env=None):
         self.what = what
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+                                     stderr=stderr, env=env, text=True)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -115,6 +115,9 @@ def device_of(args):
 # ---- a sender rank (a child process) ----------------------------------------------------------
 
 def sender_main(args):
+    if os.environ.get("FERRY_LOG_LEVEL") == "debug":  # bench --log-dir: push()'s Python timings
+        import logging
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
     import torch
     import ferry
     shapes = model_shapes(args.layers, args.device)
@@ -142,6 +145,7 @@ def sender_main(args):
                     torch.cuda.synchronize()
                 print(json.dumps({"filled": seed}), flush=True)
             elif words[0] == "push":
+                t_got = time.time()
                 version = int(words[1])
                 state = {name: ferry.Block(t, shape, (lo,) + (0,) * (len(shape) - 1))
                          for name, shape, lo, t in shards}
@@ -151,6 +155,7 @@ def sender_main(args):
                 seconds = time.perf_counter() - t0
                 print(json.dumps({
                     "pushed": version, "seconds": seconds, "committed": report.all_committed,
+                    "got_at": t_got, "returned_at": time.time(),
                     "errors": [r.error for r in report.receivers if not r.committed],
                     "transports": [r.transport for r in report.receivers],
                     "direct": [r.direct for r in report.receivers],
@@ -162,6 +167,15 @@ def sender_main(args):
             print(json.dumps({"failure": "%s: %s" % (type(e).__name__, e)}), flush=True)
     sender.close()
     return 0
+
+
+def rank_log(log_dir, world, rank):
+    """With --log-dir, a sender rank's stderr goes to a file there and it logs at debug level
+    (push()'s Python phases and the C++ sender's); without, it shares our stderr."""
+    if not log_dir:
+        return {}
+    return {"stderr": open(os.path.join(log_dir, "sender-%d-of-%d.log" % (rank, world)), "w"),
+            "env": dict(os.environ, FERRY_LOG_LEVEL="debug")}
 
 
 # ---- the receivers: `ferry serve` processes -----------------------------------------------------
@@ -218,6 +232,8 @@ def bench_main(args, torch, ferry):
     whole = [(name, torch.empty(shape, dtype=torch.bfloat16, device=device_of(args)))
              for name, shape in shapes]
     folder = tempfile.mkdtemp(prefix="ferry-sharded-bench-")
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
     serves = []
     try:
         for i in range(args.receivers):
@@ -252,12 +268,14 @@ def bench_main(args, torch, ferry):
                                      "--delivery", "staged" if r in args.staged_ranks
                                      else args.delivery]
                                     + (["--no-keep"] if args.no_keep else []),
-                                    "sender rank %d of %d" % (r, world))
+                                    "sender rank %d of %d" % (r, world),
+                                    **rank_log(args.log_dir, world, r))
                        for r in range(world)]
             try:
                 for s in senders:
                     s.answer(args.answer_timeout)
                 sharded_s, whole_s, transports = [], [], set()
+                rank_push_s, last_start_s = [], []
                 moved_ratio = 0.0  # the largest bytes moved / bytes needed of a receiver
                 direct_ranks = [True] * world
                 for k in range(args.rounds):
@@ -269,11 +287,16 @@ def bench_main(args, torch, ferry):
                         s.answer(args.answer_timeout)
                     version[0] += 1
                     t0 = time.perf_counter()
+                    wall0 = time.time()
                     for s in senders:
                         s.proc.stdin.write("push %d\n" % version[0])
                         s.proc.stdin.flush()
                     answers = [s.answer(args.answer_timeout) for s in senders]
                     sharded_s.append(time.perf_counter() - t0)
+                    # Where a round's time goes: the ranks' push() calls, and how late the last
+                    # one began (a rank's process waking up and building its Blocks).
+                    rank_push_s.append(max(a["seconds"] for a in answers))
+                    last_start_s.append(max(a["got_at"] for a in answers) - wall0)
                     for r, a in enumerate(answers):
                         if not a["committed"]:
                             raise RuntimeError("rank %d of %d: version %d failed: %s"
@@ -298,7 +321,10 @@ def bench_main(args, torch, ferry):
                                 else "unchanged from the round before"))
                     previous = [r[1] for r in reference]
                 rows.append({"senders": world, "sharded_median_s": statistics.median(sharded_s),
-                             "sharded_best_s": min(sharded_s), "whole_median_s":
+                             "sharded_best_s": min(sharded_s),
+                             "slowest_rank_push_median_s": statistics.median(rank_push_s),
+                             "last_rank_start_median_s": statistics.median(last_start_s),
+                             "whole_median_s":
                              statistics.median(whole_s), "transports": sorted(transports),
                              "moved_equals_needed": moved_ratio == 1.0,
                              "moved_over_needed": moved_ratio, "moved_bytes": moved,
@@ -373,6 +399,10 @@ def print_table(r):
             row["senders"], ms(row["sharded_median_s"]), row["gb_per_s"], ms(row["whole_median_s"]),
             row["vs_whole"], of, wof, row["moved_over_needed"], "yes" if row["direct"] else "no",
             ",".join(row["transports"])))
+    out.write("where the sharded time goes (medians): " + "; ".join(
+        "%d senders: the last rank read the push command %s ms in, the slowest push() took %s ms" % (
+            row["senders"], ms(row["last_rank_start_median_s"]),
+            ms(row["slowest_rank_push_median_s"])) for row in r["rows"]) + "\n")
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 

@@ -40,7 +40,8 @@ void print_result(const Json& d) {
              d.value("rounds", 0));
   Table table({"senders", "sharded ms (median)", "best ms", "GB/s", "one sender ms",
                "sharded / one",
-               "of D2D", "one sender of D2D", "moved / needed", "direct", "transports"});
+               "of D2D", "one sender of D2D", "moved / needed", "direct",
+               "last rank began ms", "slowest push() ms", "transports"});
   if (d.contains("rows") && d["rows"].is_array()) {
     for (const Json& row : d["rows"]) {
       std::string transports;
@@ -52,7 +53,9 @@ void print_result(const Json& d) {
                      ms(row, "whole_median_s"),
                      ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
                      fmt::format("{:.3f}", row.value("moved_over_needed", 0.0)),
-                     row.value("direct", false) ? "yes" : "no", transports});
+                     row.value("direct", false) ? "yes" : "no",
+                     ms(row, "last_rank_start_median_s"), ms(row, "slowest_rank_push_median_s"),
+                     transports});
     }
   }
   std::printf("\n");
@@ -62,7 +65,9 @@ void print_result(const Json& d) {
       "the one-sender\npush's time over the sharded push's (above 1: faster). "
       "of D2D: the device copy\nof the bytes the receivers took, over the push's time; target >= "
       "{:.2f} with 4 senders. moved / needed: the\nlargest of a receiver (1: every byte it needs "
-      "once, nothing else).\nverification: {}\n",
+      "once, nothing else). last rank began: how long after the\npush command the last rank "
+      "read it (medians); slowest push(): the longest push() of a rank.\n"
+      "verification: {}\n",
       kTarget, d.value("verification", std::string("?")));
 }
 
@@ -88,6 +93,10 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
       "--device", o.device, "--ferry", ferry, "--no-table"};
   if (o.no_keep) args.push_back("--no-keep");
   if (o.tp) args.push_back("--tp");
+  if (!o.log_dir.empty()) {
+    args.push_back("--log-dir");
+    args.push_back(o.log_dir);
+  }
   const ScriptRun run = run_bench_script("sharded", "sharded_push.py", o.script, o.python,
                                          args, record);
   if (run.exit_code == 2) return 2;
@@ -140,6 +149,9 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                "the sender ranks open new sessions for every push instead of keeping them");
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
+  app->add_option("--log-dir", o->log_dir,
+                  "keep every receiver's and sender rank's log here, at debug level (where the "
+                  "time goes)");
   add_script_bench_options(app, o.get(), "sharded_push.py");
   Action action = [o]() -> int {
     return run_script_bench(*o, [&](Json& records) { return run_sharded_bench(*o, records); });

@@ -30,6 +30,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   std::string delivery = "auto";   // the sender ranks' update.delivery (auto, direct, staged)
   bool no_keep = false;            // the ranks open new sessions for every push
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model
+  std::string log_dir;             // keep every process's debug log here (where time goes)
 };
 
 struct ShardedBenchCommand {
