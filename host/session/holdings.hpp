@@ -21,11 +21,15 @@ struct Holding {
   std::vector<std::uint64_t> extents;
   // false: a replica. The rank holds the block, but the lowest rank holding it sends it.
   bool sent = true;
+
+  bool operator==(const Holding&) const = default;
 };
 
 struct RankHoldings {
   std::uint32_t rank = 0;
   std::vector<Holding> holdings;
+
+  bool operator==(const RankHoldings&) const = default;
 };
 
 // A global tensor of the update (the union of the ranks' tensors).

@@ -100,11 +100,15 @@ class Session final : public update::BucketSource, public ShardMember {
     if (sharded_) {
       // A rank of sharded updates: one, or one after another through a kept session.
       auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
+      begin_start_ = Clock::now();
       while (msg) {
         run_sharded(msg->root());
         if (!keep_) return;
         msg = next_update();
-        if (msg) rejoin_shard();
+        if (msg) {
+          begin_start_ = Clock::now();  // the rejoin is part of this Begin's wait for Ready
+          rejoin_shard();
+        }
       }
       return;
     }
@@ -114,6 +118,7 @@ class Session final : public update::BucketSource, public ShardMember {
         rejoin(msg->root().getRejoin());
         msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin (after the rejoin)");
       }
+      begin_start_ = Clock::now();  // the Begin arrived: its wait for Ready starts
       begin(msg->root());
       update_and_commit();
       if (!keep_) return;
@@ -151,7 +156,8 @@ class Session final : public update::BucketSource, public ShardMember {
   // The update began (and in-place writes are declared): the receives are posted and the
   // sender is told Ready. From then on a direct-writing sender writes live parameters.
   void begun() override {
-    logger("session")->debug("{}: begin of version {}: {:.3f} ms", ch_.peer(), version_,
+    logger("session")->debug("{}: begin of version {}: Ready {:.3f} ms after the Begin arrived",
+                             ch_.peer(), version_,
                              std::chrono::duration<double, std::milli>(Clock::now() - begin_start_)
                                  .count());
     for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
@@ -642,7 +648,6 @@ class Session final : public update::BucketSource, public ShardMember {
   // Runs the update that began through the update loop, with this session as its source, then
   // tells the sender Committed.
   void update_and_commit() {
-    begin_start_ = Clock::now();
     const auto report = update_->run(*this, version_, label_);
     logger("session")->debug(
         "{}: commit of version {}: {:.3f} ms (coverage, fingerprints of every parameter "
@@ -768,7 +773,6 @@ class Session final : public update::BucketSource, public ShardMember {
     version_ = b.getVersion();
     bucket_count_ = b.getBucketCount();
     next_ = 0;
-    begin_start_ = Clock::now();
     sharded_->begin(rank_, version_, text(b.getLabel()), bucket_count_,
                     RankDelivery{direct_, writer_prints_, prints_at_commit_});
     const std::uint32_t slots = data_->slot_count();

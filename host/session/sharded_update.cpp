@@ -226,20 +226,69 @@ void ShardedUpdate::leave(std::uint32_t rank) noexcept {
   if (rank < world_) ranks_[rank].join.member = nullptr;
 }
 
+namespace {
+
+// What this receiver needs of each tensor: what its plan reads (docs/sharded.md), by name;
+// none when the plan cannot say (every block is taken whole). `needed`: the bytes it reads
+// (`whole_bytes`, every tensor once, when it cannot say).
+std::map<std::string, update::TensorReads> needs_of(
+    receiver::Receiver::StreamingUpdate& update, std::span<const ferry_tensor_desc_t> catalog,
+    std::uint64_t whole_bytes, std::uint64_t& needed) {
+  std::map<std::string, update::TensorReads> reads;
+  needed = 0;
+  try {
+    const auto r = update.reads(catalog);
+    for (std::size_t i = 0; i < r.size() && i < catalog.size(); ++i) {
+      reads.emplace(catalog[i].name, r[i]);
+      needed += r[i].elements * dtype_size(catalog[i].dtype);
+    }
+  } catch (const Error& e) {
+    logger("session")->info("sharded update: every block taken whole ({})", e.what());
+    reads.clear();
+    needed = whole_bytes;
+  }
+  return reads;
+}
+
+}  // namespace
+
+// A rank that sends only what this receiver needs (Hello.shard.sendsNeeds) learns its pieces
+// from its Welcome; the others send their blocks whole.
+std::vector<std::vector<Holding>> ShardedUpdate::pieces_needed(
+    const std::map<std::string, update::TensorReads>& reads,
+    std::span<const RankHoldings> holdings, const std::vector<bool>& sends_needs) {
+  std::vector<std::vector<Holding>> pieces(holdings.size());
+  for (std::size_t r = 0; r < holdings.size(); ++r) {
+    pieces[r] = holdings[r].holdings;
+    if (!sends_needs[r]) continue;
+    for (Holding& h : pieces[r]) {
+      if (h.sent) h = needed_piece(reads, h);
+    }
+  }
+  return pieces;
+}
+
 // ---- the worker: joins, holdings and layout, begins, the update loop ------------------------
 
 void ShardedUpdate::work() {
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update;
   bool committed = false;
   try {
-    // The update before this one (kept sessions join the next one as soon as they heard
-    // Committed) releases the update lock once its sessions settled.
+    // The update before this one (kept sessions join the next one at its Begin) releases the
+    // update lock once its sessions settled.
+    std::shared_ptr<const Plan> earlier;  // its plan, when it made one
     if (previous_) {
       std::unique_lock lock(previous_->mutex_);
       previous_->changed_.wait_until(lock, created_ + join_timeout_,
                                      [&] { return previous_->worker_done_; });
+      earlier = previous_->plan_;
     }
     previous_.reset();
+    using Clock = std::chrono::steady_clock;
+    const auto ms_since = [](Clock::time_point t) {
+      return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+    };
+    const double previous_ms = ms_since(created_);
     std::vector<RankHoldings> holdings;
     std::string config_json;
     std::vector<bool> sends_needs, wants_direct;
@@ -262,7 +311,19 @@ void ShardedUpdate::work() {
         wants_direct.push_back(ranks_[r].join.wants_direct);
       }
     }
-    layout_ = check_holdings(holdings, world_);
+    const double joined_ms = ms_since(created_);
+    auto phase_start = Clock::now();
+    // The update before worked out the same holdings (kept sessions: every update), and no
+    // rank asks for destinations to be shared anew: its layout, and below its pieces.
+    const bool any_direct = std::find(wants_direct.begin(), wants_direct.end(), true) !=
+                            wants_direct.end();
+    if (earlier && (any_direct || earlier->holdings != holdings ||
+                    earlier->sends_needs != sends_needs)) {
+      earlier.reset();
+    }
+    layout_ = earlier ? earlier->layout : check_holdings(holdings, world_);
+    const double holdings_ms = ms_since(phase_start);
+    phase_start = Clock::now();
     std::vector<ferry_tensor_desc_t> catalog;
     catalog.reserve(layout_.tensors.size());
     for (const auto& t : layout_.tensors) {
@@ -279,32 +340,23 @@ void ShardedUpdate::work() {
     } catch (const Error& e) {
       fail(e.code(), "layout check refused: {}", e.what());
     }
+    const double open_ms = ms_since(phase_start);
+    phase_start = Clock::now();
     signature_ = update->layout_signature();
     num_params_ = static_cast<std::uint32_t>(update->num_params());
     epoch_ = update->memory_epoch();
-    // What this receiver needs of each tensor (what its plan reads; docs/sharded.md): a rank
-    // that sends only that (Hello.shard.sendsNeeds) learns its pieces from its Welcome.
-    std::map<std::string, update::TensorReads> reads;
-    std::uint64_t needed = 0;
-    try {
-      const auto r = update->reads(catalog);
-      for (std::size_t i = 0; i < r.size() && i < catalog.size(); ++i) {
-        reads.emplace(catalog[i].name, r[i]);
-        needed += r[i].elements * dtype_size(catalog[i].dtype);
-      }
-    } catch (const Error& e) {
-      logger("session")->info("sharded update: every block taken whole ({})", e.what());
-      reads.clear();
-      needed = layout_.needed_bytes;
-    }
+    if (earlier && earlier->signature != signature_) earlier.reset();  // another layout since
     std::vector<std::vector<Holding>> pieces(world_);
-    for (std::uint32_t r = 0; r < world_; ++r) {
-      pieces[r] = holdings[r].holdings;
-      if (!sends_needs[r]) continue;
-      for (Holding& h : pieces[r]) {
-        if (h.sent) h = needed_piece(reads, h);
-      }
+    std::uint64_t needed = 0;
+    if (earlier) {
+      pieces = earlier->pieces;
+      needed = earlier->needed_bytes;
+    } else {
+      pieces = pieces_needed(needs_of(*update, catalog, layout_.needed_bytes, needed), holdings,
+                             sends_needs);
     }
+    const double reads_ms = ms_since(phase_start);
+    phase_start = Clock::now();
     // Where the pieces of the ranks that asked for direct delivery may be written in place
     // (their sessions offer them, session/receiver_session.cpp); none is not an error: those
     // ranks stage.
@@ -331,11 +383,23 @@ void ShardedUpdate::work() {
         places[r].assign(pieces[r].size(), std::nullopt);
       }
     }
+    // Where a rank's Begin waits when its session rejoins (kept sessions join at their Begin).
+    logger("session")->debug(
+        "sharded update of {} ranks: the previous one done {:.3f} ms after the first join, all "
+        "joined at {:.3f} ms; holdings checked in {:.3f} ms, session opened in {:.3f} ms, "
+        "needs in {:.3f} ms, pieces and destinations in {:.3f} ms{}",
+        world_, previous_ms, joined_ms, holdings_ms, open_ms, reads_ms, ms_since(phase_start),
+        earlier ? " (the update before's plan)" : "");
     std::uint64_t version = 0;
     std::string label;
     {
       std::unique_lock lock(mutex_);
       if (phase_ == Phase::failed) throw_failure_locked();
+      if (!any_direct) {
+        plan_ = earlier ? earlier
+                        : std::make_shared<const Plan>(
+                              Plan{holdings, sends_needs, signature_, layout_, pieces, needed});
+      }
       pieces_ = std::move(pieces);
       places_ = std::move(places);
       needed_bytes_ = needed;

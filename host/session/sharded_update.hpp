@@ -188,6 +188,11 @@ class ShardedUpdate final : public update::BucketSource {
   // The part of a sent `block` that a plan reading `reads` needs (pieces()).
   static Holding needed_piece(const std::map<std::string, update::TensorReads>& reads,
                               const Holding& block);
+  // Each rank's pieces: of its sent blocks, what a plan reading `reads` needs where the rank
+  // sends only that (`sends_needs`), else the blocks whole.
+  static std::vector<std::vector<Holding>> pieces_needed(
+      const std::map<std::string, update::TensorReads>& reads,
+      std::span<const RankHoldings> holdings, const std::vector<bool>& sends_needs);
   void work();
   void fail_locked(std::unique_lock<std::mutex>& lock, ferry_status_code_t code,
                    std::string message) noexcept;
@@ -214,6 +219,18 @@ class ShardedUpdate final : public update::BucketSource {
   std::uint32_t num_params_ = 0;
   std::uint64_t epoch_ = 0;
   std::shared_ptr<ShardedUpdate> previous_;  // reset by the worker once that one ended
+  // What the worker worked out from the ranks' joins before the Welcomes. The next update
+  // takes it over when its ranks join alike (kept sessions rejoin with their Hello's holdings
+  // at every Begin, which then waits for none of this work).
+  struct Plan {
+    std::vector<RankHoldings> holdings;
+    std::vector<bool> sends_needs;
+    std::uint64_t signature = 0;  // of the receiver's layout it was made for
+    ShardLayout layout;
+    std::vector<std::vector<Holding>> pieces;
+    std::uint64_t needed_bytes = 0;
+  };
+  std::shared_ptr<const Plan> plan_;  // set by the worker, under mutex_, when no rank is direct
   // Per rank, set before the Welcomes: pieces() and places(). needed_bytes_: the bytes this
   // receiver's plan reads (of every tensor once when not known), for the outcome.
   std::vector<std::vector<Holding>> pieces_;

@@ -14,8 +14,16 @@ namespace {
 // come within ~0.1-0.5 ms of the request, and a wake-up adds tens of microseconds each.
 constexpr std::chrono::microseconds kAnswerSpin{2000};
 
+// When begin() sent the Begin, had the early copies queued and heard Ready, from its start.
+struct BeginTimes {
+  double sent_ms = 0, queued_ms = 0, ready_ms = 0;
+};
+
 // Sends the Begin, queues the early groups' copies meanwhile, and waits for the Ready.
-void begin(Delivery& d) {
+BeginTimes begin(Delivery& d) {
+  const auto start = Clock::now();
+  const auto ms = [&] { return seconds_since(start) * 1e3; };
+  BeginTimes times;
   Channel& ch = d.ch;
   capnp::MallocMessageBuilder m;
   auto b = m.initRoot<wire::Message>().initBegin();
@@ -28,10 +36,13 @@ void begin(Delivery& d) {
   b.setWriterFingerprints(d.writer_prints);
   b.setFingerprintsAtCommit(d.prints_at_commit);
   ch.send(m, deadline_in(d.options.bucket_timeout), "begin");
+  times.sent_ms = ms();
   for (std::size_t g = 0; g < d.queued_early; ++g) {
     d.start_group(g, deadline_in(d.options.bucket_timeout), false);
   }
+  times.queued_ms = ms();
   auto msg = ch.recv(deadline_in(d.options.bucket_timeout), "begin (ready)", kAnswerSpin);
+  times.ready_ms = ms();
   auto root = msg->root();
   throw_if_refused(root, fmt::format("{}: refused begin", ch.peer()));
   if (root.which() == wire::Message::CLOSING) {
@@ -41,6 +52,7 @@ void begin(Delivery& d) {
   if (root.which() != wire::Message::READY) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: unexpected message", ch.peer());
   }
+  return times;
 }
 
 // Sends the Commit (with the copies' fingerprints when the receiver takes them there) and
@@ -96,6 +108,7 @@ void run_update(SenderState& state, Link& link, std::size_t index,
                 const std::string& label, ReceiverResult& result, bool& began) {
   const auto session_start = Clock::now();
   Delivery d(state, link, index, tensors, plan, version, label, result);
+  const double prepared_ms = seconds_since(session_start) * 1e3;
   if (!d.writer_prints) plan.seal();
   result.transport = d.data.name();
   result.direct = d.direct;
@@ -104,7 +117,7 @@ void run_update(SenderState& state, Link& link, std::size_t index,
     std::lock_guard lock(state.mutex);
     state.results[index].transport = d.data.name();
   }
-  begin(d);
+  const BeginTimes times = begin(d);
   began = true;
   for (std::size_t g = 0; g < d.queued_early; ++g) {
     d.data.launch_pieces(deadline_in(d.options.bucket_timeout), d.group_name(g));
@@ -119,11 +132,13 @@ void run_update(SenderState& state, Link& link, std::size_t index,
   const auto commit_start = Clock::now();
   commit(d);
   logger("sender")->debug(
-      "{}: version {}: {} buckets, {} tensors: begin {:.3f} ms{}, delivering {:.3f} ms, "
+      "{}: version {}: {} buckets, {} tensors: begin {:.3f} ms{} (prepared {:.3f} ms, Begin sent "
+      "{:.3f} ms later, copies queued at {:.3f} ms, Ready at {:.3f} ms), delivering {:.3f} ms, "
       "announcing {:.3f} ms, waiting for acks {:.3f} ms, commit {:.3f} ms (receiver's checks "
       "included), session {:.3f} ms",
       state.options.receivers[index], version, d.bucket_count(), tensors.size(), setup_s * 1e3,
-      d.queued_early > 0 ? " (the first copies queued meanwhile)" : "", d.deliver_s * 1e3,
+      d.queued_early > 0 ? " (the first copies queued meanwhile)" : "", prepared_ms,
+      times.sent_ms, times.queued_ms, times.ready_ms, d.deliver_s * 1e3,
       d.announce_s * 1e3, d.ack_s * 1e3, seconds_since(commit_start) * 1e3,
       seconds_since(session_start) * 1e3);
 }
