@@ -714,8 +714,10 @@ class Session final : public update::BucketSource, public ShardMember {
   // being assembled with the holdings of its Hello; the memory it shared in the handshake must
   // still be the receiver's parameters (a release closes kept sharded sessions first).
   void rejoin_shard() {
-    sharded_->leave(rank_);
-    sharded_.reset();
+    // The update left stays alive until the next one is formed: that one takes its plan over
+    // (ShardedUpdate::Plan) when the ranks join alike, also when this rank is the only one.
+    const auto left = std::move(sharded_);
+    left->leave(rank_);
     const auto epoch = epoch_;
     const auto pieces = pieces_;
     join_shard(false);  // the destinations shared in the handshake stay
