@@ -305,6 +305,10 @@ std::string Receiver::metrics_text() const {
            "seconds the last host mirror refresh took, start to last byte", m.mirror_refresh_seconds);
     metric("ferry_mirror_refresh_waits_total", "counter",
            "calls that waited for a running host mirror refresh", m.mirror_refresh_waits);
+    metric("ferry_mirror_version", "gauge",
+           "version the last host mirror refresh copied whole (0 while one runs, after one failed, "
+           "or before the first)",
+           static_cast<double>(m.mirror_version));
     out += m.update_seconds.prometheus_text(
         "ferry_update_seconds", "seconds of each committed update, from its begin to published");
     out += m.update_bytes.prometheus_text("ferry_update_bytes",

@@ -655,6 +655,8 @@ UpdateMetrics UpdateEngine::metrics() const {
     const auto refresh = store_.mirror_refresh_state();  // the store's lock only, never a wait
     out.mirror_refresh_seconds = refresh.last_seconds;
     out.mirror_refresh_waits = refresh.waits;
+    const bool whole = refresh.finished > 0 && !refresh.running && !refresh.failed;
+    out.mirror_version = whole ? refresh.version : 0;
   } catch (const std::exception&) {
     // Metrics stay readable without the store's figures.
   }

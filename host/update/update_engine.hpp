@@ -119,6 +119,9 @@ struct UpdateMetrics {
   // its start to its last byte, and how many calls found one running and waited for it.
   double mirror_refresh_seconds = 0;
   std::uint64_t mirror_refresh_waits = 0;
+  // The version the last refresh copied whole; 0 while one runs, after one failed or was
+  // pre-empted, and before the first.
+  std::uint64_t mirror_version = 0;
   // Of every committed update: seconds from begin() to the version published, and bytes
   // applied (staged buckets and bytes written in place).
   Histogram update_seconds = update_seconds_histogram();

@@ -219,6 +219,7 @@ struct RunResult {
 
 constexpr unsigned kNewSessionEvery = 50;
 constexpr auto kSettle = std::chrono::milliseconds(1500);
+constexpr auto kSettleLimit = std::chrono::seconds(60);
 constexpr unsigned kFingerprintEvery = 100;
 
 class Run {
@@ -246,10 +247,11 @@ class Run {
         if (i % kFingerprintEvery == 0 || i == spec_.updates) expect_prints(serve, i);
         result_.done = i;
         if (spec_.trace) trace(serve.pid(), i);
-        // Once, half-way through the warm-up, the receiver is left idle: what runs to its end
-        // only when no update pre-empts it (the background copy into the host mirror) reaches
-        // its high-water mark before the first sample, not between the samples.
-        if (i == spec_.warmup / 2) std::this_thread::sleep_for(kSettle);
+        // Once, half-way through the warm-up, the receiver is left idle until the background
+        // copy into the host mirror (which runs to its end only when no update pre-empts it) has
+        // copied this version whole: its memory reaches its high-water mark before the first
+        // sample, not between the samples.
+        if (i == spec_.warmup / 2) settle(serve, 1 + i);
         if (i == spec_.warmup) {
           result_.receiver_warm = sample_of(serve.pid());
           result_.sender_warm = sample_of(::getpid());
@@ -345,6 +347,30 @@ class Run {
       registry_ = std::make_unique<registry::Registry>(dirs);
     }
     return std::make_unique<session::Sender>(config_, *registry_, o);
+  }
+
+  // Waits until /metrics says the host mirror holds `version` whole (ferry_mirror_version), at
+  // least kSettle; fails after kSettleLimit. A receiver without the metric is left idle kSettle.
+  static void settle(const ServeProcess& serve, long long version) {
+    const auto start = Clock::now();
+    const std::string want = fmt::format("\nferry_mirror_version {}\n", version);
+    std::string last = "(no /metrics answer)";
+    while (Clock::now() - start < kSettleLimit) {
+      const Reply r = serve.get("/metrics");
+      if (r.status == 200) {
+        if (r.text.find("\nferry_mirror_version ") == std::string::npos) break;
+        if (r.text.find(want) != std::string::npos) break;
+        last = r.text.substr(r.text.find("\nferry_mirror_version ") + 1);
+        last.resize(std::min(last.find('\n'), last.size()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (Clock::now() - start >= kSettleLimit) {
+      throw std::runtime_error(fmt::format(
+          "the idle receiver's host mirror did not copy version {} within {} s ({})", version,
+          std::chrono::duration_cast<std::chrono::seconds>(kSettleLimit).count(), last));
+    }
+    std::this_thread::sleep_until(start + kSettle);
   }
 
   static void expect_version(const ServeProcess& serve, long long want, unsigned i) {

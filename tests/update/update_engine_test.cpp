@@ -691,6 +691,7 @@ TEST(UpdateEngineMirrorRefresh, RefreshAtCommitHoldsTheVersionWhenCommitReturns)
   EXPECT_FALSE(state.failed) << state.error;
   EXPECT_EQ(state.finished, 1u);
   EXPECT_EQ(state.version, 1u);
+  EXPECT_EQ(r.engine->metrics().mirror_version, 1u);
   ASSERT_TRUE(r.store.mirror()->committed().has_value());
   EXPECT_EQ(r.store.mirror()->committed()->number, 1u);
   for (const auto& [name, bytes] : w1) {
@@ -728,6 +729,8 @@ TEST_P(UpdateEngineRefreshFailure, AFailedRefreshFencesTheNextFailedUpdateWithTh
   EXPECT_EQ(r.engine->version().number, 2u);
   EXPECT_TRUE(r.engine->health().ready) << r.engine->health().reason;
   EXPECT_TRUE(r.contents() == w2);
+  r.store.wait_for_mirror_refresh();
+  EXPECT_EQ(r.engine->metrics().mirror_version, 0u) << "the failed refresh holds no version";
 
   r.engine->begin(3, "v3");
   r.apply(r.bucket(w3, 3, 0));  // embed and layers.0.w
