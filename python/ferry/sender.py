@@ -13,7 +13,9 @@ from ._handle import OwnedHandle
 from ._library import (Block as _CBlock, PushArgs, ReceiverResult, SenderCreateArgs,
                        ShardedPushArgs, config_source, lib, override_key, struct_size)
 from ._library import check as _raise_if
-from ._tensors import Producers, Views, named_items
+import contextlib
+
+from ._tensors import ExportCache, Producers, Views, named_items
 from .sharding import Block, dtensor_block, dtensor_rank_world, is_dtensor
 
 # Debug timings of push()'s Python side (the C++ side logs its own at debug level).
@@ -148,6 +150,22 @@ def _block_structs(blocks):
     return array, keep
 
 
+class _BlockCache:
+    """_block_structs of the last sharded push, reused while the blocks describe the same
+    global coordinates (a trainer builds new Block objects of the same shards every step)."""
+
+    def __init__(self):
+        self._key = None
+        self._value = None
+
+    def structs(self, blocks):
+        key = [None if b is None else (b.global_shape, b.offsets, b.replica) for b in blocks]
+        if key != self._key:
+            self._value = _block_structs(blocks)
+            self._key = key
+        return self._value
+
+
 def _progress_mode(progress):
     """The config's `progress` for Sender(progress=...), and the callable to call, if any."""
     if callable(progress):
@@ -264,6 +282,8 @@ class Sender(OwnedHandle):
             receivers = [r for r in receivers.split(",") if r]
         self.receivers = [str(r) for r in receivers]
         self._handle = None
+        self._exports = ExportCache()
+        self._blocks = _BlockCache()
         mode, self._progress = _progress_mode(overrides.pop("progress", "terminal"))
         overrides["progress"] = mode
         source, keep = config_source(config, config_text,
@@ -311,20 +331,22 @@ class Sender(OwnedHandle):
         t_call = time.perf_counter()
         items, blocks, rank, world = _sharded_items(named_tensors, rank, world)
         producers = Producers(stream)
-        with Views(items, writable=False, producers=producers) as views:
-            pointers = views.pointers()
+        plain = self._exports.views(items, producers)
+        with (contextlib.nullcontext() if plain is not None else
+              Views(items, writable=False, producers=producers)) as views:
+            pointers = plain.array if plain is not None else views.pointers()
             t_exported = time.perf_counter()
             args = PushArgs()
             args.struct_size = struct_size(PushArgs)
             args.tensors = pointers
-            args.num_tensors = len(views.views)
+            args.num_tensors = len(items)
             args.version = int(version)
             args.label = label.encode() if label is not None else None
             keep_handles = producers.fill(args)  # noqa: F841 (alive during the call)
             report = ctypes.c_void_p()
             poller = None
             if self._progress is not None:
-                sizes = [getattr(v.owner, "nbytes", None) for v in views.views]
+                sizes = [getattr(t, "nbytes", None) for _, t in items]
                 total = None if None in sizes else sum(sizes) * len(self.receivers)
                 poller = _ProgressPoller(self, self._progress, total)
             try:
@@ -332,7 +354,7 @@ class Sender(OwnedHandle):
                     _raise_if(lib().ferry_sender_push(self._handle, ctypes.byref(args),
                                                       ctypes.byref(report)))
                 else:
-                    structs, keep = _block_structs(blocks)
+                    structs, keep = self._blocks.structs(blocks)
                     sharded = ShardedPushArgs()
                     sharded.struct_size = struct_size(ShardedPushArgs)
                     sharded.push = ctypes.pointer(args)
@@ -349,9 +371,10 @@ class Sender(OwnedHandle):
         t_released = time.perf_counter()
         result = _read_report(report)
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("push of version %d: %d tensors exported in %.3f ms, ferry_sender_push "
-                       "%.3f ms, views released in %.3f ms, report read in %.3f ms",
-                       int(version), len(views.views), (t_exported - t_call) * 1e3,
+            _log.debug("push of version %d: %d tensors exported in %.3f ms (%s), "
+                       "ferry_sender_push %.3f ms, views released in %.3f ms, report read in "
+                       "%.3f ms", int(version), len(items), (t_exported - t_call) * 1e3,
+                       "plain views" if plain is not None else "DLPack",
                        (t_returned - t_exported) * 1e3, (t_released - t_returned) * 1e3,
                        (time.perf_counter() - t_released) * 1e3)
         if check and not result.all_committed:

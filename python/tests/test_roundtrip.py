@@ -153,6 +153,63 @@ def test_push_logs_its_python_side_at_debug_level(ferry_module, caplog):
     assert "ferry_sender_push" in lines[0] and "views released in" in lines[0], lines[0]
 
 
+def test_a_push_of_the_same_torch_tensors_reuses_their_views_and_follows_every_change(
+        ferry_module, caplog):
+    # The Sender describes torch tensors without DLPack and keeps those views while the next
+    # push names the same tensors (pointer, shape, strides, dtype, device): every push still reads
+    # the values of its call, and anything that changes a tensor's description is seen.
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
+    ferry = ferry_module
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = {"a": np.zeros((4, 4), np.float32), "b": np.zeros(6, np.float32)}
+    a = torch.arange(16, dtype=torch.float32, device=device).reshape(4, 4)
+    source = {"a": a, "b": torch.ones(6, device=device)}
+
+    def exported_by():
+        lines = [r.getMessage() for r in caplog.records if r.name == "ferry.sender"]
+        caplog.clear()
+        assert len(lines) == 1, lines
+        return "plain views" if "(plain views)" in lines[0] else "DLPack"
+
+    def landed():
+        for name, t in source.items():
+            assert np.array_equal(target[name], t.cpu().numpy()), name
+
+    with ferry.Receiver() as receiver:
+        receiver.register_params(target)
+        receiver.serve(port=0)
+        with ferry.Sender([receiver.address]) as sender, \
+                caplog.at_level("DEBUG", logger="ferry.sender"):
+            sender.push(source, version=1)
+            landed()
+            assert exported_by() == "plain views"
+            with torch.no_grad():
+                a.mul_(3)  # in place: the same views, the new values
+            sender.push(source, version=2)
+            landed()
+            assert exported_by() == "plain views"
+            source["b"] = torch.full((6,), 7.0, device=device)  # new storage, same name
+            sender.push(source, version=3)
+            landed()
+            assert exported_by() == "plain views"
+            # The same pointer and shape with other strides (a transpose): never the old view.
+            source["a"] = a.t()
+            with pytest.raises(ferry.InvalidArgumentError, match="'a'"):
+                sender.push(source, version=4)
+            caplog.clear()
+            source["a"] = a
+            source["c"] = np.full(3, 5, np.float32)  # not a torch tensor: the push goes by DLPack
+            unknown = sender.push(source, version=4, check=False)
+            assert exported_by() == "DLPack"
+            assert not unknown.all_committed  # "c" is no parameter of the receiver
+            del source["c"]
+            sender.push(source, version=5)
+            landed()
+            assert exported_by() == "plain views"
+        assert receiver.version.number == 5
+
+
 def test_one_push_reaches_two_receivers(ferry_module, receiver_process, tmp_path):
     np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")
     ferry = ferry_module
