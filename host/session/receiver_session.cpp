@@ -391,7 +391,11 @@ class Session final : public update::BucketSource, public ShardMember {
       for (unsigned i = 0; i < destinations_.size(); ++i) {
         list[i].setRegion(destinations_[i].region);
         list[i].setOffset(destinations_[i].offset);
-        if (destinations_[i].chunk_base) {
+        if (destinations_[i].chunk_base && destinations_[i].chunk_head > 0) {
+          list[i].setChunkHashesAfterHead(true);
+          list[i].setChunkHead(destinations_[i].chunk_head);
+          list[i].setChunkBase(*destinations_[i].chunk_base);
+        } else if (destinations_[i].chunk_base) {
           list[i].setChunkHashes(true);
           list[i].setChunkBase(*destinations_[i].chunk_base);
         }
@@ -482,6 +486,13 @@ class Session final : public update::BucketSource, public ShardMember {
     logger("session")->info("session with {}: staged delivery ({})", ch_.peer(), why_not);
   }
 
+  // Whether the receiver takes the writing copies' fingerprints as those of what they wrote
+  // (update.direct_verify = "writer"): only then does a piece starting inside a chunk get the
+  // chunk hashes of its part after that chunk (the part before is not fingerprinted apart).
+  bool trusts_writer_prints() const {
+    return config_.update.direct_verify == config::DirectVerify::writer;
+  }
+
   // Shares the memory blocks holding `dests` with the sender (one region per block) and sets
   // the Welcome's regions and per-tensor destinations; the data path's refusal, else "".
   std::string share_destinations(std::span<const update::UpdateEngine::DirectDestination> dests) {
@@ -494,13 +505,18 @@ class Session final : public update::BucketSource, public ShardMember {
         if (added) keys.push_back(data_->share_region(d.block, d.block_bytes));
         // A piece of a parameter on a chunk boundary: its chunk hashes make the parameter's
         // fingerprint with the other pieces' (UpdateEngine::attach_direct_fingerprints).
+        // A piece that starts inside a chunk: the hashes of its part from the next chunk boundary
+        // on, where the writing copies' fingerprints are taken as the receiver's own (the part
+        // before is read again at commit, as where two pieces meet).
+        constexpr std::uint64_t C = kernels::kFingerprintChunkBytes;
         const bool piece = d.param_offset != 0 || d.bytes != d.param_bytes;
+        const std::uint64_t head = (C - d.param_offset % C) % C;
         std::optional<std::uint64_t> chunk_base;
-        if (piece && d.param_offset % kernels::kFingerprintChunkBytes == 0) {
-          chunk_base = d.param_offset / kernels::kFingerprintChunkBytes;
+        if (piece && (head == 0 || (trusts_writer_prints() && head < d.bytes))) {
+          chunk_base = (d.param_offset + head) / C;
         }
-        destinations.push_back(
-            {it->second, static_cast<std::uint64_t>(d.data - d.block), chunk_base});
+        destinations.push_back({it->second, static_cast<std::uint64_t>(d.data - d.block),
+                                chunk_base, chunk_base ? head : 0});
       }
       region_keys_ = std::move(keys);
       destinations_ = std::move(destinations);
@@ -854,6 +870,7 @@ class Session final : public update::BucketSource, public ShardMember {
     std::uint32_t region = 0;
     std::uint64_t offset = 0;
     std::optional<std::uint64_t> chunk_base;
+    std::uint64_t chunk_head = 0;  // bytes into the piece where chunk chunk_base begins
   };
   std::vector<SharedDestination> destinations_;
   bool direct_ = false;

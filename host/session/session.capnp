@@ -82,6 +82,13 @@ struct Destination {
   # (FERRY_TRANSPORT_CAP_PUT_CHUNK_HASHES), and makes the parameter's fingerprint from them.
   chunkHashes @2 :Bool;
   chunkBase @3 :UInt64;
+  # The tensor is a piece of a parameter that starts inside a chunk: chunk chunkBase begins
+  # chunkHead bytes into it. A sender that knows this field puts the first chunkHead bytes and
+  # the rest as two copies and sends the chunk hashes of the rest, numbered from chunkBase
+  # (chunkHashes stays false, so that an older sender sends none). Offered only where the
+  # receiver takes the writing copies' fingerprints as its own (update.direct_verify "writer").
+  chunkHead @4 :UInt64;
+  chunkHashesAfterHead @5 :Bool;
 }
 
 struct Slot {

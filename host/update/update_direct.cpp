@@ -16,6 +16,16 @@
 #include <map>
 
 namespace ferry::update {
+namespace {
+
+// Bytes from `offset` (into a parameter) to the next 1 MiB chunk boundary (0 on one): where the
+// chunk hashes of a piece written at `offset` start (Destination.chunkHead).
+std::uint64_t chunk_head(std::uint64_t offset) {
+  constexpr std::uint64_t C = kernels::kFingerprintChunkBytes;
+  return (C - offset % C) % C;
+}
+
+}  // namespace
 
 std::optional<UpdateEngine::DirectDestination> UpdateEngine::direct_destination_locked(
     const ferry_plan_op_t& op, const ferry_tensor_desc_t& desc) const {
@@ -248,17 +258,25 @@ void UpdateEngine::attach_direct_fingerprints(
            chunk_hashes.size(), prints.size());
     }
     const auto& layout = plans_.layout();
+    const bool trusted = writer_fingerprints_ && options_.trust_writer_fingerprints;
     for (std::size_t i = 0; i < chunk_hashes.size(); ++i) {
       const auto& hashes = chunk_hashes[i];
       if (hashes.empty()) continue;
       const auto& w = in_place_[i];
+      // A piece that starts inside a chunk was hashed from the next chunk boundary on (its
+      // writer fingerprint then covers that part only: only a receiver that trusts the writer's
+      // fingerprints asks for that, Destination.chunkHead).
+      const std::uint64_t head = chunk_head(w.offset);
       const std::uint64_t expected =
-          (w.bytes + kernels::kFingerprintChunkBytes - 1) / kernels::kFingerprintChunkBytes;
-      if (w.offset % kernels::kFingerprintChunkBytes != 0 || hashes.size() != expected) {
+          head >= w.bytes ? 0
+                          : (w.bytes - head + kernels::kFingerprintChunkBytes - 1) /
+                                kernels::kFingerprintChunkBytes;
+      if ((head > 0 && !trusted) || hashes.size() != expected) {
         fail(FERRY_STATUS_CORRUPT_DATA,
-             "parameter '{}': {} chunk hashes for {} bytes written at byte {} (expected {} at a "
-             "chunk boundary)",
-             layout[w.param].name, hashes.size(), w.bytes, w.offset, expected);
+             "parameter '{}': {} chunk hashes for {} bytes written at byte {} (expected {}{})",
+             layout[w.param].name, hashes.size(), w.bytes, w.offset, head > 0 && !trusted ? 0 : expected,
+             head > 0 && !trusted ? ": the piece starts inside a chunk and the writer's "
+                                    "fingerprints are not trusted" : "");
       }
     }
     for (std::size_t i = 0; i < prints.size(); ++i) {
@@ -336,12 +354,14 @@ void UpdateEngine::assemble_from_chunks_locked(std::vector<std::optional<std::ui
       it->second.hashes.assign((size + C - 1) / C, 0);
       it->second.have.assign(it->second.hashes.size(), false);
     }
-    const std::uint64_t base = w.offset / C;
+    // The hashes start at the piece's first chunk boundary (chunk_head bytes in).
+    const std::uint64_t head = chunk_head(w.offset);
+    const std::uint64_t base = (w.offset + head) / C;
     for (std::uint64_t j = 0; j < w.chunk_hashes.size(); ++j) {
       const std::uint64_t k = base + j;
       if (k >= it->second.hashes.size()) break;
       // The piece's chunk j is the parameter's chunk k only when it holds all of it.
-      const std::uint64_t in_piece = std::min(C, w.bytes - j * C);
+      const std::uint64_t in_piece = std::min(C, w.bytes - head - j * C);
       const std::uint64_t in_param = std::min(C, size - k * C);
       if (in_piece != in_param) continue;
       it->second.hashes[k] = w.chunk_hashes[j];

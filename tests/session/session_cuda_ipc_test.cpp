@@ -616,6 +616,36 @@ TEST_F(SessionCudaIpc, ShardedRanksWriteTheirRowBlocksInPlaceBitIdentical) {
   }
 }
 
+// Three ranks' row blocks of 6 MB tensors start inside 1 MiB chunks of their parameters: each
+// such piece goes as two copies, the second's chunk hashes making the parameter's fingerprint
+// with the other ranks' (Destination.chunkHead); the published fingerprints are those of the
+// values, and every rank went direct.
+TEST_F(SessionCudaIpc, ShardedPiecesStartingInsideAChunkAreFingerprintedFromTheirChunkHashes) {
+  DeviceTensors tensors(6, 1500001);
+  ServeProcess serve(gpu_receiver());
+  tensors.fill(1);
+  push_whole_direct(serve, tensors, 1);
+  for (std::uint64_t version = 2; version <= 3; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    tensors.fill(version);
+    const auto whole = tensors.views();
+    std::vector<session::PushReport> reports(3);
+    std::vector<std::thread> ranks;
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      ranks.emplace_back([&, r] {
+        session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                               sender_options({address_of(serve)}, 8ull << 20));
+        reports[r] = sender.push(row_blocks(whole, r, 3), version, std::nullopt, {},
+                                 session::ShardSpec{r, 3});
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& report : reports) expect_committed(report, version, true);
+    EXPECT_EQ(version_of(serve), static_cast<int>(version));
+    EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  }
+}
+
 // A rank killed after writing some of its blocks straight into live parameters: the whole
 // sharded update aborts, the other rank's report names the dead one, and the receiver (dirty
 // from the Begin on) rolls back from its host mirror to its version.

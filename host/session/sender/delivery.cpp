@@ -43,9 +43,13 @@ Delivery::Delivery(SenderState& state_, const Link& link_, std::size_t index_,
   if (prints_at_commit && data.hashes_piece_chunks() && link.chunk_bases.size() == tensors.size()) {
     session_chunks.resize(tensors.size());
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      if (!link.chunk_bases[t] || plan.sizes[t] == 0) continue;
-      session_chunks[t].assign(
-          (plan.sizes[t] + kernels::kFingerprintChunkBytes - 1) / kernels::kFingerprintChunkBytes, 0);
+      const auto& place = link.chunk_bases[t];
+      // A head as long as the tensor (a receiver's mistake) leaves nothing to hash: no hashes.
+      if (!place || plan.sizes[t] == 0 || place->head >= plan.sizes[t]) continue;
+      session_chunks[t].assign((plan.sizes[t] - place->head + kernels::kFingerprintChunkBytes - 1) /
+                                   kernels::kFingerprintChunkBytes,
+                               0);
+      if (place->head > 0) head_prints.resize(tensors.size(), 0);
     }
   }
   const std::uint32_t count = bucket_count();
@@ -85,8 +89,22 @@ std::vector<TensorPiece> Delivery::pieces_of(const PlannedBucket& b) {
     }
     if (writer_prints) p.fingerprint = &session_prints[t];
     if (t < session_chunks.size() && !session_chunks[t].empty()) {
+      const auto place = *link.chunk_bases[t];
+      if (place.head > 0) {
+        // The tensor starts inside a chunk of its parameter: its first `head` bytes as a copy
+        // of their own (their fingerprint unused: the receiver reads that chunk again), the
+        // rest hashed chunk by chunk on the parameter's chunk boundaries. The Commit carries
+        // the rest's fingerprint.
+        TensorPiece head = p;
+        head.size = place.head;
+        head.fingerprint = &head_prints[t];
+        pieces.push_back(head);
+        p.data = static_cast<const std::byte*>(p.data) + place.head;
+        p.size -= place.head;
+        p.offset += place.head;
+      }
       p.chunk_hashes = session_chunks[t].data();
-      p.chunk_base = *link.chunk_bases[t];
+      p.chunk_base = place.base;
     }
     pieces.push_back(p);
   }

@@ -58,6 +58,9 @@ struct Delivery {
   // Per tensor whose receiver takes its chunk hashes (Link::chunk_bases, with fingerprints at
   // commit and a transport that hashes its puts' chunks): the copy's chunk hashes; else empty.
   std::vector<std::vector<std::uint64_t>> session_chunks;
+  // The fingerprints of the heads of tensors put in two copies (Link::ChunkPlace::head): where
+  // their copies write them; nobody reads them.
+  std::vector<std::uint64_t> head_prints;
   // Direct delivery copies in groups, [first, end) buckets: one bucket, or, where the copies
   // fingerprint what they write, consecutive buckets of at least
   // SenderOptions::fingerprinted_group_bytes (the fingerprinting kernel needs thousands of

@@ -42,8 +42,13 @@ bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
            d.getRegion(), keys.size());
     }
     destinations.emplace_back(d.getRegion(), d.getOffset());
-    link.chunk_bases.push_back(d.getChunkHashes() ? std::optional<std::uint64_t>(d.getChunkBase())
-                                                  : std::nullopt);
+    std::optional<Link::ChunkPlace> place;
+    if (d.getChunkHashes()) {
+      place = Link::ChunkPlace{d.getChunkBase(), 0};
+    } else if (d.getChunkHashesAfterHead()) {
+      place = Link::ChunkPlace{d.getChunkBase(), d.getChunkHead()};
+    }
+    link.chunk_bases.push_back(place);
   }
   data.set_regions(std::move(keys));
   logger("sender")->info("{}: direct delivery: tensors go straight into the receiver's "

@@ -42,9 +42,15 @@ struct Link {
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
-  // Per tensor, direct: the chunk index its chunk hashes start from, where the receiver takes
-  // them with the Commit (Destination.chunkHashes).
-  std::vector<std::optional<std::uint64_t>> chunk_bases;
+  // Per tensor, direct, where the receiver takes its chunk hashes with the Commit: the chunk
+  // index they start from, and how many bytes into the tensor that chunk begins (0, or for a
+  // piece starting inside a chunk, Destination.chunkHead: the tensor is then put in two copies
+  // and only the second's chunks are hashed).
+  struct ChunkPlace {
+    std::uint64_t base = 0;
+    std::uint64_t head = 0;
+  };
+  std::vector<std::optional<ChunkPlace>> chunk_bases;
   // A rank's session whose receiver needs only part of its blocks (Welcome.needs): per declared
   // holding (replicas included, ignored), the piece it sends (global offsets and extents;
   // `none`: nothing). `trims`: some sent block is not sent whole; each push then sends
