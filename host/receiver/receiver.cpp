@@ -305,6 +305,10 @@ std::string Receiver::metrics_text() const {
            "seconds the last host mirror refresh took, start to last byte", m.mirror_refresh_seconds);
     metric("ferry_mirror_refresh_waits_total", "counter",
            "calls that waited for a running host mirror refresh", m.mirror_refresh_waits);
+    metric("ferry_commit_fingerprint_read_bytes", "gauge",
+           "bytes the last commit read to fingerprint parameters (what no copy hashed as it "
+           "wrote it)",
+           static_cast<double>(m.commit_fingerprint_read_bytes));
     metric("ferry_mirror_version", "gauge",
            "version the last host mirror refresh copied whole (0 while one runs, after one failed, "
            "or before the first)",

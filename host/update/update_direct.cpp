@@ -318,6 +318,7 @@ std::vector<std::optional<std::uint64_t>> UpdateEngine::verify_in_place_locked()
     reread.push_back(i);
     data.push_back(w.data);
     bytes.push_back(w.bytes);
+    commit_reads_.piece_bytes += w.bytes;
   }
   if (trusted) assemble_from_chunks_locked(known);
   if (reread.empty()) return known;
@@ -381,6 +382,7 @@ void UpdateEngine::assemble_from_chunks_locked(std::vector<std::optional<std::ui
       bytes.push_back(std::min(C, size - k * C));
       index.push_back(k);
       slots.emplace_back(param, k);
+      commit_reads_.chunk_bytes += bytes.back();
     }
   }
   if (!data.empty()) {

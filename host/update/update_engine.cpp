@@ -276,6 +276,7 @@ void UpdateEngine::commit() {
   // Phase ends for --log-level debug: coverage, fingerprints, checks, publish.
   using Clock = std::chrono::steady_clock;
   const auto commit_start = Clock::now();
+  commit_reads_ = {};
   Clock::time_point covered_at;
   Clock::time_point printed_at;
   Clock::time_point checked_at;
@@ -314,6 +315,7 @@ void UpdateEngine::commit() {
       for (std::size_t i = 0; i < targets_.size(); ++i) {
         if (known[i]) fps[i] = *known[i];
       }
+      for (const auto& t : unknown) commit_reads_.whole_bytes += t.bytes;
       const auto computed = fingerprint_params_locked(unknown);
       for (std::size_t k = 0; k < unknown.size(); ++k) fps[unknown_index[k]] = computed[k];
     }
@@ -350,6 +352,7 @@ void UpdateEngine::commit() {
   {
     std::lock_guard state(state_mutex_);
     metrics_.updates_committed += 1;
+    metrics_.commit_fingerprint_read_bytes = commit_reads_.total();
     metrics_.update_seconds.observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begun_at_).count());
     metrics_.update_bytes.observe(static_cast<double>(metrics_.bytes_applied - bytes_at_begin_));
@@ -360,9 +363,12 @@ void UpdateEngine::commit() {
   };
   logger("update")->info("update {} committed ({} buckets)", next.number, buckets_this_update_);
   logger("update")->debug(
-      "update {}: commit over {} parameters: coverage {:.3f} ms, fingerprints {:.3f} ms, checks "
-      "{:.3f} ms, publish {:.3f} ms (host mirror refresh: {})",
+      "update {}: commit over {} parameters: coverage {:.3f} ms, fingerprints {:.3f} ms (read "
+      "{:.1f} MiB: {:.1f} in chunks where pieces meet, {:.1f} in pieces, {:.1f} in whole "
+      "parameters), checks {:.3f} ms, publish {:.3f} ms (host mirror refresh: {})",
       next.number, targets_.size(), ms(commit_start, covered_at), ms(covered_at, printed_at),
+      commit_reads_.total() / 1048576.0, commit_reads_.chunk_bytes / 1048576.0,
+      commit_reads_.piece_bytes / 1048576.0, commit_reads_.whole_bytes / 1048576.0,
       ms(printed_at, checked_at), ms(checked_at, Clock::now()),
       options_.mirror_refresh == MirrorRefreshMode::commit ? "at commit" : "background");
 }

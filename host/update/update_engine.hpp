@@ -122,6 +122,8 @@ struct UpdateMetrics {
   // The version the last refresh copied whole; 0 while one runs, after one failed or was
   // pre-empted, and before the first.
   std::uint64_t mirror_version = 0;
+  // Bytes the last commit read to fingerprint parameters: what no copy hashed as it wrote it.
+  std::uint64_t commit_fingerprint_read_bytes = 0;
   // Of every committed update: seconds from begin() to the version published, and bytes
   // applied (staged buckets and bytes written in place).
   Histogram update_seconds = update_seconds_histogram();
@@ -331,6 +333,15 @@ class UpdateEngine {
     std::vector<std::uint64_t> chunk_hashes;  // attach_direct_fingerprints' (may be empty)
   };
   std::vector<InPlaceWrite> in_place_;
+  // What the running commit reads to fingerprint: chunks where pieces meet, pieces without a
+  // trusted writer fingerprint, parameters fingerprinted whole (the debug log and the metric).
+  struct CommitReads {
+    std::uint64_t chunk_bytes = 0;
+    std::uint64_t piece_bytes = 0;
+    std::uint64_t whole_bytes = 0;
+    std::uint64_t total() const { return chunk_bytes + piece_bytes + whole_bytes; }
+  };
+  CommitReads commit_reads_;
   // Verifies in_place_; returns per target the fingerprints of those written whole, and of those
   // written in pieces whose chunk hashes make it (assemble_from_chunks_locked).
   std::vector<std::optional<std::uint64_t>> verify_in_place_locked();

@@ -643,6 +643,14 @@ TEST_F(SessionCudaIpc, ShardedPiecesStartingInsideAChunkAreFingerprintedFromThei
     for (const auto& report : reports) expect_committed(report, version, true);
     EXPECT_EQ(version_of(serve), static_cast<int>(version));
     EXPECT_EQ(serve.fingerprints(), tensors.expected());
+    // Only the chunks where two ranks' pieces meet were read again (2 per tensor), not the
+    // pieces of ranks 1 and 2 whole (2/3 of every tensor).
+    const auto metrics = serve.get("/metrics").text;
+    const auto at = metrics.find("\nferry_commit_fingerprint_read_bytes ");
+    ASSERT_NE(at, std::string::npos) << metrics;
+    const double read = std::stod(metrics.substr(at + 37));
+    EXPECT_GT(read, 0);
+    EXPECT_LE(read, 6.0 * 2 * (1 << 20)) << "the commit read " << read << " bytes again";
   }
 }
 

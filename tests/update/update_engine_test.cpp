@@ -139,6 +139,10 @@ TEST(UpdateEngine, FullUpdateCommitsExactDataAndPublishesTheVersion) {
   EXPECT_EQ(m.buckets_applied, 3u);
   EXPECT_GT(m.bytes_applied, 64u * 48u * 2u);
   EXPECT_FALSE(r.engine->active());
+  // A staged update's commit fingerprints every parameter from the weights: it reads them all.
+  std::uint64_t weight_bytes = 0;
+  for (const auto& [name, bytes] : w) weight_bytes += bytes.size();
+  EXPECT_EQ(m.commit_fingerprint_read_bytes, weight_bytes);
 }
 
 // /metrics' histograms: each committed update is one observation of its seconds and of the bytes
