@@ -3,7 +3,7 @@ way SGLang's clients do (slime, verl): its tensors serialized by torch's Forking
 SGLang's MultiprocessingSerializer runs), base64 over HTTP, one entry per TP rank; load_format
 "direct" (a list of (name, tensor)) or "flattened_bucket" (SGLang's FlattenedTensorBucket: the
 tensors' bytes in one uint8 tensor plus FlattenedTensorMetadata). The tensors stay alive until
-every answer arrived. Prints one JSON line: the answers.
+every answer arrived. Prints one JSON line: the answers. A test runs it through run().
 
 usage: tensor_trainer.py URL SPEC_JSON
 SPEC: {"device": "cpu"|"cuda", "strategy": "file_system"|"file_descriptor", "seed": int,
@@ -14,9 +14,23 @@ SPEC: {"device": "cpu"|"cuda", "strategy": "file_system"|"file_descriptor", "see
 import base64
 import io
 import json
+import os
+import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+
+def run(address, spec):
+    """Runs this trainer in a process of its own against the receiver at `address` (host:port),
+    with this interpreter's import path, and returns what it printed ({"answers", "dump"})."""
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), f"http://{address}",
+                          json.dumps(spec)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    if out.returncode != 0:
+        raise RuntimeError(f"tensor_trainer.py exited with {out.returncode}: {out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main():

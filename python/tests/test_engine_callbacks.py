@@ -1,8 +1,9 @@
 """python/tests/test_engine_callbacks.py: the callbacks an engine registers on an embedded
 ferry.Receiver run when a trainer drives its control API the way SGLang's RL clients do
 (pause_generation, flush_cache, begin_weight_update, an update, end_weight_update,
-continue_generation, release/resume of kv_cache), in that order; a callback's failure is the
-request's answer, not swallowed."""
+continue_generation, release/resume of kv_cache), in that order; /update_weights_from_tensor's
+flush_cache and abort_all_requests wrap the call that completes the update; a callback's failure
+is the request's answer, not swallowed."""
 
 import json
 import struct
@@ -10,6 +11,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+
+import tensor_trainer
+
+TENSOR_SHAPES = {"w1": [8, 4], "w2": [4], "w3": [16]}
 
 
 def _post(address, path, body=None, method="POST"):
@@ -38,14 +43,19 @@ def _write_safetensors(path, arrays):
 
 
 class Engine:
-    """A stand-in engine: records every callback, fails the one named in `fail`."""
+    """A stand-in engine: records every callback, fails the one named in `fail`; given the
+    receiver's `params`, also which of them held written (nonzero) values as each callback ran."""
 
-    def __init__(self):
+    def __init__(self, params=None):
         self.calls = []
+        self.written = []
         self.fail = None
+        self.params = params
 
     def _record(self, *call):
         self.calls.append(call)
+        if self.params is not None:
+            self.written.append(sorted(n for n, t in self.params.items() if t.any()))
         if self.fail == call[0]:
             raise RuntimeError(f"{call[0]} exploded on purpose")
 
@@ -78,12 +88,35 @@ def embedded(ferry_module, tmp_path):
     engine = Engine()
     with ferry.Receiver() as receiver:
         receiver.register_params(target)
-        receiver.set_engine_callbacks(pause=engine.pause, resume=engine.resume,
-                                      flush_cache=engine.flush_cache,
-                                      post_load=engine.post_load, memory=engine.memory,
-                                      memory_tags=["kv_cache"])
-        receiver.serve(port=0)
+        _serve_with(receiver, engine)
         yield receiver, engine, str(checkpoint), target, source
+
+
+@pytest.fixture
+def tensor_embedded(ferry_module):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    params = {name: torch.zeros(shape) for name, shape in TENSOR_SHAPES.items()}
+    engine = Engine(params)
+    with ferry_module.Receiver() as receiver:
+        receiver.register(params)
+        _serve_with(receiver, engine)
+        yield receiver, engine
+
+
+def _serve_with(receiver, engine):
+    receiver.set_engine_callbacks(pause=engine.pause, resume=engine.resume,
+                                  flush_cache=engine.flush_cache, post_load=engine.post_load,
+                                  memory=engine.memory, memory_tags=["kv_cache"])
+    receiver.serve(port=0)
+
+
+def _push_tensors(receiver, names, **fields):
+    """One /update_weights_from_tensor call from a trainer process (the same values every time)
+    with `fields` beside the tensors: its status and answer."""
+    result = tensor_trainer.run(receiver.address, {"seed": 7, "shapes": TENSOR_SHAPES,
+                                                   "calls": [names], "fields": fields})
+    [[status, body]] = result["answers"]
+    return status, body
 
 
 def test_sglang_update_sequence_runs_the_engine_callbacks_in_order(embedded):
@@ -117,6 +150,40 @@ def test_update_outside_a_session_aborts_flushes_and_post_loads(embedded):
     assert status == 200, body
     assert engine.calls == [("pause", "abort"), ("post_load",), ("flush_cache", True),
                             ("resume", False)]
+
+
+def test_update_from_tensor_aborts_before_the_last_calls_writes_then_post_loads_and_flushes(
+        tensor_embedded):
+    receiver, engine = tensor_embedded
+    names = list(TENSOR_SHAPES)
+    effects = {"flush_cache": True, "abort_all_requests": True, "torch_empty_cache": True}
+    status, body = _push_tensors(receiver, names[:1], **effects)
+    assert status == 200 and not body["committed"], body
+    # A call that does not complete the update runs none of them.
+    assert engine.calls == []
+    status, body = _push_tensors(receiver, names[1:], weight_version="tensors", **effects)
+    assert status == 200 and body["committed"], body
+    assert engine.calls == [("pause", "abort"), ("post_load",), ("flush_cache", True),
+                            ("resume", False)]
+    # The pause came before this call's writes (only the first call's tensor was written), the
+    # post-load processing and the flush after all of them.
+    everything = sorted(names)
+    assert engine.written == [names[:1], everything, everything, everything]
+    assert receiver.version.label == "tensors"
+
+
+def test_update_from_tensor_effects_set_false_run_none_and_absent_take_sglangs_defaults(
+        tensor_embedded):
+    receiver, engine = tensor_embedded
+    names = list(TENSOR_SHAPES)
+    status, body = _push_tensors(receiver, names, flush_cache=False, abort_all_requests=False)
+    assert status == 200 and body["committed"], body
+    assert engine.calls == [("post_load",)]
+    # Absent, SGLang's defaults: flush_cache true, abort_all_requests false.
+    engine.calls.clear()
+    status, body = _push_tensors(receiver, names)
+    assert status == 200 and body["committed"], body
+    assert engine.calls == [("post_load",), ("flush_cache", False)]
 
 
 def test_kv_cache_tag_reaches_the_engine(embedded):

@@ -13,13 +13,13 @@ import base64
 import json
 import os
 import pickle
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+import tensor_trainer
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"embed.weight": [64, 16], "layers.0.w": [16, 16], "layers.0.b": [16], "norm": [16]}
@@ -40,11 +40,7 @@ def _trainer(address, **spec):
     spec.setdefault("shapes", SHAPES)
     spec.setdefault("sglang_dir", str(HERE / "sglang_stub"))
     spec["dump"] = True
-    out = subprocess.run([sys.executable, str(HERE / "tensor_trainer.py"), f"http://{address}",
-                          json.dumps(spec)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return tensor_trainer.run(address, spec)
 
 
 @pytest.fixture

@@ -1,9 +1,13 @@
 // tests/capi/capi_test.cpp: the C API (ferry/ferry.h) as a program uses it: argument errors with
-// their codes and messages, and a round trip from a sender into embedded receivers running in
-// other processes (capi_receiver_main.c), checked byte for byte.
+// their codes and messages, an engine's callbacks reached through the control API's routes, and a
+// round trip from a sender into embedded receivers running in other processes
+// (capi_receiver_main.c), checked byte for byte.
 #include <ferry/ferry.h>
 
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
 
 #include <signal.h>
 #include <spawn.h>
@@ -15,8 +19,10 @@
 #include <cstring>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capi_tensors.h"
@@ -519,6 +525,134 @@ TEST(CApi, ReleaseNamesAnUnknownTag) {
   EXPECT_NE(o.message.find("'nope'"), std::string::npos) << o.message;
   const Outcome empty = take(ferry_receiver_release(receiver.get(), nullptr, 1));
   EXPECT_EQ(empty.message, "ferry_receiver_release: tags is NULL with 1 tags");
+}
+
+// An engine around an embedded receiver (API 1.4): each callback logs what it was asked into the
+// object its user_data points at, and the one named by `fail` returns an error instead.
+struct RecordingEngine {
+  std::mutex mutex;  // the callbacks run on the control API's threads
+  std::vector<std::string> calls;
+  std::string fail;
+
+  ferry_error_t* record(const std::string& callback, const std::string& call) {
+    const std::lock_guard lock(mutex);
+    calls.push_back(call);
+    if (callback != fail) return nullptr;
+    return ferry_error_create(FERRY_STATUS_OUT_OF_MEMORY,
+                              (callback + " refused on purpose").c_str());
+  }
+  std::vector<std::string> take() {
+    const std::lock_guard lock(mutex);
+    return std::exchange(calls, {});
+  }
+};
+RecordingEngine& engine_of(void* user_data) {
+  return *static_cast<RecordingEngine*>(user_data);
+}
+
+ferry_error_t* engine_pause(void* user_data, ferry_pause_mode_t mode, uint64_t* num_paused) {
+  static const char* const kModes[] = {"abort", "retract", "in_place"};
+  *num_paused = 5;
+  return engine_of(user_data).record("pause", std::string("pause:") + kModes[mode]);
+}
+ferry_error_t* engine_resume(void* user_data, int torch_empty_cache) {
+  return engine_of(user_data).record("resume", "resume:" + std::to_string(torch_empty_cache));
+}
+ferry_error_t* engine_flush_cache(void* user_data, int torch_empty_cache) {
+  return engine_of(user_data).record("flush_cache",
+                                     "flush_cache:" + std::to_string(torch_empty_cache));
+}
+ferry_error_t* engine_post_load(void* user_data) {
+  return engine_of(user_data).record("post_load", "post_load");
+}
+ferry_error_t* engine_memory(void* user_data, const char* const* tags, size_t num_tags,
+                             int release) {
+  std::string call = "memory:";
+  for (size_t i = 0; i < num_tags; ++i) call += tags[i];
+  return engine_of(user_data).record("memory", call + (release != 0 ? ":release" : ":resume"));
+}
+
+// A POST to the control API of a receiver served on 127.0.0.1:port: the status and JSON answer.
+struct Answer {
+  int status = 0;
+  nlohmann::json body;
+};
+Answer post(int port, const std::string& path,
+            const nlohmann::json& body = nlohmann::json::object()) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(30, 0);
+  const auto res = client.Post(path, body.dump(), "application/json");
+  if (!res) return {0, nlohmann::json{{"message", httplib::to_string(res.error())}}};
+  return {res->status, nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false)};
+}
+
+// SGLang's engine routes reach the C callbacks with the engine's user_data, and a callback's
+// error is the route's answer: its code and message (docs/c-api.md, "Engine callbacks").
+TEST(CApi, EngineCallbacksRunWithTheirUserDataAndAFailureIsTheRoutesAnswer) {
+  RecordingEngine engine;  // outlives the receiver, as user_data must
+  ReceiverPtr receiver = make_receiver();
+  ASSERT_NE(receiver, nullptr);
+  float data[4] = {};
+  ferry_tensor_t t = view("w", FERRY_DTYPE_F32, {4}, data);
+  ASSERT_EQ(take(ferry_receiver_register_param(receiver.get(), &t)).code, FERRY_STATUS_OK);
+  const char* tags[] = {"kv_cache"};
+  ferry_engine_callbacks_t cb{};
+  cb.struct_size = FERRY_STRUCT_SIZE(ferry_engine_callbacks_t, num_memory_tags);
+  cb.user_data = &engine;
+  cb.pause = engine_pause;
+  cb.resume = engine_resume;
+  cb.flush_cache = engine_flush_cache;
+  cb.post_load = engine_post_load;
+  cb.memory = engine_memory;
+  cb.memory_tags = tags;
+  cb.num_memory_tags = 1;
+  Outcome o = take(ferry_receiver_set_engine_callbacks(receiver.get(), &cb));
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  int32_t port = 0;
+  o = take(ferry_receiver_serve(receiver.get(), "127.0.0.1", 0, &port));
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+
+  Answer a = post(port, "/pause_generation", {{"mode", "retract"}});
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.body["num_paused_requests"], 5);
+  for (const char* path : {"/flush_cache", "/begin_weight_update", "/end_weight_update"}) {
+    a = post(port, path);
+    EXPECT_EQ(a.status, 200) << path << ": " << a.body;
+  }
+  a = post(port, "/continue_generation", {{"torch_empty_cache", false}});
+  EXPECT_EQ(a.status, 200) << a.body;
+  for (const char* path : {"/release_memory_occupation", "/resume_memory_occupation"}) {
+    a = post(port, path, {{"tags", {"kv_cache"}}});
+    EXPECT_EQ(a.status, 200) << path << ": " << a.body;
+  }
+  EXPECT_EQ(engine.take(),
+            (std::vector<std::string>{"pause:retract", "flush_cache:0", "post_load", "resume:0",
+                                      "memory:kv_cache:release", "memory:kv_cache:resume"}));
+
+  engine.fail = "flush_cache";
+  a = post(port, "/flush_cache");
+  EXPECT_EQ(a.status, 507) << a.body;  // OUT_OF_MEMORY, the callback's code
+  EXPECT_EQ(a.body["code"], "OUT_OF_MEMORY") << a.body;
+  EXPECT_NE(a.body["message"].get<std::string>().find("flush_cache refused on purpose"),
+            std::string::npos)
+      << a.body;
+  engine.fail = "post_load";
+  ASSERT_EQ(post(port, "/begin_weight_update").status, 200);
+  a = post(port, "/end_weight_update");
+  EXPECT_EQ(a.status, 507) << a.body;
+  EXPECT_NE(a.body["message"].get<std::string>().find("post_load refused on purpose"),
+            std::string::npos)
+      << a.body;
+  EXPECT_EQ(engine.take(), (std::vector<std::string>{"flush_cache:0", "post_load"}));
+
+  // NULL removes them: the routes are answered as `ferry serve` answers them.
+  o = take(ferry_receiver_set_engine_callbacks(receiver.get(), nullptr));
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  a = post(port, "/pause_generation");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.body["num_paused_requests"], 0);
+  EXPECT_EQ(post(port, "/continue_generation").status, 200);
+  EXPECT_TRUE(engine.take().empty());
 }
 
 TEST(CApi, AbortWithoutARunningPushIsANoOp) {

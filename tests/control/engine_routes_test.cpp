@@ -1,8 +1,9 @@
 // tests/control/engine_routes_test.cpp: SGLang's engine routes against a real `ferry serve`,
 // which runs no generation: pause/continue/flush answered from its state, the weight-update
 // session's rules (begin twice, end without begin, draft selector, no release inside), the
-// kv_cache tag never 404, /model_info and /server_info fields, /weights_checker (checksum,
-// snapshot, compare, reset_tensors), and the update fields ferry refuses with 400 naming them.
+// kv_cache tag never 404, /model_info, /server_info and /get_server_info fields,
+// /weights_checker (checksum, snapshot, compare, reset_tensors), and the update fields ferry
+// refuses with 400 naming them.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -108,6 +109,22 @@ TEST_F(EngineRoutes, ModelAndServerInfoCarrySglangFields) {
   EXPECT_TRUE(s.body["version"].is_string());
   ASSERT_EQ(s.body["internal_states"].size(), 1u);
   EXPECT_EQ(s.body["internal_states"][0]["state"], "ready");
+}
+
+// SGLang's clients written before /server_info (and its own older servers) ask /get_server_info:
+// the same answer, with the fields they read.
+TEST_F(EngineRoutes, GetServerInfoAnswersAsServerInfo) {
+  Reply old_name = serve_->get("/get_server_info");
+  ASSERT_EQ(old_name.status, 200) << old_name.text;
+  EXPECT_EQ(old_name.body["model_path"], model_path());
+  EXPECT_EQ(old_name.body["tp_size"], 1);
+  EXPECT_EQ(old_name.body["ep_size"], 1);
+  EXPECT_TRUE(old_name.body["weight_version"].is_string()) << old_name.text;
+  ASSERT_EQ(old_name.body["internal_states"].size(), 1u) << old_name.text;
+  EXPECT_EQ(old_name.body["internal_states"][0]["tp_rank"], 0);
+  EXPECT_EQ(old_name.body["internal_states"][0]["weight_version"], old_name.body["weight_version"]);
+  EXPECT_EQ(old_name.body["ferry"]["engine"]["registered"], false);
+  EXPECT_EQ(old_name.body, serve_->get("/server_info").body);
 }
 
 TEST_F(EngineRoutes, WeightsCheckerSnapshotResetCompare) {
