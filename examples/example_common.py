@@ -1,10 +1,12 @@
 """examples/example_common.py: what every example's trainer and engine share: the small
-language model both sides build (same names, dtypes and shapes), one training step, JSON over
-HTTP to a ferry receiver's control API, the check that pushed weights arrived, and finding the
-`ferry` executable and the `ferry` Python package. Each example script puts this folder on
-sys.path; nothing here is part of ferry itself."""
+language model both sides build (same names, dtypes and shapes), one training step, SGLang's
+flattened bucket layout, JSON over HTTP to a receiver's control API (and the calls SGLang's RL
+clients wrap an update in), the check that pushed weights arrived, and finding the `ferry`
+executable and the `ferry` Python package. Each example script puts this folder on sys.path;
+nothing here is part of ferry itself."""
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +60,30 @@ def add_trainer_arguments(parser, device, token=True):
     if token:
         parser.add_argument("--token", help="the engines' bearer token")
     add_model_arguments(parser)
+
+
+def add_engines_argument(parser):
+    parser.add_argument("--engines", required=True,
+                        help="HOST:PORT[,HOST:PORT...] of the engines' control APIs")
+
+
+def add_group_arguments(parser):
+    """What rank 0 of a weight-update group takes besides --engines: where the engines meet it
+    and how long it waits for them."""
+    parser.add_argument("--master-address", default="127.0.0.1",
+                        help="an address of this host the engines reach (127.0.0.1)")
+    parser.add_argument("--master-port", type=port_number, default=29500,
+                        help="rank 0's rendezvous port on this host (29500)")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds for every rank to join, and for each broadcast (120)")
+
+
+def engines_of(parser, args):
+    """--engines as a list of HOST:PORT; a usage error when it names none."""
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not engines:
+        parser.error("--engines names no engine")
+    return engines
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -162,6 +188,12 @@ def train_step(torch, model, optimizer, step, batch=4, seq=32):
     return float(loss)
 
 
+def flatten(torch, tensors):
+    """One 1-D uint8 tensor of the tensors' bytes, one after the other in order: the layout of
+    SGLang's FlattenedTensorBucket, which verl and slime send as one bucket."""
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
 # ---- ferry -------------------------------------------------------------------------------------
 
 def import_ferry():
@@ -243,6 +275,43 @@ def http_json(url, body=None, token=None, timeout=120):
         raise ExampleError(f"{url}: {reason} (is the engine running there?)") from None
 
 
+def post(url, route, body=None, token=None):
+    """POSTs `body` to the route and returns the answer; an ExampleError naming the route unless
+    it is 200 and not `success: false` (how SGLang's routes report a failure)."""
+    status, answer = http_json(f"{url}{route}", body if body is not None else {}, token=token)
+    if status != 200 or answer.get("success") is False:
+        raise ExampleError(f"{url}{route} answered {status}: {answer.get('message')}")
+    return answer
+
+
+@contextlib.contextmanager
+def weight_update_session(urls):
+    """What SGLang's RL clients (slime, miles) wrap an update in, on every engine: generation
+    paused, the cache flushed and a weight-update session begun; after the body has sent the
+    weights, the session ended (the engine's post-load processing runs) and generation
+    continued. Yields a list that then holds each engine's /end_weight_update answer. When the
+    body fails, the sessions are ended and generation continued all the same (their failures
+    unreported), so that the next run finds the engines as this one did."""
+    for url in urls:
+        post(url, "/pause_generation", {"mode": "abort"})
+        post(url, "/flush_cache", {})
+        post(url, "/begin_weight_update", {"selector": "all"})
+    ended = []
+    try:
+        yield ended
+    except BaseException:
+        for url in urls:
+            for route in ("/end_weight_update", "/continue_generation"):
+                try:
+                    post(url, route, {})
+                except ExampleError:
+                    pass
+        raise
+    for url in urls:
+        ended.append(post(url, "/end_weight_update", {}))
+        post(url, "/continue_generation", {})
+
+
 def base_url(address):
     """HOST:PORT or http://HOST:PORT -> http://HOST:PORT."""
     address = address.rstrip("/")
@@ -271,6 +340,16 @@ def require_arrived(engine, url, state, step, token=None):
     if wrong:
         raise ExampleError(f"{engine}: {len(wrong)} tensor(s) differ from the trainer's after "
                            f"step {step}: {wrong[:5]}")
+
+
+def require_serves(engine, url, state, label, step, token=None):
+    """The engine publishes weight_version `label` and holds `state`'s values (require_arrived),
+    else an ExampleError naming it."""
+    served, _ = weight_version(url, token)
+    if served != label:
+        raise ExampleError(f"{engine} serves weight_version {served!r} after step {step}, not "
+                           f"{label!r}")
+    require_arrived(engine, url, state, step, token)
 
 
 def require_same_tokens(torch, control_url, model, prompt, label, step):
@@ -302,5 +381,7 @@ def first_version(urls, token=None):
 
 
 def save_state(torch, path, model):
-    """torch.save of the model's weights (CPU copies), for comparing with the engine's."""
-    torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, path)
+    """torch.save of the model's weights (CPU copies) to `path` (--save; None: nothing), for
+    comparing with the engine's."""
+    if path:
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, path)

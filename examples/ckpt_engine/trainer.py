@@ -104,8 +104,7 @@ def main():
         print(f"step {step}: loss {loss:.4f}, the engine committed {name} "
               f"({reply.get('bytes', 0) / 1e6:.2f} MB in {reply.get('seconds', 0):.3f} s); "
               "values read back match", flush=True)
-    if args.save:
-        ex.save_state(torch, args.save, model)
+    ex.save_state(torch, args.save, model)
     return 0
 
 

@@ -9,9 +9,12 @@ pushes through CUDA IPC), and runs a small control server of its own on --contro
     POST /resume_memory_occupation    allocates the KV cache again
     POST /generate {"tokens": [...]}  greedy next tokens for a prompt, with the weight version
 
-The receiver's own SGLang routes (--port) reach the engine through its callbacks:
-/pause_generation stops /generate (it answers 409 until /continue_generation), which is how a
-trainer written for SGLang (examples/sglang_api/trainer.py) brackets its update.
+The receiver's own SGLang routes (--port) reach the engine through its callbacks, which is how a
+trainer written for SGLang (examples/sglang_api/trainer.py) drives it: /pause_generation stops
+/generate (it answers 409 until /continue_generation), /release_memory_occupation and
+/resume_memory_occupation with the tag "kv_cache" free and allocate the KV cache as the control
+server's routes do, /flush_cache and /end_weight_update run the engine's cache flush and its
+post-load processing (nothing to do for this model; it says so in its log).
 
     python3 examples/colocated/engine.py --device cuda:0 --port 30000 --control-port 30001
 
@@ -34,6 +37,7 @@ class Engine:
 
     def __init__(self, torch, ferry, args, device):
         self.torch = torch
+        self.ferry = ferry
         self.device = device
         self.kv_bytes = args.kv_cache_mib << 20
         self.model = ex.build_model(torch, args, device).eval()
@@ -44,10 +48,14 @@ class Engine:
         # the work queued on torch's current stream (this thread's) before it writes.
         self.receiver = ferry.Receiver()
         self.receiver.register(self.model.named_parameters())
-        # /pause_generation and /continue_generation on the receiver's port. The callbacks run on
-        # the receiver's threads and must not call it back: they only set the flag /generate reads.
+        # SGLang's engine routes on the receiver's port (docs/http-api.md, "Engine routes"). The
+        # callbacks run on the receiver's threads and must not call it back: they set the flag
+        # /generate reads, or free and allocate the KV cache.
         self.paused = None  # the pause mode while generation is paused
-        self.receiver.set_engine_callbacks(pause=self.pause, resume=self.unpause)
+        self.receiver.set_engine_callbacks(pause=self.pause, resume=self.unpause,
+                                           flush_cache=self.flush_cache,
+                                           post_load=self.post_load, memory=self.memory,
+                                           memory_tags=["kv_cache"])
 
     def release(self):
         with self.lock:
@@ -55,6 +63,7 @@ class Engine:
                 return 409, {"success": False, "message": "the KV cache is already released"}
             self.kv_cache = None
             answer = {"success": True, "message": f"released {self.kv_bytes} bytes"}
+            say(f"KV cache released ({self.kv_bytes} bytes)")
             if self.device.type == "cuda":
                 before = self.torch.cuda.memory_reserved(self.device)
                 self.torch.cuda.empty_cache()  # back to the driver: the trainer can have it
@@ -67,14 +76,34 @@ class Engine:
                 return 409, {"success": False, "message": "the KV cache is not released"}
             self.kv_cache = self.torch.empty(self.kv_bytes, dtype=self.torch.uint8,
                                              device=self.device)
+            say(f"KV cache allocated ({self.kv_bytes} bytes)")
             return 200, {"success": True, "message": f"allocated {self.kv_bytes} bytes"}
+
+    def memory(self, tags, release):
+        # Only "kv_cache" is registered; a refusal keeps its 409 on the receiver's port.
+        status, answer = self.release() if release else self.resume()
+        if status != 200:
+            raise self.ferry.FailedPreconditionError(self.ferry.errors.FAILED_PRECONDITION,
+                                                     answer["message"])
 
     def pause(self, mode):
         self.paused = mode
+        say(f"generation paused ({mode})")
         return 0  # requests paused: this engine serves one at a time and keeps none waiting
 
     def unpause(self, torch_empty_cache):
         self.paused = None
+        say("generation continued")
+
+    def flush_cache(self, torch_empty_cache):
+        # No prefix cache outlives a request here; a real engine drops its radix cache.
+        if torch_empty_cache and self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
+        say("cache flushed")
+
+    def post_load(self):
+        # Where a real engine re-packs or re-quantizes the new weights; this model reads them as is.
+        say("post-load processing of the new weights: nothing to do")
 
     def generate(self, body):
         tokens = body.get("tokens")
@@ -97,6 +126,10 @@ class Engine:
                 prompt = self.torch.tensor([tokens], device=self.device)
                 out = self.model(prompt).argmax(-1)[0].tolist()
             return 200, {"success": True, "next_tokens": out, "weight_version": version.label}
+
+
+def say(event):
+    print(f"engine: {event}", flush=True)
 
 
 def control_server(engine, host, port):

@@ -20,13 +20,6 @@ import example_common as ex  # noqa: E402
 PROMPT = [1, 7, 42, 99, 3, 250, 18, 5]
 
 
-def engine_call(url, route, body=None):
-    status, answer = ex.http_json(f"{url}{route}", body or {})
-    if status != 200:
-        raise ex.ExampleError(f"{url}{route} answered {status}: {answer.get('message')}")
-    return answer
-
-
 def main():
     parser = ex.argument_parser(__doc__)
     parser.add_argument("--engine", required=True,
@@ -51,7 +44,7 @@ def main():
 
     with ferry.Sender([args.engine], transport=args.transport) as sender:
         for step in range(1, args.steps + 1):
-            released = engine_call(control_url, "/release_memory_occupation")
+            released = ex.post(control_url, "/release_memory_occupation")
             if step == 1 and "freed_bytes" in released:  # GPU memory the trainer can now use
                 print(f"the engine gave back {released['freed_bytes'] / 2**20:.0f} MiB of GPU "
                       "memory for training", flush=True)
@@ -63,7 +56,7 @@ def main():
             report = sender.push(model.state_dict(), version=base + step, label=label,
                                  check=False)
             wall = time.perf_counter() - t0
-            engine_call(control_url, "/resume_memory_occupation")
+            ex.post(control_url, "/resume_memory_occupation")
             r = report.receivers[0]
             if not r.committed:
                 raise ex.ExampleError(f"step {step}: the engine did not commit: {r.error}")
@@ -77,8 +70,7 @@ def main():
             ex.require_same_tokens(torch, control_url, model, prompt, label, step)
             print(f"  the engine serves {label}: values read back and its greedy tokens match "
                   "the trainer's", flush=True)
-    if args.save:
-        ex.save_state(torch, args.save, model)
+    ex.save_state(torch, args.save, model)
     return 0
 
 

@@ -46,21 +46,13 @@ def answers(futures, urls, what):
 
 def main():
     parser = ex.argument_parser(__doc__)
-    parser.add_argument("--engines", required=True,
-                        help="HOST:PORT[,HOST:PORT...] of the engines' control APIs")
-    parser.add_argument("--master-address", default="127.0.0.1",
-                        help="an address of this host the engines reach (127.0.0.1)")
-    parser.add_argument("--master-port", type=ex.port_number, default=29500,
-                        help="rank 0's rendezvous port (29500)")
+    ex.add_engines_argument(parser)
+    ex.add_group_arguments(parser)
     parser.add_argument("--bucket-mb", type=ex.positive_int, default=256,
                         help="broadcast bucket size in MiB (256)")
-    parser.add_argument("--timeout", type=float, default=120,
-                        help="seconds for every rank to join, and per bucket (120)")
     ex.add_trainer_arguments(parser, device="cuda:0")
     args = parser.parse_args()
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if not engines:
-        parser.error("--engines names no engine")
+    engines = ex.engines_of(parser, args)
     if os.environ.get("NCCL_NVLS_ENABLE", "0") != "0":
         print("trainer: NCCL_NVLS_ENABLE overridden: the group runs with NCCL_NVLS_ENABLE=0",
               file=sys.stderr)
@@ -128,8 +120,7 @@ def main():
             how = group.destroy(timeout=30)
             answers(leaving, urls, "destroying the group")
             print(f"group {GROUP!r} destroyed: {how}", flush=True)
-    if args.save:
-        ex.save_state(torch, args.save, model)
+    ex.save_state(torch, args.save, model)
     return 0
 
 

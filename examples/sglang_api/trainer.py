@@ -3,12 +3,16 @@
 SGLang's HTTP API only, the way verl and slime drive an SGLang server, pointed at an engine that
 embeds a ferry receiver (examples/colocated/engine.py) instead: nothing in it names ferry.
 
-Each step: one training step, then /pause_generation, the model's state_dict in flattened
-buckets of --bucket-mib (each bucket one uint8 tensor and its metadata, pickled with torch's
+Each step is one RL step as SGLang's clients make it. Rollout done, /release_memory_occupation
+of the tags "kv_cache" and "weights" frees the engine's memory for training; one training step;
+/resume_memory_occupation of "weights"; then the update: /pause_generation, /flush_cache,
+/begin_weight_update (selector "all"), the model's state_dict in flattened buckets of
+--bucket-mib through /update_weights_from_tensor with load_format "flattened_bucket" and the
+step's weight_version (each bucket one uint8 tensor and its metadata, pickled with torch's
 multiprocessing reductions as SGLang's MultiprocessingSerializer does: CUDA tensors travel as
-IPC handles, CPU tensors as shared-memory files; base64 in the JSON) through
-/update_weights_from_tensor with load_format "flattened_bucket", the last call with the step's
-weight_version and flush_cache, then /continue_generation. It then checks what the engine
+IPC handles, CPU tensors as shared-memory files; base64 in the JSON), /end_weight_update (the
+update is published and the engine's post-load processing runs), /continue_generation; last,
+/resume_memory_occupation of "kv_cache" for the next rollout. It then checks what the engine
 serves: /get_weight_version, values read back with /get_weights_by_name, and the greedy tokens
 of the engine's own /generate (on its control server) against the trainer's model.
 
@@ -77,14 +81,14 @@ def buckets_of(torch, state, limit):
         groups.append(current)
     out = []
     for group in groups:
-        flats = [t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in group]
+        flat = ex.flatten(torch, [t for _, t in group])
         entries, start = [], 0
-        for (name, tensor), flat in zip(group, flats):
+        for name, tensor in group:
+            nbytes = tensor.numel() * tensor.element_size()
             entries.append(meta(name=name, shape=tensor.shape, dtype=tensor.dtype,
-                                start_idx=start, end_idx=start + flat.numel(),
-                                numel=flat.numel()))
-            start += flat.numel()
-        out.append((torch.cat(flats), entries))
+                                start_idx=start, end_idx=start + nbytes, numel=nbytes))
+            start += nbytes
+        out.append((flat, entries))
     return out
 
 
@@ -97,25 +101,37 @@ def serialize(obj):
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def call(url, route, body=None):
-    status, answer = ex.http_json(f"{url}{route}", body if body is not None else {})
-    if status != 200 or answer.get("success") is False:
-        raise ex.ExampleError(f"{url}{route} answered {status}: {answer.get('message')}")
+def memory(url, route, tags, released):
+    """/release_memory_occupation or /resume_memory_occupation of `tags`; an ExampleError unless
+    the answer says every tag is now as asked: the engine's own tags (engine_tags) acted on, and
+    ferry's store tags (memory) `released` or not."""
+    answer = ex.post(url, route, {"tags": tags})
+    store = {m["tag"]: m["released"] for m in answer.get("memory", [])}
+    wrong = [t for t in tags
+             if not (t in answer.get("engine_tags", []) or store.get(t) == released)]
+    if wrong:
+        raise ex.ExampleError(f"{url}{route} {tags}: {wrong} not "
+                              f"{'released' if released else 'resumed'}: {answer}")
     return answer
 
 
 def update_weights(torch, url, state, label, bucket_bytes):
-    """One update: every bucket through /update_weights_from_tensor, the last one with the
-    weight_version. Returns the number of calls."""
+    """One update as slime's and miles' update_weights makes it: inside a weight-update session
+    (ex.weight_update_session: generation paused, the cache flushed), every bucket through
+    /update_weights_from_tensor with the step's weight_version. Returns the number of calls."""
     buckets = buckets_of(torch, state, bucket_bytes)
-    for i, (flat, entries) in enumerate(buckets):
-        last = i == len(buckets) - 1
-        body = {"serialized_named_tensors": [serialize({"flattened_tensor": flat,
-                                                        "metadata": entries})],
-                "load_format": "flattened_bucket", "flush_cache": last}
-        if last:
-            body["weight_version"] = label
-        call(url, "/update_weights_from_tensor", body)
+    with ex.weight_update_session([url]) as ended:
+        for flat, entries in buckets:
+            body = {"serialized_named_tensors": [serialize({"flattened_tensor": flat,
+                                                            "metadata": entries})],
+                    "load_format": "flattened_bucket", "flush_cache": False,
+                    "weight_version": label}
+            if ex.post(url, "/update_weights_from_tensor", body).get("committed"):
+                raise ex.ExampleError(f"{url}: a bucket was committed inside the weight-update "
+                                      "session, before /end_weight_update")
+    if ended[0].get("num_updates") != 1 or ended[0].get("weight_version") != label:
+        raise ex.ExampleError(f"{url}/end_weight_update: expected one update publishing "
+                              f"{label!r}, the engine answered {ended[0]}")
     return len(buckets)
 
 
@@ -144,27 +160,29 @@ def main():
     bucket_bytes = max(1, int(args.bucket_mib * (1 << 20)))
 
     for step in range(1, args.steps + 1):
+        # Rollout is done: the engine's memory goes to the trainer (verl's and slime's release).
+        memory(url, "/release_memory_occupation", ["kv_cache", "weights"], True)
+        print(f"step {step}: released kv_cache and weights for training", flush=True)
         loss = ex.train_step(torch, model, optimizer, step)
         label = f"rl-step-{step}"
+        memory(url, "/resume_memory_occupation", ["weights"], False)
         t0 = time.perf_counter()
-        call(url, "/pause_generation", {"mode": "abort"})
         # Right after optimizer.step(), no synchronize: torch's reductions record an event on
         # the current stream that the engine waits for before it reads a CUDA bucket.
         calls = update_weights(torch, url, model.state_dict(), label, bucket_bytes)
-        call(url, "/continue_generation", {})
         wall = time.perf_counter() - t0
+        memory(url, "/resume_memory_occupation", ["kv_cache"], False)
         served = ex.weight_version(url)[0]
         if served != label:
             raise ex.ExampleError(f"step {step}: the engine serves weight_version {served!r}, "
                                   f"not {label!r}")
-        print(f"step {step}: loss {loss:.4f}, {calls} update_weights_from_tensor calls, "
-              f"weight_version {label} in {wall:.3f} s", flush=True)
+        print(f"step {step}: loss {loss:.4f}, {calls} update_weights_from_tensor calls in one "
+              f"weight-update session, weight_version {label} in {wall:.3f} s", flush=True)
         ex.require_arrived(args.engine, url, model.state_dict(), step)
         ex.require_same_tokens(torch, control_url, model, prompt, label, step)
         print(f"  the engine serves {label}: values read back and its greedy tokens match the "
               "trainer's", flush=True)
-    if args.save:
-        ex.save_state(torch, args.save, model)
+    ex.save_state(torch, args.save, model)
     return 0
 
 

@@ -18,8 +18,7 @@ import example_common as ex  # noqa: E402
 
 def main():
     parser = ex.argument_parser(__doc__)
-    parser.add_argument("--engines", required=True,
-                        help="HOST:PORT[,HOST:PORT...] of the engines' control APIs")
+    ex.add_engines_argument(parser)
     parser.add_argument("--transport", choices=["ucx", "inline", "auto"], default="ucx",
                         help="ucx (default); inline: bytes on the session socket, no UCX; "
                              "auto: ucx when its plugin loads, else inline")
@@ -27,9 +26,7 @@ def main():
                         help="seconds to reach each engine (30)")
     ex.add_trainer_arguments(parser, device="cpu")
     args = parser.parse_args()
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if not engines:
-        parser.error("--engines names no engine")
+    engines = ex.engines_of(parser, args)
 
     torch = ex.import_torch()
     ferry = ex.import_ferry()
@@ -60,14 +57,9 @@ def main():
                 raise ex.ExampleError(f"step {step}: {len(failed)} of {len(engines)} engine(s) "
                                       "did not commit (they keep their previous version)")
             for engine, url in urls.items():
-                seen, _ = ex.weight_version(url, args.token)
-                if seen != label:
-                    raise ex.ExampleError(f"{engine} serves weight_version {seen!r} after "
-                                          f"committing {label!r}")
-                ex.require_arrived(engine, url, model.state_dict(), step, args.token)
+                ex.require_serves(engine, url, model.state_dict(), label, step, args.token)
             print(f"  every engine serves {label}; values read back match", flush=True)
-    if args.save:
-        ex.save_state(torch, args.save, model)
+    ex.save_state(torch, args.save, model)
     return 0
 
 

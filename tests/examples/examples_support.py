@@ -37,13 +37,14 @@ def run(args, timeout=180, env=None):
 
 
 class Engine:
-    """An engine script in the background, started with --ready-file."""
+    """An engine script (or, with program, another program) in the background, started with
+    --ready-file."""
 
-    def __init__(self, args, workdir, name="engine", env=None, timeout=60):
+    def __init__(self, args, workdir, name="engine", env=None, timeout=60, program=PYTHON):
         self.ready = Path(workdir) / f"{name}.ready"
         self.log_path = Path(workdir) / f"{name}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([PYTHON, *args, "--ready-file", str(self.ready)],
+        self.proc = subprocess.Popen([program, *args, "--ready-file", str(self.ready)],
                                      stdout=self.log, stderr=subprocess.STDOUT,
                                      env=environment(env), cwd=ROOT)
         deadline = time.monotonic() + timeout
@@ -83,6 +84,19 @@ def colocated_engine(workdir, *extra):
                    "--control-port", "0", "--kv-cache-mib", "8", *extra], workdir)
 
 
+def ferry_exe():
+    """The `ferry` executable the suite runs: FERRY_EXE (meson sets it), else this checkout's
+    build/host/cli/ferry."""
+    return os.environ.get("FERRY_EXE") or str(ROOT / "build" / "host" / "cli" / "ferry")
+
+
+def ferry_serve(workdir, *extra, name="engine", env=None):
+    """`ferry serve` on a free port of 127.0.0.1, as a guide starts it (the identity model: the
+    parameter names are the trainer's)."""
+    return Engine(["serve", "--host", "127.0.0.1", "--port", "0", "--model-family", "identity",
+                   *extra], workdir, name=name, env=env, program=ferry_exe())
+
+
 def same_weights(torch, a_path, b_path):
     """Names whose tensors differ between two torch.save'd state dicts (empty: identical)."""
     a, b = torch.load(a_path), torch.load(b_path)
@@ -102,29 +116,48 @@ MAX_VALUES = 65536
 def differing_values(state, address):
     """Names of the tensors of `state` whose values, read back from the receiver at `address`
     (/get_weights_by_name: every value of a tensor of up to MAX_VALUES, the first MAX_VALUES of a
-    larger one), are not the same (empty: the receiver holds `state`)."""
+    larger one), are not the same bit for bit (empty: the receiver holds `state`). A value of
+    bfloat16, float16 or float32 is exact as a float, and is compared by its hex form, so that
+    -0.0 differs from 0.0."""
     wrong = []
     for name, tensor in state.items():
         count = min(tensor.numel(), MAX_VALUES)
         status, answer = http_post(address, "/get_weights_by_name",
                                    {"name": name, "truncate_size": count})
+        mine = [float.hex(v) for v in tensor.float().flatten()[:count].tolist()]
         if (status != 200 or answer["shape"] != list(tensor.shape)
-                or answer["values"] != tensor.float().flatten()[:count].tolist()):
+                or [float.hex(float(v)) for v in answer["values"]] != mine):
             wrong.append(name)
     return wrong
 
 
 def http_post(address, route, body=None, timeout=60):
     """(status, JSON answer) of POST http://ADDRESS/ROUTE."""
+    return http_json(address, route, json.dumps(body or {}).encode(), timeout)
+
+
+def http_get(address, route, timeout=60):
+    """(status, JSON answer) of GET http://ADDRESS/ROUTE."""
+    return http_json(address, route, None, timeout)
+
+
+def http_json(address, route, data, timeout=60):
+    """(status, JSON answer) of a request with body `data` (None: GET)."""
     import urllib.error
     import urllib.request
-    request = urllib.request.Request(f"http://{address}{route}",
-                                     data=json.dumps(body or {}).encode())
+    request = urllib.request.Request(f"http://{address}{route}", data=data)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def http_text(address, route, timeout=60):
+    """The text of GET http://ADDRESS/ROUTE (/metrics)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{address}{route}", timeout=timeout) as r:
+        return r.read().decode()
 
 
 def skip(reason):

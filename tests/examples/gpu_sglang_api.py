@@ -1,10 +1,11 @@
 """tests/examples/gpu_sglang_api.py: the trainer written against SGLang's HTTP API
 (examples/sglang_api/trainer.py) on one GPU, with the colocated example's engine on the same
-GPU: every step's flattened buckets are CUDA tensors pickled with torch's reductions (IPC
-handles), sent right after optimizer.step() with no synchronize, read by the engine's receiver
-in place into its parameters; after five steps the engine's values and greedy tokens match the
-trainer's and its dumped parameters equal the trainer's final weights bit for bit. Exits 77
-(skipped) without a GPU."""
+GPU, whole RL steps as on the CPU (kv_cache and weights released for training and resumed, the
+update in a weight-update session): every step's flattened buckets are CUDA tensors pickled
+with torch's reductions (IPC handles), sent right after optimizer.step() with no synchronize,
+read by the engine's receiver in place into its parameters; after five steps the engine's values
+and greedy tokens match the trainer's and its dumped parameters equal the trainer's final
+weights bit for bit. Exits 77 (skipped) without a GPU."""
 
 import examples_support as ex
 
