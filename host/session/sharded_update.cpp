@@ -404,6 +404,7 @@ void ShardedUpdate::work() {
       places_ = std::move(places);
       needed_bytes_ = needed;
       phase_ = Phase::welcomed;
+      welcomed_at_ = Clock::now();
       changed_.notify_all();
       const bool all = changed_.wait_until(
           lock, std::chrono::steady_clock::now() + bucket_timeout_, [&] {
@@ -422,6 +423,7 @@ void ShardedUpdate::work() {
       }
       version = ranks_[0].version;
       label = ranks_[0].label;
+      all_began_at_ = Clock::now();
     }
     const auto report = update->run(*this, version,
                                     label.empty() ? std::nullopt
@@ -484,6 +486,14 @@ void ShardedUpdate::work() {
 // ---- the bucket source ----------------------------------------------------------------------
 
 void ShardedUpdate::begun() {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  logger("session")->debug(
+      "sharded update of {} ranks: every rank began {:.3f} ms after its pieces were told, the "
+      "update began {:.3f} ms after that",
+      world_, ms(welcomed_at_, all_began_at_), ms(all_began_at_, Clock::now()));
   for (auto& r : ranks_) r.join.member->begun();
   std::lock_guard lock(mutex_);
   if (phase_ == Phase::failed) throw_failure_locked();

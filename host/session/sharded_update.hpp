@@ -204,6 +204,8 @@ class ShardedUpdate final : public update::BucketSource {
   const std::chrono::milliseconds join_timeout_;
   const std::chrono::milliseconds bucket_timeout_;
   const std::chrono::steady_clock::time_point created_;
+  // When the worker told the ranks their pieces, and when the last of them began (debug log).
+  std::chrono::steady_clock::time_point welcomed_at_{}, all_began_at_{};
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
