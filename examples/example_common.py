@@ -1,5 +1,6 @@
 """examples/example_common.py: what every example's trainer and engine share: the small
-language model both sides build (same names, dtypes and shapes), one training step, SGLang's
+language model both sides build (same names, dtypes and shapes: a plain-torch TinyLM, or for
+the colocated example a transformers LlamaForCausalLM), one training step, greedy decoding, SGLang's
 flattened bucket layout, JSON over HTTP to a receiver's control API (and the calls SGLang's RL
 clients wrap an update in), the check that pushed weights arrived, and finding the `ferry`
 executable and the `ferry` Python package. Each example script puts this folder on sys.path;
@@ -51,7 +52,7 @@ def argument_parser(doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_trainer_arguments(parser, device, token=True):
+def add_trainer_arguments(parser, device, token=True, models=("tiny",)):
     """What every trainer takes: its device, the number of steps, a file for its final weights
     and (where the engine has a control API) the engine's token."""
     parser.add_argument("--device", default=device, help=f"the trainer's device ({device})")
@@ -59,7 +60,7 @@ def add_trainer_arguments(parser, device, token=True):
     parser.add_argument("--save", help="torch.save the final weights here (to compare)")
     if token:
         parser.add_argument("--token", help="the engines' bearer token")
-    add_model_arguments(parser)
+    add_model_arguments(parser, models)
 
 
 def add_engines_argument(parser):
@@ -88,15 +89,21 @@ def engines_of(parser, args):
 
 # ---- the model ---------------------------------------------------------------------------------
 
-def add_model_arguments(parser):
-    """The model's shape and seed; trainer and engine must be given the same shape."""
+def add_model_arguments(parser, models=("tiny",)):
+    """The model's shape and seed; trainer and engine must be given the same shape. With more
+    than one of MODELS in `models`, --model chooses (tiny by default)."""
     g = parser.add_argument_group("model (the same on both sides)")
+    if len(models) > 1:
+        g.add_argument("--model", choices=models, default="tiny",
+                       help="tiny: a plain-torch TinyLM (default); llama: transformers' "
+                            "LlamaForCausalLM from llama_config(), randomly initialised")
     g.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary size (1024)")
     g.add_argument("--hidden", type=positive_int, default=256, help="hidden size (256)")
     g.add_argument("--layers", type=positive_int, default=2, help="layers (2)")
     g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
                    help="parameter dtype (bfloat16)")
-    g.add_argument("--seed", type=int, default=0, help="initial weights' seed")
+    g.add_argument("--seed", type=int, default=0,
+                   help="initial weights' seed (0; a llama engine draws from SEED+1)")
 
 
 def positive_int(text):
@@ -141,7 +148,87 @@ def torch_device(torch, name):
     return device
 
 
-def build_model(torch, args, device):
+MODELS = ("tiny", "llama")
+
+
+def build_model(torch, args, device, engine=False):
+    """The model --model names (tiny without --model), initialised from args.seed, with
+    args.dtype parameters on `device`. A llama engine (engine=True) draws its initial weights
+    from args.seed + 1, so that they differ from the trainer's until the first push."""
+    if getattr(args, "model", "tiny") == "llama":
+        transformers = import_transformers()
+        torch.manual_seed(args.seed + (1 if engine else 0))
+        model = transformers.LlamaForCausalLM(llama_config(transformers, args))
+        return model.to(device=device, dtype=getattr(torch, args.dtype))
+    return build_tiny_lm(torch, args, device)
+
+
+def import_transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise ExampleError(f"--model llama: transformers is not importable ({e}): pip install "
+                           "transformers, or run the examples with build-venv/examples/bin/python "
+                           "(scripts/setup makes it)") from None
+    return transformers
+
+
+def llama_config(transformers, args):
+    """The small Llama both sides build from the model arguments: APIs of transformers 4.40 and
+    5.x alike. The head is untied (tie_word_embeddings=False), so that named_parameters() (what
+    the engine registers) and state_dict() (what the trainer pushes) name the same tensors;
+    eager attention is the same code with every torch; no end-of-sequence token, so that
+    greedy decoding always yields the tokens asked for."""
+    heads = 4
+    if args.hidden % (2 * heads):
+        raise ExampleError(f"--model llama: --hidden must be a multiple of {2 * heads}, got "
+                           f"{args.hidden}")
+    return transformers.LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+        max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None, attn_implementation="eager")
+
+
+def is_transformers_model(model):
+    return hasattr(model, "config") and hasattr(model, "generate")
+
+
+def vocab_size(model):
+    if is_transformers_model(model):
+        return model.config.vocab_size
+    return model.embed.num_embeddings
+
+
+def logits_of(model, tokens):
+    """The logits for a batch of token ids: TinyLM returns them, a transformers model an output
+    that holds them."""
+    if is_transformers_model(model):
+        return model(input_ids=tokens, use_cache=False).logits
+    return model(tokens)
+
+
+def greedy(torch, model, prompt, new_tokens=0):
+    """(the greedy next token at every position of `prompt`, `new_tokens` tokens greedily
+    continuing it): what an engine's /generate answers and its trainer checks. A transformers
+    model continues with model.generate(do_sample=False); TinyLM one token per forward pass."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        tokens = torch.tensor([prompt], device=device)
+        next_tokens = logits_of(model, tokens).argmax(-1)[0].tolist()
+        if not new_tokens:
+            return next_tokens, []
+        if is_transformers_model(model):
+            out = model.generate(tokens, attention_mask=torch.ones_like(tokens),
+                                 max_new_tokens=new_tokens, do_sample=False)
+        else:
+            out = tokens
+            for _ in range(new_tokens):
+                out = torch.cat([out, model(out)[:, -1:].argmax(-1)], dim=1)
+    return next_tokens, out[0, len(prompt):].tolist()
+
+
+def build_tiny_lm(torch, args, device):
     """A small decoder-style language model (embedding, residual MLP blocks with RMS norms, an
     untied head), initialised from args.seed: plain torch, so that it runs anywhere."""
 
@@ -177,9 +264,9 @@ def train_step(torch, model, optimizer, step, batch=4, seq=32):
     """One next-token step on a random batch drawn from `step`; returns the loss."""
     device = next(model.parameters()).device
     gen = torch.Generator(device="cpu").manual_seed(1000 + step)
-    vocab = model.embed.num_embeddings
+    vocab = vocab_size(model)
     tokens = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
-    logits = model(tokens[:, :-1])
+    logits = logits_of(model, tokens[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab),
                                              tokens[:, 1:].reshape(-1))
     loss.backward()
@@ -352,18 +439,20 @@ def require_serves(engine, url, state, label, step, token=None):
     require_arrived(engine, url, state, step, token)
 
 
-def require_same_tokens(torch, control_url, model, prompt, label, step):
+def require_same_tokens(torch, control_url, model, prompt, label, step, new_tokens=4):
     """The engine's /generate (on its own control server) serves `label` and gives the greedy
-    tokens the trainer's `model` gives for `prompt`, else an ExampleError naming both."""
-    status, rollout = http_json(f"{control_url}/generate", {"tokens": prompt})
+    tokens the trainer's `model` gives for `prompt` (greedy: the next token at each position and
+    `new_tokens` generated after it), else an ExampleError naming both."""
+    status, rollout = http_json(f"{control_url}/generate",
+                                {"tokens": prompt, "max_new_tokens": new_tokens})
     if status != 200:
         raise ExampleError(f"{control_url}/generate answered {status}: {rollout.get('message')}")
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        mine = model(torch.tensor([prompt], device=device)).argmax(-1)[0].tolist()
-    if rollout["weight_version"] != label or rollout["next_tokens"] != mine:
+    mine, generated = greedy(torch, model, prompt, new_tokens)
+    if (rollout["weight_version"] != label or rollout["next_tokens"] != mine
+            or rollout.get("generated", []) != generated):
         raise ExampleError(f"step {step}: the engine generated {rollout} with {label}'s "
-                           f"weights; the trainer's model gives {mine}")
+                           f"weights; the trainer's model gives {mine}, generating "
+                           f"{generated}")
 
 
 def weight_version(url, token=None):

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """examples/colocated/engine.py: the inference engine of the colocated form (trainer and engine
-processes share one GPU). It builds its model on --device, embeds a ferry.Receiver over the
+processes share one GPU). It builds its model on --device (--model: the plain-torch TinyLM, or
+llama: a transformers LlamaForCausalLM serving model.generate), embeds a ferry.Receiver over the
 model's own parameters (updates are written into them in place; a trainer on the same host
 pushes through CUDA IPC), and runs a small control server of its own on --control-port:
 
     POST /release_memory_occupation   frees the engine's KV cache (the GPU memory it can give
                                       the trainer while it trains); the weights stay in place
     POST /resume_memory_occupation    allocates the KV cache again
-    POST /generate {"tokens": [...]}  greedy next tokens for a prompt, with the weight version
+    POST /generate {"tokens": [...], "max_new_tokens": N}
+                                      greedy next tokens for a prompt (and N more generated
+                                      after it, 0 by default), with the weight version
 
 The receiver's own SGLang routes (--port) reach the engine through its callbacks, which is how a
 trainer written for SGLang (examples/sglang_api/trainer.py) drives it: /pause_generation stops
@@ -17,6 +20,7 @@ server's routes do, /flush_cache and /end_weight_update run the engine's cache f
 post-load processing (nothing to do for this model; it says so in its log).
 
     python3 examples/colocated/engine.py --device cuda:0 --port 30000 --control-port 30001
+    python3 examples/colocated/engine.py --model llama --device cuda:0   # needs transformers
 
 Ctrl-C (or SIGTERM) stops it; --dump PATH saves its parameters then (to compare).
 """
@@ -31,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import example_common as ex  # noqa: E402
 
+MAX_NEW_TOKENS = 64
+
 
 class Engine:
     """The model, its KV cache and the embedded receiver; one request at a time."""
@@ -40,7 +46,7 @@ class Engine:
         self.ferry = ferry
         self.device = device
         self.kv_bytes = args.kv_cache_mib << 20
-        self.model = ex.build_model(torch, args, device).eval()
+        self.model = ex.build_model(torch, args, device, engine=True).eval()
         self.lock = threading.Lock()
         self.kv_cache = None
         self.resume()
@@ -107,11 +113,15 @@ class Engine:
 
     def generate(self, body):
         tokens = body.get("tokens")
-        vocab = self.model.embed.num_embeddings
+        new_tokens = body.get("max_new_tokens", 0)
+        vocab = ex.vocab_size(self.model)
         if (not isinstance(tokens, list) or not tokens
                 or not all(isinstance(t, int) and 0 <= t < vocab for t in tokens)):
             return 400, {"success": False,
                          "message": f"'tokens' must be a non-empty list of ints below {vocab}"}
+        if not isinstance(new_tokens, int) or not 0 <= new_tokens <= MAX_NEW_TOKENS:
+            return 400, {"success": False, "message": "'max_new_tokens' must be an int from 0 "
+                                                      f"to {MAX_NEW_TOKENS}"}
         with self.lock:
             if self.kv_cache is None:
                 return 409, {"success": False, "message": "memory released: resume first"}
@@ -122,10 +132,9 @@ class Engine:
             if self.receiver.health().state == "updating":  # never read half-written weights
                 return 409, {"success": False, "message": "an update is being written"}
             version = self.receiver.version
-            with self.torch.no_grad():
-                prompt = self.torch.tensor([tokens], device=self.device)
-                out = self.model(prompt).argmax(-1)[0].tolist()
-            return 200, {"success": True, "next_tokens": out, "weight_version": version.label}
+            next_tokens, generated = ex.greedy(self.torch, self.model, tokens, new_tokens)
+            return 200, {"success": True, "next_tokens": next_tokens, "generated": generated,
+                         "weight_version": version.label}
 
 
 def say(event):
@@ -172,7 +181,7 @@ def main():
                         help="the KV cache's size in MiB (256)")
     parser.add_argument("--ready-file", help="write {port, control_port} as JSON once serving")
     parser.add_argument("--dump", help="torch.save the parameters here when stopping")
-    ex.add_model_arguments(parser)
+    ex.add_model_arguments(parser, ex.MODELS)
     args = parser.parse_args()
 
     torch = ex.import_torch()
@@ -188,8 +197,8 @@ def main():
     threading.Thread(target=control.serve_forever, daemon=True).start()
     control_port = control.server_address[1]
     print(f"engine: receiver on {args.host}:{port}, control server on "
-          f"{args.host}:{control_port}, {len(list(engine.model.parameters()))} parameters on "
-          f"{device}", flush=True)
+          f"{args.host}:{control_port}, {len(list(engine.model.parameters()))} parameters of "
+          f"{type(engine.model).__name__} on {device}", flush=True)
     if args.ready_file:
         Path(args.ready_file).write_text(json.dumps({"port": port,
                                                      "control_port": control_port}))

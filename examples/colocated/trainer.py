@@ -4,7 +4,8 @@ for every step it asks the engine (examples/colocated/engine.py) to release its 
 trains, pushes model.state_dict() with ferry.Sender right after optimizer.step() (CUDA IPC:
 the engine's parameters are on this host's GPU), asks the engine to resume, and checks that the
 engine committed the step, holds the trainer's values and generates what the trainer's own
-model generates.
+model generates. --model llama (the engine's too) trains a transformers LlamaForCausalLM with
+AdamW and pushes its state_dict() the same way.
 
     python3 examples/colocated/trainer.py --engine 127.0.0.1:30000 \\
         --engine-control 127.0.0.1:30001 --device cuda:0 --steps 5
@@ -29,7 +30,7 @@ def main():
     parser.add_argument("--transport", default="auto",
                         help="auto (default: cuda_ipc for GPU tensors and an engine on this "
                              "host), cuda_ipc, ucx or inline")
-    ex.add_trainer_arguments(parser, device="cuda:0", token=False)
+    ex.add_trainer_arguments(parser, device="cuda:0", token=False, models=ex.MODELS)
     args = parser.parse_args()
 
     torch = ex.import_torch()

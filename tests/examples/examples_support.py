@@ -78,10 +78,11 @@ class Engine:
         return self.proc.returncode
 
 
-def colocated_engine(workdir, *extra):
+def colocated_engine(workdir, *extra, timeout=60):
     """examples/colocated/engine.py on the CPU with free ports and an 8 MiB KV cache."""
     return Engine([example("colocated", "engine.py"), "--device", "cpu", "--port", "0",
-                   "--control-port", "0", "--kv-cache-mib", "8", *extra], workdir)
+                   "--control-port", "0", "--kv-cache-mib", "8", *extra], workdir,
+                  timeout=timeout)
 
 
 def ferry_exe():

@@ -2,8 +2,10 @@
 docs/guides/colocated.md) on this machine's CPU, as its guide's "try it without a GPU" says: the
 engine embeds a ferry.Receiver over its model's parameters, the trainer releases the engine's KV
 cache, trains, pushes, resumes and checks; afterwards the engine's saved parameters equal the
-trainer's bit for bit. Also the engine's control answers the guide lists. The GPU run (CUDA IPC)
-is gpu_colocated.py."""
+trainer's bit for bit; with TinyLM and with --model llama (a transformers LlamaForCausalLM,
+skipped where transformers is not importable: meson's examples_colocated_llama runs this file
+with build-venv/examples's python, which has it). Also the engine's control answers the guide
+lists. The GPU run (CUDA IPC) is gpu_colocated.py."""
 
 import pytest
 
@@ -19,12 +21,21 @@ def torch():
     return pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
 
 
-def test_release_train_push_resume_on_cpu(torch, tmp_path):
-    engine = ex.colocated_engine(tmp_path, "--dump", str(tmp_path / "engine.pt"))
+@pytest.mark.parametrize("model", ["tiny", "llama"])
+def test_release_train_push_resume_on_cpu(torch, tmp_path, model):
+    if model == "llama":
+        pytest.importorskip("transformers", reason=f"transformers is not importable by "
+                            f"{ex.PYTHON} (meson test examples_colocated_llama runs this with "
+                            "build-venv/examples/bin/python; scripts/examples-venv makes it)")
+    engine = ex.colocated_engine(tmp_path, "--model", model, "--dump",
+                                 str(tmp_path / "engine.pt"), timeout=120)
     control = f"127.0.0.1:{engine.info['control_port']}"
     try:
-        result = ex.run([TRAINER, "--engine", engine.address, "--engine-control", control,
-                         "--device", "cpu", "--steps", "3", "--save", str(tmp_path / "t.pt")])
+        status, before = http_post(control, "/generate", {"tokens": [1, 2], "max_new_tokens": 3})
+        assert status == 200 and before["weight_version"] == "", before
+        result = ex.run([TRAINER, "--model", model, "--engine", engine.address,
+                         "--engine-control", control, "--device", "cpu", "--steps", "3",
+                         "--save", str(tmp_path / "t.pt")])
         assert result.returncode == 0, ex.explain(result) + engine.output()
         for step in (1, 2, 3):
             assert f"step {step}: loss" in result.stdout
@@ -32,9 +43,14 @@ def test_release_train_push_resume_on_cpu(torch, tmp_path):
                     "match the trainer's") in result.stdout
         # A CPU trainer goes through UCX (or inline without it), never CUDA IPC.
         assert "committed via cuda_ipc" not in result.stdout
+        status, after = http_post(control, "/generate", {"tokens": [1, 2], "max_new_tokens": 3})
+        assert status == 200 and after["weight_version"] == "step-3", after
+        assert len(after["next_tokens"]) == 2 and len(after["generated"]) == 3, after
     finally:
         assert engine.stop() == 0, engine.output()
     assert "engine: stopped" in engine.output()
+    if model == "llama":
+        assert "parameters of LlamaForCausalLM on cpu" in engine.output()
     assert ex.same_weights(torch, tmp_path / "t.pt", tmp_path / "engine.pt") == []
 
 
@@ -44,7 +60,11 @@ def test_engine_control_answers(torch, tmp_path):
     try:
         status, answer = http_post(control, "/generate", {"tokens": [1, 2, 3]})
         assert status == 200 and answer["weight_version"] == "", answer
-        assert len(answer["next_tokens"]) == 3
+        assert len(answer["next_tokens"]) == 3 and answer["generated"] == []
+        status, answer = http_post(control, "/generate", {"tokens": [1], "max_new_tokens": 2})
+        assert status == 200 and len(answer["generated"]) == 2, answer
+        status, answer = http_post(control, "/generate", {"tokens": [1], "max_new_tokens": 65})
+        assert status == 400 and answer["message"] == "'max_new_tokens' must be an int from 0 to 64"
         status, answer = http_post(control, "/generate", {"tokens": [5000]})
         assert status == 400 and "non-empty list of ints below 1024" in answer["message"]
         assert http_post(control, "/release_memory_occupation")[0] == 200
