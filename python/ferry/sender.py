@@ -1,5 +1,6 @@
 """ferry.sender: the trainer side: push versioned updates to one or many receivers."""
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -13,8 +14,6 @@ from ._handle import OwnedHandle
 from ._library import (Block as _CBlock, PushArgs, ReceiverResult, SenderCreateArgs,
                        ShardedPushArgs, config_source, lib, override_key, struct_size)
 from ._library import check as _raise_if
-import contextlib
-
 from ._tensors import ExportCache, Producers, Views, named_items
 from .sharding import Block, dtensor_block, dtensor_rank_world, is_dtensor
 
