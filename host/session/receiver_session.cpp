@@ -323,9 +323,9 @@ class Session final : public update::BucketSource, public ShardMember {
                                   : static_cast<std::uint32_t>(update_->num_params()));
     welcome.setSharded(sharded_ != nullptr);
     if (sharded_ && sends_needs_) {
-      auto needs = welcome.initNeeds(static_cast<unsigned>(pieces_.size()));
-      for (unsigned i = 0; i < pieces_.size(); ++i) {
-        const Holding& p = pieces_[i];
+      auto needs = welcome.initNeeds(static_cast<unsigned>(pieces_->size()));
+      for (unsigned i = 0; i < pieces_->size(); ++i) {
+        const Holding& p = (*pieces_)[i];
         const auto dims = static_cast<unsigned>(p.extents.size());
         auto offsets = needs[i].initOffsets(dims);
         auto extents = needs[i].initExtents(dims);
@@ -533,12 +533,12 @@ class Session final : public update::BucketSource, public ShardMember {
   // rows or columns of a weight it keeps whole). Anything less: staged. As for one sender, unless
   // the sender asks for staged delivery (update.delivery = "staged").
   void offer_direct_blocks() {
-    if (!wants_direct_blocks() || holdings_.empty()) return;
+    if (!wants_direct_blocks() || !holdings_ || holdings_->empty()) return;
     const auto& places = sharded_->places(rank_);
     std::string why_not;
     std::vector<update::UpdateEngine::DirectDestination> dests;
-    for (std::size_t k = 0; k < pieces_.size(); ++k) {
-      const Holding& h = pieces_[k];
+    for (std::size_t k = 0; k < pieces_->size(); ++k) {
+      const Holding& h = (*pieces_)[k];
       if (!h.sent) continue;
       if (k >= places.size() || !places[k]) {
         why_not = fmt::format("tensor '{}': the block {} is not one contiguous copy into a "
@@ -701,7 +701,8 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     rank_ = shard.getRank();
     world_ = shard.getWorld();
-    holdings_ = read_holdings(shard, descs_, fmt::format("{}: {}", ch_.peer(), phase));
+    holdings_ = std::make_shared<const std::vector<Holding>>(
+        read_holdings(shard, descs_, fmt::format("{}: {}", ch_.peer(), phase)));
     sends_needs_ = shard.getSendsNeeds();
   }
 
@@ -722,8 +723,14 @@ class Session final : public update::BucketSource, public ShardMember {
     epoch_ = sharded_->memory_epoch();
     // A sender that sends only what this receiver needs (Hello.shard.sendsNeeds) sends, of each
     // block, the piece the plan reads (Welcome.needs); the others send their blocks whole.
-    pieces_ = sharded_->pieces(rank_);
-    declared_ = DeclaredBlocks(rank_, pieces_);
+    // The same pieces as the update before (its plan taken over) keep their declared blocks.
+    auto pieces = sharded_->pieces(rank_);
+    if (pieces != pieces_) {
+      pieces_ = std::move(pieces);
+      declared_ = DeclaredBlocks(rank_, *pieces_);
+    } else {
+      declared_.reset();
+    }
   }
 
   // A kept rank's next update (its Begin arrived): leaves the last one and joins the update
@@ -743,7 +750,7 @@ class Session final : public update::BucketSource, public ShardMember {
            "handshake; the session ends (the sender opens a new one)",
            ch_.peer());
     }
-    if (!same_pieces(pieces, pieces_)) {
+    if (pieces != pieces_ && !same_pieces(*pieces, *pieces_)) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "{}: begin: this receiver needs other parts of the rank's blocks than it told the "
            "sender in the handshake; the session ends (the sender opens a new one)",
@@ -881,10 +888,11 @@ class Session final : public update::BucketSource, public ShardMember {
   std::shared_ptr<ShardedUpdate> sharded_;
   std::uint32_t rank_ = 0;
   std::uint32_t world_ = 0;
-  std::vector<Holding> holdings_;
+  std::shared_ptr<const std::vector<Holding>> holdings_;  // read once, from the Hello
   DeclaredBlocks declared_;
   bool sends_needs_ = false;     // Hello.shard.sendsNeeds
-  std::vector<Holding> pieces_;  // what the rank sends of each holding (join_shard())
+  // What the rank sends of each holding (join_shard()); declared_ points into it.
+  std::shared_ptr<const std::vector<Holding>> pieces_;
 };
 
 

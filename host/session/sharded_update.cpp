@@ -105,7 +105,7 @@ void ShardedUpdate::wait_welcomed() {
   if (phase_ == Phase::failed) throw_failure_locked();
 }
 
-const std::vector<Holding>& ShardedUpdate::pieces(std::uint32_t rank) const {
+ShardedUpdate::Pieces ShardedUpdate::pieces(std::uint32_t rank) const {
   std::lock_guard lock(mutex_);
   return pieces_.at(rank);
 }
@@ -289,7 +289,7 @@ void ShardedUpdate::work() {
       return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
     };
     const double previous_ms = ms_since(created_);
-    std::vector<RankHoldings> holdings;
+    std::vector<Pieces> held;
     std::string config_json;
     std::vector<bool> sends_needs, wants_direct;
     {
@@ -305,7 +305,7 @@ void ShardedUpdate::work() {
         throw_failure_locked();
       }
       for (std::uint32_t r = 0; r < world_; ++r) {
-        holdings.push_back({r, ranks_[r].join.holdings});
+        held.push_back(ranks_[r].join.holdings);
         if (config_json.empty()) config_json = ranks_[r].join.config_json;
         sends_needs.push_back(ranks_[r].join.sends_needs);
         wants_direct.push_back(ranks_[r].join.wants_direct);
@@ -317,9 +317,20 @@ void ShardedUpdate::work() {
     // rank asks for destinations to be shared anew: its layout, and below its pieces.
     const bool any_direct = std::find(wants_direct.begin(), wants_direct.end(), true) !=
                             wants_direct.end();
-    if (earlier && (any_direct || earlier->holdings != holdings ||
-                    earlier->sends_needs != sends_needs)) {
-      earlier.reset();
+    if (earlier && (any_direct || earlier->sends_needs != sends_needs)) earlier.reset();
+    // The ranks' holdings by value, unless every rank joined with the very holdings the plan
+    // before was made from (kept sessions: the same object at every Begin).
+    std::vector<RankHoldings> holdings;
+    if (!earlier || earlier->held != held) {
+      for (std::uint32_t r = 0; r < world_; ++r) {
+        holdings.push_back({r, held[r] ? *held[r] : std::vector<Holding>{}});
+      }
+      if (earlier && earlier->holdings != holdings) earlier.reset();
+      if (earlier) {  // alike, from sessions opened since: recognised by address from now on
+        auto again = std::make_shared<Plan>(*earlier);
+        again->held = held;
+        earlier = std::move(again);
+      }
     }
     layout_ = earlier ? earlier->layout : check_holdings(holdings, world_);
     const double holdings_ms = ms_since(phase_start);
@@ -346,14 +357,16 @@ void ShardedUpdate::work() {
     num_params_ = static_cast<std::uint32_t>(update->num_params());
     epoch_ = update->memory_epoch();
     if (earlier && earlier->signature != signature_) earlier.reset();  // another layout since
-    std::vector<std::vector<Holding>> pieces(world_);
+    std::vector<Pieces> pieces;
     std::uint64_t needed = 0;
     if (earlier) {
       pieces = earlier->pieces;
       needed = earlier->needed_bytes;
     } else {
-      pieces = pieces_needed(needs_of(*update, catalog, layout_.needed_bytes, needed), holdings,
-                             sends_needs);
+      for (auto& p : pieces_needed(needs_of(*update, catalog, layout_.needed_bytes, needed),
+                                   holdings, sends_needs)) {
+        pieces.push_back(std::make_shared<const std::vector<Holding>>(std::move(p)));
+      }
     }
     const double reads_ms = ms_since(phase_start);
     phase_start = Clock::now();
@@ -368,19 +381,19 @@ void ShardedUpdate::work() {
       if (!wants_direct[r]) continue;
       std::vector<update::UpdateEngine::BlockRef> blocks;
       std::vector<std::size_t> of;  // the holding of each block
-      for (std::size_t k = 0; k < pieces[r].size(); ++k) {
-        const Holding& h = pieces[r][k];
+      for (std::size_t k = 0; k < pieces[r]->size(); ++k) {
+        const Holding& h = (*pieces[r])[k];
         if (!h.sent) continue;
         blocks.push_back({index.at(h.tensor), h.offsets, h.extents});
         of.push_back(k);
       }
-      places[r].resize(pieces[r].size());
+      places[r].resize(pieces[r]->size());
       try {
         const auto dests = update->block_destinations(catalog, blocks);
         for (std::size_t b = 0; b < dests.size() && b < of.size(); ++b) places[r][of[b]] = dests[b];
       } catch (const Error& e) {
         logger("session")->debug("sharded update: rank {}: no direct delivery ({})", r, e.what());
-        places[r].assign(pieces[r].size(), std::nullopt);
+        places[r].assign(pieces[r]->size(), std::nullopt);
       }
     }
     // Where a rank's Begin waits when its session rejoins (kept sessions join at their Begin).
@@ -398,7 +411,8 @@ void ShardedUpdate::work() {
       if (!any_direct) {
         plan_ = earlier ? earlier
                         : std::make_shared<const Plan>(
-                              Plan{holdings, sends_needs, signature_, layout_, pieces, needed});
+                              Plan{held, std::move(holdings), sends_needs, signature_,
+                                   layout_, pieces, needed});
       }
       pieces_ = std::move(pieces);
       places_ = std::move(places);

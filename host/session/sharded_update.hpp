@@ -84,7 +84,9 @@ struct RankDelivery {
 struct ShardJoin {
   std::uint32_t rank = 0;
   std::uint32_t world = 0;
-  std::vector<Holding> holdings;
+  // Shared, not copied: a kept session joins every update with the holdings of its Hello, and
+  // the worker recognises them by address (no deep comparison on the Begin's path).
+  std::shared_ptr<const std::vector<Holding>> holdings;
   std::string config_json;
   std::string peer;  // the sender, as the messages name it
   ShardMember* member = nullptr;
@@ -125,8 +127,9 @@ class ShardedUpdate final : public update::BucketSource {
   // holding itself, or, for a rank that sends only what this receiver needs
   // (ShardJoin::sends_needs; docs/sharded.md), the holding's rows that the receiver's plan reads
   // and, for a 2-D tensor, the columns it reads of every row (update::TensorReads); `sent` false
-  // for a replica and for a piece it needs none of. Valid while the ShardedUpdate lives.
-  const std::vector<Holding>& pieces(std::uint32_t rank) const;
+  // for a replica and for a piece it needs none of. The same object for every update that takes
+  // the plan of the one before over (Plan), so a kept rank recognises its pieces by address.
+  std::shared_ptr<const std::vector<Holding>> pieces(std::uint32_t rank) const;
   // After wait_welcomed(), for a rank that asked for direct delivery (ShardJoin::wants_direct):
   // per holding, where its piece lies in the receiver's parameters when the plan takes it as
   // one contiguous copy into device memory (update::UpdateEngine::block_destinations); else
@@ -224,18 +227,20 @@ class ShardedUpdate final : public update::BucketSource {
   // What the worker worked out from the ranks' joins before the Welcomes. The next update
   // takes it over when its ranks join alike (kept sessions rejoin with their Hello's holdings
   // at every Begin, which then waits for none of this work).
+  using Pieces = std::shared_ptr<const std::vector<Holding>>;
   struct Plan {
-    std::vector<RankHoldings> holdings;
+    std::vector<Pieces> held;           // each rank's ShardJoin::holdings, by address
+    std::vector<RankHoldings> holdings;  // the same, by value (a rank that joined anew)
     std::vector<bool> sends_needs;
     std::uint64_t signature = 0;  // of the receiver's layout it was made for
     ShardLayout layout;
-    std::vector<std::vector<Holding>> pieces;
+    std::vector<Pieces> pieces;
     std::uint64_t needed_bytes = 0;
   };
   std::shared_ptr<const Plan> plan_;  // set by the worker, under mutex_, when no rank is direct
   // Per rank, set before the Welcomes: pieces() and places(). needed_bytes_: the bytes this
   // receiver's plan reads (of every tensor once when not known), for the outcome.
-  std::vector<std::vector<Holding>> pieces_;
+  std::vector<Pieces> pieces_;
   std::vector<std::vector<std::optional<update::UpdateEngine::DirectDestination>>> places_;
   std::uint64_t needed_bytes_ = 0;
   // The in-place buckets in the order the loop recorded them: (rank, entries), to lay the

@@ -287,11 +287,12 @@ std::vector<Rank> dim0_ranks(const Checkpoint& checkpoint) {
 
 // Kept sessions across sharded updates: each rank's Sender (one per rank, as in a trainer) pushes
 // versions 2 .. 4, the later ones through the sessions kept from the first (no new handshake),
-// bit-identical; a release of the receiver's memory closes the kept sharded sessions (never
-// suspends them) and the push after the resume opens new ones and commits.
+// bit-identical, each later update taking the plan of the one before over (the ranks rejoin with
+// the holdings of their Hellos); a release of the receiver's memory closes the kept sharded
+// sessions (never suspends them) and the push after the resume opens new ones and commits.
 TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
   auto options = receiver_options(versions_->v1_path());
-  options.log_level = "info";
+  options.log_level = "debug";
   ServeProcess serve(options);
   config::Config config;
   registry::Registry registry({});
@@ -323,6 +324,7 @@ TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
   }
   std::string log = serve.log();
   EXPECT_EQ(count_of(log, "layout accepted"), 2u) << log;  // one handshake per rank
+  EXPECT_EQ(count_of(log, "(the update before's plan)"), 2u) << log;  // versions 3 and 4
 
   const Reply release = serve.post("/release_memory_occupation", nlohmann::json::object(),
                                    serve.auth());
