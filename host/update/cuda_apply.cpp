@@ -64,6 +64,10 @@ struct CudaApplier::Cuda {
   std::array<cudaEvent_t, 2> bounce_free{};
   std::uint64_t* results = nullptr;  // device fingerprint results
   std::size_t results_capacity = 0;
+  // Chunk hashes at commit: page-locked host memory mapped into the device, which the kernel
+  // writes directly (chunk_hashes: one GPU operation, no copy back).
+  std::uint64_t* mapped_hashes = nullptr;
+  std::size_t mapped_capacity = 0;
 
   void free_all() noexcept {
     for (auto* p : slot) {
@@ -73,6 +77,7 @@ struct CudaApplier::Cuda {
       if (p != nullptr) (void)cudaFreeHost(p);
     }
     if (results != nullptr) (void)cudaFree(results);
+    if (mapped_hashes != nullptr) (void)cudaFreeHost(mapped_hashes);
     for (auto e : copied) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
@@ -287,24 +292,25 @@ std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* 
   }
   std::vector<std::uint64_t> out(chunks, 0);
   if (chunks == 0) return out;
-  std::uint64_t* device = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&device), chunks * sizeof(std::uint64_t),
-                        c.apply_stream),
-        "allocating the chunk hashes");
-  try {
-    kernels::fingerprint_chunks_many_cuda_async(
-        std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()),
-                                     data.size()),
-        bytes, first_index, device, c.apply_stream);
-    check(cudaMemcpyAsync(out.data(), device, chunks * sizeof(std::uint64_t),
-                          cudaMemcpyDeviceToHost, c.apply_stream),
-          "copying the chunk hashes to the host");
-  } catch (...) {
-    (void)cudaFreeAsync(device, c.apply_stream);
-    throw;
+  // Every earlier call synchronized the stream, so nothing still writes the old buffer.
+  if (c.mapped_capacity < chunks) {
+    if (c.mapped_hashes != nullptr) check(cudaFreeHost(c.mapped_hashes), "freeing chunk hashes");
+    c.mapped_hashes = nullptr;
+    c.mapped_capacity = 0;
+    check(cudaHostAlloc(reinterpret_cast<void**>(&c.mapped_hashes),
+                        chunks * sizeof(std::uint64_t), cudaHostAllocMapped),
+          "allocating mapped host memory for chunk hashes");
+    c.mapped_capacity = chunks;
   }
-  check(cudaFreeAsync(device, c.apply_stream), "freeing the chunk hashes");
+  std::uint64_t* device = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), c.mapped_hashes, 0),
+        "mapping the chunk hashes into the device");
+  kernels::fingerprint_chunks_many_cuda_async(
+      std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()),
+                                   data.size()),
+      bytes, first_index, device, c.apply_stream);
   check(cudaStreamSynchronize(c.apply_stream), "computing chunk hashes");
+  std::copy_n(c.mapped_hashes, chunks, out.begin());
   return out;
 }
 

@@ -178,27 +178,41 @@ void fingerprint_cuda_async(const void* data, std::uint64_t bytes, std::uint64_t
              "fingerprint_cuda: launching the fingerprint kernels");
 }
 
-void fingerprint_many_cuda_async(std::span<const void* const> data,
-                                 std::span<const std::uint64_t> bytes,
-                                 std::uint64_t* device_results, cudaStream_t stream) {
-  if (data.size() != bytes.size()) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_many_cuda_async: {} ranges but {} sizes",
-         data.size(), bytes.size());
+namespace {
+
+// The kernels' ranges of `data`/`bytes` (and `first_index`, when given), checked: as many of
+// each, `out` (the device results) set, no null range with bytes. `what` names the caller.
+std::vector<cuda_detail::FingerprintRange> checked_ranges(
+    const char* what, std::span<const void* const> data, std::span<const std::uint64_t> bytes,
+    const std::span<const std::uint64_t>* first_index, const std::uint64_t* out) {
+  if (data.size() != bytes.size() ||
+      (first_index != nullptr && first_index->size() != data.size())) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: {} ranges, {} sizes{}", what, data.size(),
+         bytes.size(),
+         first_index != nullptr ? fmt::format(", {} first indexes", first_index->size()) : "");
   }
   const std::size_t n = data.size();
-  if (n == 0) return;
-  if (device_results == nullptr) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_many_cuda_async: device_results is null");
-  }
+  if (n > 0 && out == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no device results", what);
   std::vector<cuda_detail::FingerprintRange> ranges(n);
   for (std::size_t i = 0; i < n; ++i) {
     if (data[i] == nullptr && bytes[i] > 0) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "fingerprint_many_cuda_async: range {} has null data for {} bytes", i, bytes[i]);
+      fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: range {} has null data for {} bytes", what, i,
+           bytes[i]);
     }
-    ranges[i] = {data[i], bytes[i]};
+    ranges[i] = {data[i], bytes[i], first_index != nullptr ? (*first_index)[i] : 0};
   }
-  check_cuda(cuda_detail::launch_fingerprints(ranges.data(), n, device_results, stream),
+  return ranges;
+}
+
+}  // namespace
+
+void fingerprint_many_cuda_async(std::span<const void* const> data,
+                                 std::span<const std::uint64_t> bytes,
+                                 std::uint64_t* device_results, cudaStream_t stream) {
+  const auto ranges =
+      checked_ranges("fingerprint_many_cuda_async", data, bytes, nullptr, device_results);
+  if (ranges.empty()) return;
+  check_cuda(cuda_detail::launch_fingerprints(ranges.data(), ranges.size(), device_results, stream),
              "fingerprint_many_cuda_async: launching the fingerprint kernels");
 }
 
@@ -206,25 +220,10 @@ void fingerprint_chunks_many_cuda_async(std::span<const void* const> data,
                                         std::span<const std::uint64_t> bytes,
                                         std::span<const std::uint64_t> first_index,
                                         std::uint64_t* device_hashes, cudaStream_t stream) {
-  if (data.size() != bytes.size() || data.size() != first_index.size()) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT,
-         "fingerprint_chunks_many_cuda_async: {} ranges, {} sizes, {} first indexes", data.size(),
-         bytes.size(), first_index.size());
-  }
-  const std::size_t n = data.size();
-  if (n == 0) return;
-  if (device_hashes == nullptr) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "fingerprint_chunks_many_cuda_async: device_hashes is null");
-  }
-  std::vector<cuda_detail::FingerprintRange> ranges(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (data[i] == nullptr && bytes[i] > 0) {
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "fingerprint_chunks_many_cuda_async: range {} has null data for {} bytes", i, bytes[i]);
-    }
-    ranges[i] = {data[i], bytes[i], first_index[i]};
-  }
-  check_cuda(cuda_detail::launch_chunk_hashes(ranges.data(), n, device_hashes, stream),
+  const auto ranges = checked_ranges("fingerprint_chunks_many_cuda_async", data, bytes,
+                                     &first_index, device_hashes);
+  if (ranges.empty()) return;
+  check_cuda(cuda_detail::launch_chunk_hashes(ranges.data(), ranges.size(), device_hashes, stream),
              "fingerprint_chunks_many_cuda_async: launching the chunk kernel");
 }
 

@@ -34,11 +34,18 @@ struct DeviceRange {
   std::uint64_t first_index;
 };
 
-// The kernels' argument. A batch of one range carries it in `single` (no upload); otherwise
-// `ranges` is a device table of `num_ranges` entries in order of first_chunk.
+// A batch of up to this many ranges carries its table in the kernels' argument (1 KiB of the
+// 4 KiB a launch may pass; __grid_constant__, so indexing it copies nothing per thread): no
+// upload before the launch, one GPU operation where the hashes are written to mapped host
+// memory (a commit's chunks where pieces meet).
+constexpr std::size_t kInlineRanges = 32;
+
+// The kernels' argument. A batch of up to kInlineRanges ranges carries them in `inline_ranges`
+// (no upload); otherwise `ranges` is a device table of `num_ranges` entries in order of
+// first_chunk.
 struct Batch {
   const DeviceRange* ranges;
-  DeviceRange single;
+  DeviceRange inline_ranges[kInlineRanges];
   std::uint64_t num_ranges;
   std::uint64_t chunks;    // of all ranges together
   std::uint64_t* hashes;   // `chunks` entries (device scratch)
@@ -46,18 +53,17 @@ struct Batch {
 };
 
 __device__ __forceinline__ DeviceRange range_at(const Batch& b, std::uint64_t r) {
-  return b.ranges == nullptr ? b.single : b.ranges[r];
+  return b.ranges == nullptr ? b.inline_ranges[r] : b.ranges[r];
 }
 
 // The range holding global chunk `g` (< b.chunks): the last one whose first_chunk <= g. Empty
 // ranges share their first_chunk with the next range, so the search never lands on one.
 __device__ std::uint64_t find_range(const Batch& b, std::uint64_t g) {
-  if (b.ranges == nullptr) return 0;
   std::uint64_t lo = 0;
   std::uint64_t hi = b.num_ranges - 1;
   while (lo < hi) {
     const std::uint64_t mid = lo + (hi - lo + 1) / 2;
-    if (b.ranges[mid].first_chunk <= g) {
+    if (range_at(b, mid).first_chunk <= g) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -67,7 +73,7 @@ __device__ std::uint64_t find_range(const Batch& b, std::uint64_t g) {
 }
 
 // One warp per chunk of the batch: hashes[g] = the hash of chunk g (index in its range, seed).
-__global__ void __launch_bounds__(kChunkWarps * 32) chunk_kernel(Batch b) {
+__global__ void __launch_bounds__(kChunkWarps * 32) chunk_kernel(const __grid_constant__ Batch b) {
   __shared__ std::uint64_t scratch[kChunkWarps][fp::kWarpScratchWords];
   const unsigned warp = threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
@@ -84,7 +90,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32) chunk_kernel(Batch b) {
 }
 
 // One group per range: results[r] = XXH64(its chunk hashes as little-endian u64, seed = bytes).
-__global__ void __launch_bounds__(kThreads) combine_kernel(Batch b) {
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Batch b) {
   const std::uint64_t r =
       static_cast<std::uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
   const unsigned lane = threadIdx.x % kGroup;
@@ -131,10 +137,11 @@ cudaError_t launch(const FingerprintRange* ranges, std::size_t num_ranges,
   batch.chunks = chunks;
   batch.results = device_results;
   // One stream-ordered scratch allocation: the chunk hashes, then the range table (8-byte
-  // aligned after them) unless the batch has one range, which travels in the argument.
+  // aligned after them) unless the batch is small enough to travel in the argument.
   const std::uint64_t hash_bytes =
       device_chunk_hashes != nullptr ? 0 : chunks * sizeof(std::uint64_t);
-  const std::uint64_t table_bytes = num_ranges > 1 ? num_ranges * sizeof(DeviceRange) : 0;
+  const std::uint64_t table_bytes =
+      num_ranges > kInlineRanges ? num_ranges * sizeof(DeviceRange) : 0;
   unsigned char* scratch = nullptr;
   cudaError_t err = cudaSuccess;
   if (hash_bytes + table_bytes > 0) {
@@ -149,7 +156,8 @@ cudaError_t launch(const FingerprintRange* ranges, std::size_t num_ranges,
     // Pageable source: the copy is staged before this returns, so `table` may go.
     err = cudaMemcpyAsync(device_table, table.data(), table_bytes, cudaMemcpyHostToDevice, stream);
   } else {
-    batch.single = table[0];
+    batch.ranges = nullptr;
+    for (std::size_t i = 0; i < num_ranges; ++i) batch.inline_ranges[i] = table[i];
   }
   if (err == cudaSuccess && chunks > 0) {
     const auto blocks = static_cast<unsigned>((chunks + kChunkWarps - 1) / kChunkWarps);

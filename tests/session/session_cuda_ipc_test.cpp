@@ -352,6 +352,27 @@ class SessionCudaIpc : public ::testing::Test {
     expect_committed(sender.push(tensors.views(), version), version, true);
   }
 
+  // A sharded trainer of `world` ranks, each pushing its rows of every tensor (row_blocks) from
+  // its own thread with direct delivery required (a receiver offering none fails the push), in
+  // buckets of `bucket_bytes`; every rank committed `version`, directly.
+  void push_row_blocks_direct(const ServeProcess& serve, const DeviceTensors& tensors,
+                              std::uint64_t version, std::uint32_t world,
+                              std::uint64_t bucket_bytes) {
+    const auto whole = tensors.views();
+    std::vector<session::PushReport> reports(world);
+    std::vector<std::thread> ranks;
+    for (std::uint32_t r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        session::Sender sender(with_delivery(config::Delivery::direct), registry_,
+                               sender_options({address_of(serve)}, bucket_bytes));
+        reports[r] = sender.push(row_blocks(whole, r, world), version, std::nullopt, {},
+                                 session::ShardSpec{r, world});
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& report : reports) expect_committed(report, version, true);
+  }
+
   // This test binary run again as a child that pushes to `serve` instead of running the tests
   // (before_gpu_tests below): `variable` names which push (FERRY_TEST_*_PUSH_TO).
   static std::unique_ptr<PushProcess> push_child(const std::string& variable,
@@ -598,19 +619,7 @@ TEST_F(SessionCudaIpc, ShardedRanksWriteTheirRowBlocksInPlaceBitIdentical) {
   for (std::uint64_t version = 2; version <= 3; ++version) {
     SCOPED_TRACE(fmt::format("version {}", version));
     tensors.fill(version);
-    const auto whole = tensors.views();
-    std::vector<session::PushReport> reports(2);
-    std::vector<std::thread> ranks;
-    for (std::uint32_t r = 0; r < 2; ++r) {
-      ranks.emplace_back([&, r] {
-        session::Sender sender(with_delivery(config::Delivery::direct), registry_,
-                               sender_options({address_of(serve)}, 128ull << 10));
-        reports[r] = sender.push(row_blocks(whole, r, 2), version, std::nullopt, {},
-                                 session::ShardSpec{r, 2});
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (const auto& report : reports) expect_committed(report, version, true);
+    push_row_blocks_direct(serve, tensors, version, 2, 128ull << 10);
     EXPECT_EQ(version_of(serve), static_cast<int>(version));
     EXPECT_EQ(serve.fingerprints(), tensors.expected());
   }
@@ -628,19 +637,7 @@ TEST_F(SessionCudaIpc, ShardedPiecesStartingInsideAChunkAreFingerprintedFromThei
   for (std::uint64_t version = 2; version <= 3; ++version) {
     SCOPED_TRACE(fmt::format("version {}", version));
     tensors.fill(version);
-    const auto whole = tensors.views();
-    std::vector<session::PushReport> reports(3);
-    std::vector<std::thread> ranks;
-    for (std::uint32_t r = 0; r < 3; ++r) {
-      ranks.emplace_back([&, r] {
-        session::Sender sender(with_delivery(config::Delivery::direct), registry_,
-                               sender_options({address_of(serve)}, 8ull << 20));
-        reports[r] = sender.push(row_blocks(whole, r, 3), version, std::nullopt, {},
-                                 session::ShardSpec{r, 3});
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (const auto& report : reports) expect_committed(report, version, true);
+    push_row_blocks_direct(serve, tensors, version, 3, 8ull << 20);
     EXPECT_EQ(version_of(serve), static_cast<int>(version));
     EXPECT_EQ(serve.fingerprints(), tensors.expected());
     // Only the chunks where two ranks' pieces meet were read again (2 per tensor), not the
