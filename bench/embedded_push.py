@@ -33,7 +33,17 @@ view) equals the trainer's.
 With --device cpu the same flow runs on host tensors with a tiny Qwen3 (hidden 256): a check of
 the script itself on a machine without a GPU (ferry then uses a host transport).
 
-Usage: embedded_push.py [--layers 5] [--steps 8] [--delivery auto|direct|staged]
+--model qwen3-moe pushes a Qwen3-MoE with Qwen3-30B-A3B's dimensions instead (its experts are
+stacked tensors in transformers 5, copied whole). --lend runs the colocated RL loop: before every
+push after the first the rollout lends its GPU (ferry releases its weights, the rollout frees its
+2 GiB KV cache stand-in and overwrites its parameters), the trainer's step allocates, writes and
+frees 8 GiB, the rollout takes a KV cache again and resumes (ferry writes the weights back); then
+the optimizer step and the push, which rejoins the session the release suspended. The lend's
+own time is reported apart. With a GPU, the baseline steps (torch's flat-bucket CUDA IPC of the
+same tensors: SGLang's own receive) follow the pushes in the same run, without lending.
+
+Usage: embedded_push.py [--model qwen3|qwen3-moe] [--layers 5] [--lend] [--steps 8]
+                        [--delivery auto|direct|staged]
                         [--ceiling-repeat 10] [--answer-timeout 300] [--no-table]
                         [--device cuda|cpu]
 """
@@ -53,6 +63,8 @@ import time
 
 TARGET = 0.70  # PERF.md: >= 70% of the D2D ceiling
 LR = 1e-2
+KV_CACHE_BYTES = 2 << 30  # the rollout's KV cache stand-in, freed while it lends its GPU
+TRAIN_BYTES = 8 << 30  # --lend: what the trainer's step allocates, writes and frees meanwhile
 
 
 def emit(obj, code):
@@ -71,16 +83,39 @@ def note(text):
     sys.stderr.flush()
 
 
-def qwen3_8b_config(transformers, layers, device):
+MODELS = {
+    "qwen3": ("Qwen3ForCausalLM, Qwen3-8B dims (hidden 4096, intermediate 12288, 32 heads, "
+              "8 kv heads, head_dim 128, vocab 151936, untied)"),
+    "qwen3-moe": ("Qwen3MoeForCausalLM, Qwen3-30B-A3B dims (hidden 2048, 128 experts of "
+                  "intermediate 768, top 8, 32 heads, 4 kv heads, head_dim 128, vocab 151936, "
+                  "untied)"),
+}
+
+
+def model_config(transformers, model, layers, device):
+    """(config, model class) of --model with --layers decoder layers."""
+    common = dict(num_hidden_layers=layers, max_position_embeddings=4096,
+                  tie_word_embeddings=False, use_cache=False, attn_implementation="sdpa")
+    if model == "qwen3-moe":
+        if device == "cpu":
+            dims = dict(vocab_size=4096, hidden_size=256, moe_intermediate_size=128,
+                        num_experts=8, num_experts_per_tok=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64)
+        else:
+            dims = dict(vocab_size=151936, hidden_size=2048, moe_intermediate_size=768,
+                        num_experts=128, num_experts_per_tok=8, num_attention_heads=32,
+                        num_key_value_heads=4, head_dim=128)
+        config = transformers.Qwen3MoeConfig(intermediate_size=6144, norm_topk_prob=True,
+                                             decoder_sparse_step=1, mlp_only_layers=[],
+                                             **common, **dims)
+        return config, transformers.Qwen3MoeForCausalLM
     if device == "cpu":  # the CPU check of this script: the same code, a tiny model
         dims = dict(vocab_size=4096, hidden_size=256, intermediate_size=768,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     else:
         dims = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                     num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-    return transformers.Qwen3Config(num_hidden_layers=layers, max_position_embeddings=4096,
-                                    tie_word_embeddings=False, use_cache=False,
-                                    attn_implementation="sdpa", **dims)
+    return transformers.Qwen3Config(**common, **dims), transformers.Qwen3ForCausalLM
 
 
 def sync(torch, device):
@@ -88,9 +123,9 @@ def sync(torch, device):
         torch.cuda.synchronize()
 
 
-def build_model(torch, transformers, layers, seed, device):
-    """Qwen3ForCausalLM in bf16, built (and randomly initialized) directly on the device."""
-    config = qwen3_8b_config(transformers, layers, device)
+def build_model(torch, transformers, model_name, layers, seed, device):
+    """--model in bf16, built (and randomly initialized) directly on the device."""
+    config, cls = model_config(transformers, model_name, layers, device)
     device = "cuda:0" if device == "cuda" else device
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
@@ -98,7 +133,7 @@ def build_model(torch, transformers, layers, seed, device):
     try:
         where = torch.device(device)
         with where if hasattr(where, "__enter__") else contextlib.nullcontext():
-            model = transformers.Qwen3ForCausalLM(config)
+            model = cls(config)
     finally:
         torch.set_default_dtype(old)
     model = model.to(device=device, dtype=torch.bfloat16).eval()
@@ -239,11 +274,14 @@ def rollout_main(args):
     import transformers
 
     import ferry
-    model = build_model(torch, transformers, args.layers, seed=1, device=args.device)
+    model = build_model(torch, transformers, args.model, args.layers, seed=1, device=args.device)
     receiver = ferry.Receiver()  # the defaults: device, weights policy, delivery
     receiver.register(model.named_parameters())
     pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
     port = receiver.serve(port=0)
+    # The engine's KV cache stand-in, freed while the trainer borrows the GPU (--lend).
+    kv_bytes = KV_CACHE_BYTES if args.device != "cpu" else 1 << 20
+    kv_cache = [torch.empty(kv_bytes, dtype=torch.uint8, device=model.device)]
     print(json.dumps({"ready": True, "port": port}), flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -252,7 +290,30 @@ def rollout_main(args):
         if words[0] == "quit":
             break
         try:
-            if words[0] == "torch_receive":
+            if words[0] == "lend":
+                # A colocated engine lending its GPU for a training step, as SGLang's
+                # release/resume_memory_occupation does: ferry saves the weights and the engine
+                # frees its KV cache; when the step is over the engine takes a KV cache again and
+                # ferry writes the weights back. The engine's parameters are overwritten
+                # meanwhile (its memory was lent), so the resume must restore them.
+                t0 = time.perf_counter()
+                receiver.release("weights")
+                kv_cache.clear()
+                if args.device != "cpu":
+                    torch.cuda.empty_cache()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.zero_()
+                print(json.dumps({"lent": True, "release_s": time.perf_counter() - t0}),
+                      flush=True)
+            elif words[0] == "take_back":
+                t0 = time.perf_counter()
+                kv_cache.append(torch.empty(kv_bytes, dtype=torch.uint8, device=model.device))
+                receiver.resume("weights")
+                sync(torch, args.device)
+                print(json.dumps({"resume_s": time.perf_counter() - t0,
+                                  "health": receiver.health().state}), flush=True)
+            elif words[0] == "torch_receive":
                 torch_receive(torch, dict(model.named_parameters()), words[1])
                 print(json.dumps({"received": True}), flush=True)
             elif words[0] == "verify":
@@ -332,7 +393,8 @@ class Rollout(Child):
 
     def __init__(self, args):
         super().__init__([sys.executable, os.path.abspath(__file__), "--role", "rollout",
-                          "--layers", str(args.layers), "--device", args.device],
+                          "--model", args.model, "--layers", str(args.layers), "--device",
+                          args.device],
                          "the rollout process")
 
 
@@ -407,9 +469,10 @@ def ms(s):
 
 
 def print_table(r):
+    later = "after a lend" if r.get("lend") else "kept session"
     rows = [("first push (opens the session)", r["first_push_s"], r["first_ready_s"]),
-            ("kept session, median", r["kept_median_s"], r["kept_ready_median_s"]),
-            ("kept session, best", r["kept_best_s"], r["kept_ready_best_s"]),
+            (later + ", median", r["kept_median_s"], r["kept_ready_median_s"]),
+            (later + ", best", r["kept_best_s"], r["kept_ready_best_s"]),
             ("D2D copy ceiling, median", r["d2d_s"], r["d2d_s"])]
     if r.get("torch_median_s"):
         rows.append(("torch (SGLang's receive), median", r["torch_median_s"],
@@ -432,6 +495,13 @@ def print_table(r):
     if r.get("vs_torch"):
         out.write("ferry / torch (median): %.2fx faster; after the optimizer's kernels: %.2fx\n"
                   % (r["vs_torch"], r["vs_torch_ready"] or 0.0))
+    if r.get("lend_runs"):
+        med = statistics.median
+        out.write("lends (not in the push times), median: release %.1f ms, resume %.1f ms, the "
+                  "whole lend with the trainer's step %.1f ms\n"
+                  % (med([x["release_s"] for x in r["lend_runs"]]) * 1e3,
+                     med([x["resume_s"] for x in r["lend_runs"]]) * 1e3,
+                     med([x["total_s"] for x in r["lend_runs"]]) * 1e3))
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 
@@ -441,7 +511,8 @@ def trainer_main(args, torch, transformers, ferry):
     try:
         note("building the trainer's model (%d layers) while the rollout builds its own"
              % args.layers)
-        model = build_model(torch, transformers, args.layers, seed=2, device=args.device)
+        model = build_model(torch, transformers, args.model, args.layers, seed=2,
+                            device=args.device)
         Event = torch.cuda.Event if args.device != "cpu" else HostEvent
         params = [p for p in model.parameters()]
         for p in params:
@@ -458,8 +529,26 @@ def trainer_main(args, torch, transformers, ferry):
         sender = (ferry.Sender(["127.0.0.1:%d" % ready["port"]], **overrides)
                   if args.path == "push" else None)
 
-        pushes, readies, reports, opt_gpu, early = [], [], [], [], []
+        pushes, readies, reports, opt_gpu, early, lends = [], [], [], [], [], []
+        train_bytes = TRAIN_BYTES if args.device != "cpu" else 1 << 20
         for step in range(1, args.steps + 1):
+            if args.lend and step > 1:
+                # The colocated RL loop: the rollout lends its GPU, the trainer's step takes the
+                # memory and gives it back, the rollout takes it again; the push follows.
+                t_lend = time.perf_counter()
+                lent = rollout.ask("lend", args.answer_timeout)
+                borrowed = torch.empty(train_bytes, dtype=torch.uint8, device=model.device)
+                borrowed.fill_(step % 251)
+                del borrowed
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()  # back to the device, for the rollout's KV cache
+                back = rollout.ask("take_back", args.answer_timeout)
+                if back["health"] != "ready":
+                    raise RuntimeError("step %d: the rollout is %s after its resume"
+                                       % (step, back["health"]))
+                lends.append({"release_s": lent["release_s"], "resume_s": back["resume_s"],
+                              "total_s": time.perf_counter() - t_lend})
             started = Event(enable_timing=True)
             done = Event(enable_timing=True)
             started.record()
@@ -531,8 +620,9 @@ def trainer_main(args, torch, transformers, ferry):
                                                                     len(mine)))
 
         torch_runs, torch_ready = [], []
-        if sender is None and args.device != "cpu" and args.baseline_steps > 0:
-            # SGLang's own receive of the same calls, in the same run: the baseline.
+        if args.device != "cpu" and args.baseline_steps > 0:
+            # Torch's flat-bucket CUDA IPC of the same tensors (SGLang's own receive of the calls
+            # verl and slime make), in the same run, without lending: the baseline.
             for step in range(args.steps + 1, args.steps + 1 + args.baseline_steps):
                 done = Event(enable_timing=True)
                 optimizer.step()
@@ -579,9 +669,12 @@ def trainer_main(args, torch, transformers, ferry):
     result = {
         "ok": True,
         "case": "embedded",
-        "model": ("Qwen3ForCausalLM, Qwen3-8B dims (hidden 4096, intermediate 12288, 32 heads, "
-                  "8 kv heads, head_dim 128, vocab 151936, untied)" if args.device != "cpu" else
-                  "Qwen3ForCausalLM, tiny (hidden 256, vocab 4096): the CPU check"),
+        "model": (MODELS[args.model] if args.device != "cpu" else
+                  MODELS[args.model].split(",")[0] + ", tiny (hidden 256, vocab 4096): the CPU "
+                  "check"),
+        "model_name": args.model,
+        "lend": args.lend,
+        "lend_runs": lends,
         "layers": args.layers,
         "tensors": len(mine),
         "payload_bytes": payload,
@@ -620,8 +713,8 @@ def trainer_main(args, torch, transformers, ferry):
                   "torch.cuda.Event around one copy_",
     }
     result["path"] = args.path
-    if args.path == "sglang-tensor":
-        result["bucket_mib"] = args.bucket_mib
+    result["bucket_mib"] = args.bucket_mib
+    if torch_runs:
         result["torch_runs_s"] = torch_runs
         result["torch_median_s"] = statistics.median(torch_runs) if torch_runs else None
         result["torch_ready_runs_s"] = torch_ready
@@ -641,7 +734,13 @@ def main():
     parser = argparse.ArgumentParser(description="ferry bench embedded: a real-model RL push")
     parser.add_argument("--role", choices=["trainer", "rollout"], default="trainer",
                         help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3",
+                        help="qwen3 (Qwen3-8B dims, default) or qwen3-moe (Qwen3-30B-A3B dims)")
     parser.add_argument("--layers", type=int, default=5, help="decoder layers (default 5)")
+    parser.add_argument("--lend", action="store_true",
+                        help="before every push after the first the rollout lends its GPU: "
+                             "release of its weights and KV cache, the trainer's step takes "
+                             "and frees memory, resume; then the push (the colocated RL loop)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps + pushes (8)")
     parser.add_argument("--delivery", choices=["auto", "direct", "staged"], default="auto",
                         help="the Sender's update.delivery (default: auto, not set)")
@@ -650,9 +749,10 @@ def main():
                              "per flattened bucket as verl/slime call SGLang, against SGLang's "
                              "own receive (unpickle + copy_) in the same run")
     parser.add_argument("--bucket-mib", type=int, default=512,
-                        help="sglang-tensor: flattened bucket size (512 MiB)")
+                        help="flattened bucket size of sglang-tensor and of the torch "
+                             "baseline (512 MiB)")
     parser.add_argument("--baseline-steps", type=int, default=3,
-                        help="sglang-tensor: steps of the torch baseline (3)")
+                        help="steps of the torch baseline (3; 0: none)")
     parser.add_argument("--ceiling-repeat", type=int, default=10, help="D2D copies timed (10)")
     parser.add_argument("--answer-timeout", type=float, default=300,
                         help="seconds to wait for the rollout process at any point (300)")
@@ -685,6 +785,8 @@ def main():
     try:
         import transformers
         transformers.Qwen3Config, transformers.Qwen3ForCausalLM
+        if args.model == "qwen3-moe":
+            transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM
     except Exception as e:
         unavailable("transformers with Qwen3 is not importable by %s: %s: %s"
                     % (sys.executable, type(e).__name__, e))

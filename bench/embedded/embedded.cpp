@@ -72,7 +72,10 @@ void print_result(const Json& d) {
   const auto push = seconds(d, "kept_median_s");
   const auto ready = seconds(d, "kept_ready_median_s");
   const bool sglang = d.value("path", std::string("push")) == "sglang-tensor";
-  table.add_row({sglang ? "ferry: the calls, first to last answer" : "ferry push, push() to return",
+  const bool lend = d.value("lend", false);
+  table.add_row({sglang ? "ferry: the calls, first to last answer"
+                 : lend ? "ferry push after a lend, push() to return"
+                        : "ferry push, push() to return",
                  ms(seconds(d, "first_push_s")),
                  ms(seconds(d, "kept_best_s")), ms(push), gbps(bytes, push),
                  of_ceiling(ceiling, push)});
@@ -80,7 +83,7 @@ void print_result(const Json& d) {
                  ms(seconds(d, "kept_ready_best_s")), ms(ready), gbps(bytes, ready),
                  of_ceiling(ceiling, ready)});
   if (const auto torch = seconds(d, "torch_median_s")) {
-    table.add_row({"torch: SGLang's receive (unpickle + copy_)", "-",
+    table.add_row({"torch flat-bucket IPC (SGLang's receive)", "-",
                    ms(min_of(d, "torch_runs_s")), ms(torch), gbps(bytes, torch),
                    of_ceiling(ceiling, torch)});
   }
@@ -97,9 +100,21 @@ void print_result(const Json& d) {
   }
   fmt::print(
       "\nfirst: the first push (opens the session); best / median: pushes 2..{} through "
-      "the kept session.\noptimizer.step() on the device: median {:.2f} ms, queued right "
+      "the kept session{}.\noptimizer.step() on the device: median {:.2f} ms, queued right "
       "before each push\n  (no synchronize): a correct push waits for it.\n",
-      d.value("steps", 0), median(optimizer) * 1e3);
+      d.value("steps", 0),
+      lend ? ", each after the rollout lent its GPU (release, the trainer's step, resume)" : "",
+      median(optimizer) * 1e3);
+  if (lend && d.contains("lend_runs") && d["lend_runs"].is_array()) {
+    std::vector<double> release, resume;
+    for (const auto& l : d["lend_runs"]) {
+      release.push_back(l.value("release_s", 0.0));
+      resume.push_back(l.value("resume_s", 0.0));
+    }
+    fmt::print("the rollout's release / resume (not in the push times), median: {:.1f} / "
+               "{:.1f} ms\n",
+               median(release) * 1e3, median(resume) * 1e3);
+  }
   fmt::print(
       "target ferry >= {:.2f} of D2D (median): push() to return {}; after the optimizer's "
       "kernels {}\n",
@@ -110,19 +125,23 @@ void print_result(const Json& d) {
 }  // namespace
 
 int run_embedded_bench(const EmbeddedBenchOptions& o, Json& records) {
-  Json record =
-      record_header("embedded", fmt::format("qwen3-8b-dims-{}-layers", o.layers), Device::cpu);
+  const std::string case_name = fmt::format(
+      "{}-dims-{}-layers{}", o.model == "qwen3-moe" ? "qwen3-30b-a3b" : "qwen3-8b", o.layers,
+      o.lend ? "-lend" : "");
+  Json record = record_header("embedded", case_name, Device::cpu);
+  record["model"] = o.model;
+  record["lend"] = o.lend;
   record["layers"] = o.layers;
   record["steps"] = o.steps;
   record["delivery"] = o.delivery;
   record["path"] = o.path;
   if (o.path == "sglang-tensor") record["bucket_mib"] = o.bucket_mib;
-  const ScriptRun run = run_bench_script(
-      "embedded", kScript, o.script, o.python,
-      {"--layers", std::to_string(o.layers), "--steps", std::to_string(o.steps), "--delivery",
-       o.delivery, "--path", o.path, "--bucket-mib", std::to_string(o.bucket_mib), "--device",
-       o.device, "--no-table"},
-      record);
+  std::vector<std::string> args = {
+      "--model", o.model, "--layers", std::to_string(o.layers), "--steps",
+      std::to_string(o.steps), "--delivery", o.delivery, "--path", o.path, "--bucket-mib",
+      std::to_string(o.bucket_mib), "--device", o.device, "--no-table"};
+  if (o.lend) args.push_back("--lend");
+  const ScriptRun run = run_bench_script("embedded", kScript, o.script, o.python, args, record);
   if (run.exit_code == 2) return 2;
   auto keep = [&](Json r) { records.push_back(std::move(r)); };
   if (!run.ran()) {
@@ -134,8 +153,7 @@ int run_embedded_bench(const EmbeddedBenchOptions& o, Json& records) {
   const bool on_gpu = parsed.value("device", std::string("cuda")) != "cpu";
   if (on_gpu) {
     // Describe the GPU the script ran on (this process touches CUDA only now, afterwards).
-    Json header =
-        record_header("embedded", fmt::format("qwen3-8b-dims-{}-layers", o.layers), Device::cuda);
+    Json header = record_header("embedded", case_name, Device::cuda);
     record["device"] = header["device"];
     record["machine"] = header["machine"];
   }
@@ -158,8 +176,15 @@ EmbeddedBenchCommand add_embedded_bench_command(CLI::App* bench) {
       "a real-model RL push from Python: a trainer's Qwen3 (8B dims) state_dict right "
       "after optimizer.step() into a rollout process's default ferry.Receiver, vs D2D");
   auto o = std::make_shared<EmbeddedBenchOptions>();
+  app->add_option("--model", o->model,
+                  "qwen3 (Qwen3-8B dims, default) or qwen3-moe (Qwen3-30B-A3B dims: 128 "
+                  "experts, stacked)")
+      ->check(CLI::IsMember({"qwen3", "qwen3-moe"}));
   app->add_option("--layers", o->layers, "decoder layers (default 5: 4.42 GB of bf16)")
       ->check(CLI::PositiveNumber);
+  app->add_flag("--lend", o->lend,
+                "the colocated RL loop: before every push after the first the rollout lends "
+                "its GPU (release of weights and KV cache, the trainer's step, resume)");
   app->add_option("--steps", o->steps, "optimizer steps, each followed by a push (default 8)")
       ->check(CLI::Range(2, 100000));
   app->add_option("--delivery", o->delivery, "the Sender's update.delivery (default auto)")
@@ -168,7 +193,8 @@ EmbeddedBenchCommand add_embedded_bench_command(CLI::App* bench) {
                   "push (ferry.Sender.push), or sglang-tensor (/update_weights_from_tensor per "
                   "flattened bucket, as verl and slime drive SGLang, vs SGLang's own receive)")
       ->check(CLI::IsMember({"push", "sglang-tensor"}));
-  app->add_option("--bucket-mib", o->bucket_mib, "sglang-tensor: flattened bucket MiB (512)")
+  app->add_option("--bucket-mib", o->bucket_mib,
+                  "flattened bucket MiB of sglang-tensor and of the torch baseline (512)")
       ->check(CLI::PositiveNumber);
   app->add_option("--device", o->device, "cuda, or cpu for the script's own check (tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));

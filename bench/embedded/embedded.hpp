@@ -20,7 +20,9 @@
 namespace ferry::bench {
 
 struct EmbeddedBenchOptions : ScriptBenchOptions {
+  std::string model = "qwen3";     // qwen3 (Qwen3-8B dims) or qwen3-moe (Qwen3-30B-A3B dims)
   int layers = 5;                  // decoder layers (5: 4.42 GB of bf16)
+  bool lend = false;               // the rollout lends its GPU before every push after the first
   int steps = 8;                   // optimizer steps, each followed by a push
   std::string delivery = "auto";   // the Sender's update.delivery (auto: not set)
   std::string path = "push";       // push, or sglang-tensor (/update_weights_from_tensor)
