@@ -135,7 +135,7 @@ int run_embedded_bench(const EmbeddedBenchOptions& o, Json& records) {
   record["steps"] = o.steps;
   record["delivery"] = o.delivery;
   record["path"] = o.path;
-  if (o.path == "sglang-tensor") record["bucket_mib"] = o.bucket_mib;
+  record["bucket_mib"] = o.bucket_mib;  // sglang-tensor's buckets and the torch baseline's
   std::vector<std::string> args = {
       "--model", o.model, "--layers", std::to_string(o.layers), "--steps",
       std::to_string(o.steps), "--delivery", o.delivery, "--path", o.path, "--bucket-mib",
