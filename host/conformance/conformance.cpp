@@ -479,6 +479,7 @@ class Suite {
       needs(has, name, present(api.connect), "connect");
     }
     needs(present(api.put_many), "put_many", present(api.put), "put");
+    needs(present(api.prepare_puts), "prepare_puts", present(api.put), "put");
     needs(present(api.alloc_memory), "alloc_memory", present(api.deregister_memory),
           "deregister_memory");
     needs(present(api.request_test), "request_test", present(api.request_free), "request_free");

@@ -143,6 +143,10 @@ class SenderDataPath {
   virtual void set_regions(std::vector<std::vector<std::uint8_t>> /*keys*/) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot write into shared regions", name());
   }
+  // Direct delivery: gets the shared regions ready for the puts to come (the transport imports
+  // and maps them, plugin ABI 1.9 prepare_puts), where the transport can; otherwise the first
+  // puts into each region do that. Writes nothing. Returns the regions it prepared.
+  virtual std::size_t prepare_regions(Clock::time_point /*deadline*/) { return 0; }
   // Writes every piece into the receiver's slot `slot` at its offset; complete and visible to
   // the receiver when it returns (before the BucketReady is sent). The pieces' memory must hold
   // its final bytes (device work on it finished). Alignment padding is left as it was.

@@ -124,6 +124,8 @@ constexpr std::uint32_t kPutFingerprintMinor = 6;
 constexpr std::uint32_t kAllocMemoryMinor = 7;
 // The plugin ABI minor from which a put may ask for its chunk hashes (chunk_hashes_out).
 constexpr std::uint32_t kPutChunkHashesMinor = 8;
+// The plugin ABI minor from which the table may hold prepare_puts.
+constexpr std::uint32_t kPreparePutsMinor = 9;
 
 class PluginInstance {
  public:
@@ -560,6 +562,21 @@ class PluginSenderPath final : public SenderDataPath {
            p_.name_);
     }
     regions_ = std::move(keys);
+  }
+  std::size_t prepare_regions(Clock::time_point deadline) override {
+    if (regions_.empty() || p_.api_->prepare_puts == nullptr ||
+        p_.plugin_->info().abi_minor < kPreparePutsMinor) {
+      return 0;
+    }
+    std::vector<ferry_blob_t> keys;
+    keys.reserve(regions_.size());
+    for (std::size_t r = 0; r < regions_.size(); ++r) {
+      keys.push_back(remote_key(0, static_cast<std::int64_t>(r), "prepare_puts"));
+    }
+    throw_if_error(p_.api_->prepare_puts(p_.transport_, p_.peer_, keys.data(), keys.size(),
+                                         to_ns(deadline)),
+                   p_.context("prepare_puts"));
+    return keys.size();
   }
 
   // A put of 256 bytes into the receiver's slot 0, from memory of the kind this side puts from:

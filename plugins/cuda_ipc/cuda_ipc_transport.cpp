@@ -768,6 +768,53 @@ ferry_request* ferry_transport::new_request(ferry_request::Kind kind, ferry_peer
   return r.release();
 }
 
+Key ferry_transport::checked_key(ferry_peer* peer, const ferry_blob_t& blob, const char* call) {
+  const Key key = decode_key({blob.data, blob.size});
+  check_key_owner(key, peer->link->remote().nonce, peer->link->name());
+  if (peer->link->revoked(key.memory_id)) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "cuda_ipc {}: stale key: {} deregistered its memory {} (released or re-registered); ask "
+         "it for a new key",
+         call, peer->link->name(), key.memory_id);
+  }
+  return key;
+}
+
+Imported& ferry_transport::import_of(ferry_peer* peer, const Key& key, std::int64_t deadline_ns,
+                                     const char* call) {
+  Imported& imported = import(peer, key.memory_id, key.kind, deadline_ns);
+  if (imported.size != key.size) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION,
+         "cuda_ipc {}: stale key: {}'s memory {} is {} bytes now, the key says {}", call,
+         peer->link->name(), key.memory_id, imported.size, key.size);
+  }
+  return imported;
+}
+
+// The memory later puts write, imported and mapped now (plugin ABI 1.9): the host calls this
+// while its push waits for the trainer's kernels, so the first copies into memory the receiver
+// resumed do not wait for cuMemImportFromShareableHandle, cuMemMap and cuMemSetAccess.
+void ferry_transport::prepare_puts(ferry_peer* peer, std::span<const ferry_blob_t> keys,
+                                   std::int64_t deadline_ns) {
+  check_not_aborted();
+  if (peer == nullptr) fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc prepare_puts: peer is NULL");
+  peer->link->check_alive();
+  const std::int64_t start_ns = monotonic_ns();
+  std::uint64_t bytes = 0;
+  for (const auto& blob : keys) {
+    const Key key = checked_key(peer, blob, "prepare_puts");
+    Imported& imported = import_of(peer, key, effective(deadline_ns), "prepare_puts");
+    ensure_cuda();
+    (void)mapped(peer, imported, 0, imported.size);
+    bytes += imported.size;
+  }
+  ferry::sdk::log(FERRY_LOG_DEBUG, "cuda_ipc",
+                  fmt::format("{}'s {} memories ({} bytes) imported and mapped for the puts to "
+                              "come in {:.3f} ms",
+                              peer->link->name(), keys.size(), bytes,
+                              (monotonic_ns() - start_ns) / 1e6));
+}
+
 ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& args) {
   put_many(peer, std::span<const ferry_put_args_t>(&args, 1));
   return nullptr;
@@ -795,14 +842,7 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
       fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc put: remote_key is NULL");
     }
     if (args.remote_key != key_blob || args.remote_key->size != key_size) {
-      key = decode_key({args.remote_key->data, args.remote_key->size});
-      check_key_owner(key, peer->link->remote().nonce, peer->link->name());
-      if (peer->link->revoked(key.memory_id)) {
-        fail(FERRY_STATUS_FAILED_PRECONDITION,
-             "cuda_ipc put: stale key: {} deregistered its memory {} (released or "
-             "re-registered); ask it for a new key",
-             peer->link->name(), key.memory_id);
-      }
+      key = checked_key(peer, *args.remote_key, "put");
       key_blob = args.remote_key;
       key_size = args.remote_key->size;
       imported = nullptr;
@@ -838,12 +878,7 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
       continue;
     }
     if (imported == nullptr) {
-      imported = &import(peer, key.memory_id, key.kind, effective(args.deadline_ns));
-      if (imported->size != key.size) {
-        fail(FERRY_STATUS_FAILED_PRECONDITION,
-             "cuda_ipc put: stale key: {}'s memory {} is {} bytes now, the key says {}",
-             peer->link->name(), key.memory_id, imported->size, key.size);
-      }
+      imported = &import_of(peer, key, effective(args.deadline_ns), "put");
       ensure_cuda();
       std::lock_guard lock(peer->mutex);
       all_mapped = imported->all_mapped;

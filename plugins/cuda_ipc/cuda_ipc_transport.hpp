@@ -134,6 +134,8 @@ struct ferry_transport {
 
   ferry_request* put(ferry_peer* peer, const ferry_put_args_t& args);
   void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
+  // Imports and maps the peer's memories these keys name, ahead of the puts (plugin ABI 1.9).
+  void prepare_puts(ferry_peer* peer, std::span<const ferry_blob_t> keys, std::int64_t deadline_ns);
   // The flush's event is recorded now; its deadline is the one request_wait is given.
   ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
   ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);
@@ -162,6 +164,11 @@ struct ferry_transport {
   ferry::cuda_ipc::Imported& import(ferry_peer* peer, std::uint64_t memory_id,
                                     std::optional<ferry::cuda_ipc::ShareKind> expected,
                                     std::int64_t deadline_ns);
+  // A put's key decoded and checked: this peer's, not revoked.
+  ferry::cuda_ipc::Key checked_key(ferry_peer* peer, const ferry_blob_t& blob, const char* call);
+  // The import of `key`'s memory, whose size must still be the key's.
+  ferry::cuda_ipc::Imported& import_of(ferry_peer* peer, const ferry::cuda_ipc::Key& key,
+                                       std::int64_t deadline_ns, const char* call);
   ferry::cuda_ipc::Imported reserve_vmm(ferry::cuda_ipc::PayloadReader& body,
                                     std::vector<ferry::cuda_ipc::UniqueFd>& fds,
                                     const std::string& peer);

@@ -164,6 +164,9 @@ struct Everything : PeersOnly {
   void put_many(ferry_peer*, std::span<const ferry_put_args_t> puts) {
     last_put_many = puts.size();
   }
+  void prepare_puts(ferry_peer*, std::span<const ferry_blob_t> keys, std::int64_t) {
+    last_prepared = keys.size();
+  }
   bool request_test(ferry_request*) { return true; }
   void request_wait(ferry_request*, std::int64_t) { maybe_throw(); }
   void request_free(ferry_request*) noexcept {}
@@ -177,6 +180,7 @@ struct Everything : PeersOnly {
     return {allocated.data(), new ferry_memory{desc.size}};
   }
   std::size_t last_put_many = 0;
+  std::size_t last_prepared = 0;
   std::vector<std::uint8_t> allocated;
 };
 struct EverythingPlugin {
@@ -230,7 +234,7 @@ ferry_transport_t* create(const ferry_transport_api_t& api) {
 
 TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   const ferry_transport_api_t& api = *PeersTable::api();
-  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, alloc_memory));
+  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, prepare_puts));
   const auto caps = caps_of(api);
   EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY);
   EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_HOST));
@@ -259,6 +263,7 @@ TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   EXPECT_EQ(api.source_read, nullptr);
   EXPECT_EQ(api.source_close, nullptr);
   EXPECT_EQ(api.alloc_memory, nullptr);
+  EXPECT_EQ(api.prepare_puts, nullptr);
   EXPECT_EQ(std::memcmp(&kCopied, &api, sizeof api), 0);
 }
 
@@ -317,6 +322,19 @@ TEST_F(TransportPluginTest, EveryGroupFillsTheWholeTable) {
   EXPECT_EQ(no_args.code, FERRY_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(no_args.message, "all put_many: args is NULL");
   EXPECT_EQ(take(api.put_many(t, &peer, nullptr, 0)).code, FERRY_STATUS_OK);
+  // prepare_puts: the keys reach the method; NULL keys or a key without bytes are refused.
+  const std::uint8_t key_bytes[] = {7};
+  const ferry_blob_t keys[] = {{.struct_size = sizeof(ferry_blob_t), .data = key_bytes, .size = 1},
+                               {.struct_size = sizeof(ferry_blob_t), .data = key_bytes, .size = 1}};
+  EXPECT_EQ(take(api.prepare_puts(t, &peer, keys, 2, 0)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(reinterpret_cast<Everything*>(t)->last_prepared, 2u);
+  EXPECT_EQ(take(api.prepare_puts(t, &peer, nullptr, 1, 0)).message,
+            "all prepare_puts: keys is NULL");
+  const ferry_blob_t hollow[] = {{.struct_size = sizeof(ferry_blob_t), .data = nullptr, .size = 3}};
+  EXPECT_EQ(take(api.prepare_puts(t, &peer, hollow, 1, 0)).message,
+            "all prepare_puts: key 0 has no bytes");
+  EXPECT_EQ(take(api.prepare_puts(t, nullptr, keys, 2, 0)).message,
+            "all prepare_puts: peer is NULL");
   // alloc_memory: data and registration out; a desc with a base (or no size) is refused.
   ferry_memory_desc_t desc{};
   desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);

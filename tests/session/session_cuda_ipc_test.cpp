@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -747,6 +748,49 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryA
   EXPECT_NE(log.find("rejoined after the release: data path cuda_ipc, direct delivery"),
             std::string::npos)
       << log;
+}
+
+// The push after a resume rejoins the kept session and maps the resumed memory while the
+// trainer's kernels still run: the producer stream is held by a host function until the receiver
+// has logged the rejoin, which it could not do if the push waited for the stream first. The
+// bytes the stream writes after that are the ones published.
+TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
+  DeviceTensors tensors(16, (16ull << 20) / 4);  // 256 MiB
+  DeviceTensors next(16, (16ull << 20) / 4);
+  tensors.fill(1);
+  auto options = gpu_receiver();
+  options.log_level = "info";  // its sessions' lines
+  ServeProcess serve(options);
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 64ull << 20));
+  expect_committed(sender.push(tensors.views(), 1), 1, true);
+  ASSERT_EQ(serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+            200);
+  ASSERT_EQ(serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+            200);
+  cudaStream_t producer = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  std::atomic<bool> go{false};
+  const cudaHostFn_t hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_CUDA(cudaLaunchHostFunc(producer, hold, &go));
+  next.fill(7);
+  ASSERT_CUDA(tensors.queue_update_from(next, 50, producer));
+  order::StreamOrder producers;
+  producers.wait = order::Wait::streams;
+  producers.handles = {reinterpret_cast<std::uintptr_t>(producer)};
+  session::PushReport report;
+  std::thread pushing([&] { report = sender.push(tensors.views(), 2, std::nullopt, producers); });
+  const bool rejoined_first = eventually(
+      [&] { return serve.log().find("rejoined after the release") != std::string::npos; }, 60);
+  go = true;
+  pushing.join();
+  ASSERT_CUDA(cudaStreamDestroy(producer));
+  EXPECT_TRUE(rejoined_first) << "the push rejoined only after its producers were done\n"
+                              << serve.log();
+  expect_committed(report, 2, true);
+  EXPECT_TRUE(report.receivers[0].reused_session);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected()) << "bytes read before the producer wrote";
 }
 
 // The colocated RL loop, a hundred times: release, resume, push. Every push rejoins the kept

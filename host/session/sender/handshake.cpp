@@ -227,7 +227,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
 }
 
 void rejoin_session(SenderState& state, Link& link, std::size_t index,
-                    std::span<const TensorView> tensors, const PushPlan& plan) {
+                    std::span<const TensorView> tensors, const PushPlan& plan, bool prepare) {
   const config::Config& config = state.config;
   const SenderOptions& options = state.options;
   const std::string& address = options.receivers[index];
@@ -274,11 +274,18 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
          "{}: rejoin: the receiver {} direct delivery after its release, the session {}", ch.peer(),
          direct ? "offers" : "no longer offers", direct ? "was staged" : "delivered directly");
   }
+  const double chosen_s = seconds_since(start);
+  const std::size_t prepared =
+      prepare && direct ? data.prepare_regions(deadline_in(options.connect_timeout)) : 0;
   link.suspended = false;
-  logger("sender")->debug("{}: kept session rejoined after the receiver's release in {:.3f} ms "
-                          "(data path {:.3f} ms, rejoin answered {:.3f} ms, connect {:.3f} ms)",
-                          address, seconds_since(start) * 1e3, create_s * 1e3,
-                          (answered_s - create_s) * 1e3, (connected_s - answered_s) * 1e3);
+  logger("sender")->debug(
+      "{}: kept session rejoined after the receiver's release in {:.3f} ms (data path {:.3f} "
+      "ms, rejoin answered {:.3f} ms, connect {:.3f} ms{})",
+      address, seconds_since(start) * 1e3, create_s * 1e3, (answered_s - create_s) * 1e3,
+      (connected_s - answered_s) * 1e3,
+      prepared == 0 ? std::string()
+                    : fmt::format(", {} shared regions mapped {:.3f} ms", prepared,
+                                  (seconds_since(start) - chosen_s) * 1e3));
 }
 
 }  // namespace ferry::session

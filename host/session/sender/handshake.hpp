@@ -31,8 +31,11 @@ void open_session(SenderState& state, Link& link, std::size_t index,
 // of the session's transport (tracked in `state`), Rejoin with its address, the Rejoined's
 // address, slot keys and regions, connect. The handshake's catalog, layout and delivery stay; a
 // receiver that refuses, closes, or would now deliver otherwise fails it (the caller then opens
-// a new session).
+// a new session). With `prepare`, a direct session's data path then gets the receiver's shared
+// regions ready for the puts (SenderDataPath::prepare_regions): the push does this while it
+// waits for the tensors' producers.
 void rejoin_session(SenderState& state, Link& link, std::size_t index,
-                    std::span<const TensorView> tensors, const PushPlan& plan);
+                    std::span<const TensorView> tensors, const PushPlan& plan,
+                    bool prepare = false);
 
 }  // namespace ferry::session

@@ -104,6 +104,57 @@ struct Sender::Impl : SenderState {
     wait_teardowns();
   }
 
+  // abort() reaches the link's channel and data path while it is registered.
+  void track_link(Link* link, bool on) {
+    if (!link) return;
+    std::lock_guard lock(mutex);
+    if (on) {
+      if (link->channel) channels.insert(link->channel.get());
+      if (link->data) data_paths.insert(link->data.get());
+    } else {
+      channels.erase(link->channel.get());
+      data_paths.erase(link->data.get());
+    }
+  }
+
+  // Before the push waits for its tensors' producers (the link's watcher stopped): a kept
+  // session that the receiver suspended for a release rejoins now, and its transport maps the
+  // resumed memory, while the trainer's last kernels still run (a rejoin reads no tensor). One
+  // that fails is left closed with the reason, and run_receiver opens a new session in its
+  // place, as it would have.
+  void rejoin_early(std::size_t index, std::span<const TensorView> tensors, const PushPlan& plan,
+                    std::optional<bool> catalog_same) {
+    Link* link = links[index].get();
+    if (link->closed || !link->suspended || !link->same_shard(shard, declared) ||
+        !link->fits(tensors, plan, catalog_same)) {
+      return;  // run_receiver decides, as it does without a release
+    }
+    track_link(link, true);
+    try {
+      throw_if_aborted();
+      rejoin_session(*this, *link, index, tensors, plan, true);
+    } catch (const Error& e) {
+      logger("sender")->info("{}: kept session closed ({}); opening a new one",
+                             options.receivers[index], e.what());
+      link->closed = true;
+      link->closed_why = e.what();
+    }
+    track_link(link, false);
+  }
+
+  // Runs `work(r)` for every receiver r: on this thread for one, else one thread each.
+  template <typename Work>
+  void for_each_receiver(const std::vector<std::size_t>& receivers, Work work) {
+    if (receivers.size() == 1) {
+      work(receivers[0]);
+      return;
+    }
+    std::vector<std::thread> threads;
+    threads.reserve(receivers.size());
+    for (std::size_t r : receivers) threads.emplace_back([&work, r] { work(r); });
+    for (auto& t : threads) t.join();
+  }
+
   // One push to receiver `index`: through the session kept from the previous push when it fits
   // (same tensors, bucket capacity and memory) and is still open, else through a new one. A
   // kept session that turns out closed before its update began (the receiver restarted or
@@ -135,18 +186,7 @@ struct Sender::Impl : SenderState {
         retire(std::move(link));
       }
     }
-    // abort() reaches the link's channel and data path while it is registered.
-    auto track = [&](bool on) {
-      if (!link) return;
-      std::lock_guard lock(mutex);
-      if (on) {
-        if (link->channel) channels.insert(link->channel.get());
-        if (link->data) data_paths.insert(link->data.get());
-      } else {
-        channels.erase(link->channel.get());
-        data_paths.erase(link->data.get());
-      }
-    };
+    auto track = [&](bool on) { track_link(link.get(), on); };
     try {
       bool done = false;
       if (link) {
@@ -361,6 +401,24 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   CheckedTensors checked = check_tensors(tensors, known_names);
   const std::uint64_t total = checked.total;
   const std::string version_label = label.value_or(std::to_string(version));
+  // The plan: buckets, manifests encoded once for every receiver (sizes only: no tensor read).
+  PushPlan plan = plan_buckets(tensors, std::move(checked), i.options.bucket_bytes);
+  const auto catalog_same = [&](std::size_t r) {
+    return r < same_catalog.size() ? same_catalog[r] : std::nullopt;
+  };
+  {
+    std::vector<std::size_t> suspended;
+    for (std::size_t r = 0; r < i.links.size(); ++r) {
+      if (!i.links[r]) continue;
+      i.links[r]->stop_watching();  // (asked above) then its fields are this push's to read
+      if (i.links[r]->suspended) suspended.push_back(r);
+    }
+    if (!suspended.empty()) {
+      i.for_each_receiver(suspended, [&](std::size_t r) {
+        i.rejoin_early(r, tensors, plan, catalog_same(r));
+      });
+    }
+  }
 
   // Nothing reads a tensor before the work that produced it is done (docs/architecture.md, "Stream
   // ordering"): a trainer calls push() right after its optimizer step, whose kernels may still
@@ -375,8 +433,6 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   }
   const double producer_wait_s = seconds_since(wait_start);
 
-  // The plan: buckets, manifests encoded once for every receiver.
-  PushPlan plan = plan_buckets(tensors, std::move(checked), i.options.bucket_bytes);
   // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a
   // thread joined before `plan` goes.
   PlanSealing sealing(plan, tensors, version, version_label, i.options.threads);
@@ -404,20 +460,11 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   progress_ends.last.receivers = i.options.receivers.size();
   progress_ends.last.bytes_total = plan.bucket_total;
   if (i.options.progress) i.options.progress(progress_ends.last);
-  if (i.options.receivers.size() == 1) {
-    i.run_receiver(0, tensors, plan, version, version_label,
-                   same_catalog.empty() ? std::nullopt : same_catalog[0]);  // no thread to start
-  } else {
-    std::vector<std::thread> threads;
-    threads.reserve(i.options.receivers.size());
-    for (std::size_t r = 0; r < i.options.receivers.size(); ++r) {
-      threads.emplace_back([&, r] {
-        i.run_receiver(r, tensors, plan, version, version_label,
-                       r < same_catalog.size() ? same_catalog[r] : std::nullopt);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  std::vector<std::size_t> every(i.options.receivers.size());
+  for (std::size_t r = 0; r < every.size(); ++r) every[r] = r;
+  i.for_each_receiver(every, [&](std::size_t r) {
+    i.run_receiver(r, tensors, plan, version, version_label, catalog_same(r));
+  });
   try {
     sealing.wait();
   } catch (const std::exception& e) {

@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 8
+#define FERRY_PLUGIN_ABI_MINOR 9
 
 /* ABI 1.6: the fingerprint ferry computes and compares (docs/fingerprint.md), named in every
  * manifest that carries one and computed by a put with fingerprint_out. A new definition gets a
@@ -424,6 +424,17 @@ typedef struct ferry_transport_api {
    * it does for every plugin that leaves this NULL or is of minor < 7. Serialized. */
   ferry_error_t* (*alloc_memory)(ferry_transport_t* transport, const ferry_memory_desc_t* desc,
                                  void** data_out, ferry_memory_t** out);
+
+  /* ABI 1.9, optional (with put). The peer's memory that later puts will write, one key per
+   * registration (each from the peer's pack_key): the transport may do now what the first put
+   * into each would do before it can start (cuda_ipc: import the memory and map it), so that the
+   * puts issued later start at once. It writes nothing and queues nothing. A key that a put
+   * could not use fails it as that put would (a stale key: FAILED_PRECONDITION); a peer that
+   * is gone: PEER_FAILED. The host calls it where it has time to spare before the puts: when
+   * a kept session rejoins after the peer released and resumed its memory, while the push still
+   * waits for the kernels that produce its tensors. Serialized per peer with put and put_many. */
+  ferry_error_t* (*prepare_puts)(ferry_transport_t* transport, ferry_peer_t* peer,
+                                 const ferry_blob_t* keys, size_t count, int64_t deadline_ns);
 } ferry_transport_api_t;
 
 /* ------------------------------------------------------------------------------------------ */

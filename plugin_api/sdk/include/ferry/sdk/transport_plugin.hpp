@@ -53,6 +53,9 @@
 //     honours args.chunk_hashes_out and args.chunk_index_base
 //   kDeferredPuts (CAP_PUT_DEFERRED; needs kDirectWrite)
 //     void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
+//   kPreparePuts (no bit, ABI 1.9; needs kDirectWrite): the peer's memory later puts will write
+//     void prepare_puts(ferry_peer* peer, std::span<const ferry_blob_t> keys,
+//                       std::int64_t deadline_ns);
 //   kAsync (CAP_ASYNC; needs a peer group)
 //     bool request_test(ferry_request* request);                 // true: done
 //     void request_wait(ferry_request* request, std::int64_t deadline_ns);
@@ -109,7 +112,8 @@ inline constexpr std::uint32_t kSource = 1u << 7;
 inline constexpr std::uint32_t kAbort = 1u << 8;
 inline constexpr std::uint32_t kAllocMemory = 1u << 9;
 inline constexpr std::uint32_t kPutChunkHashes = 1u << 10;
-inline constexpr std::uint32_t kAllTransportGroups = (1u << 11) - 1;
+inline constexpr std::uint32_t kPreparePuts = 1u << 11;
+inline constexpr std::uint32_t kAllTransportGroups = (1u << 12) - 1;
 
 // The capability bits that say where the peers may be rather than which functions exist
 // (Family::kConstraints); every other bit comes from the groups.
@@ -218,6 +222,7 @@ class TransportPlugin {
   static constexpr bool kHasSource = (kGroups & kSource) != 0;
   static constexpr bool kHasAbort = (kGroups & kAbort) != 0;
   static constexpr bool kHasAlloc = (kGroups & kAllocMemory) != 0;
+  static constexpr bool kHasPrepare = (kGroups & kPreparePuts) != 0;
 
   // The declaration is consistent: groups known, their prerequisites declared, flags only of
   // the constraint kind.
@@ -236,6 +241,7 @@ class TransportPlugin {
   static_assert(!kHasDeferredPuts || kHasDirectWrite, "kDeferredPuts needs kDirectWrite");
   static_assert(!kHasAsync || kPeers, "kAsync needs kPointToPoint or kBroadcast");
   static_assert(!kHasAlloc || kHasMemory, "kAllocMemory needs kMemory");
+  static_assert(!kHasPrepare || kHasDirectWrite, "kPreparePuts needs kDirectWrite");
 
   // All or none: each group's methods exist exactly when the group is declared.
   // clang-format off
@@ -292,6 +298,11 @@ class TransportPlugin {
                   { t.alloc_memory(d) } -> std::same_as<Allocation>; },
                 "sdk::Allocation alloc_memory(const ferry_memory_desc_t&): with kAllocMemory, "
                 "and only then");
+  static_assert(kHasPrepare == requires(Transport& t, ferry_peer* p,
+                                        std::span<const ferry_blob_t> keys, std::int64_t d) {
+                  t.prepare_puts(p, keys, d); },
+                "prepare_puts(ferry_peer*, std::span<const ferry_blob_t>, std::int64_t): with "
+                "kPreparePuts, and only then");
   // clang-format on
 
   static Transport& self(ferry_transport_t* transport) {
@@ -505,6 +516,23 @@ class TransportPlugin {
     });
   }
 
+  static ferry_error_t* prepare_puts(ferry_transport_t* transport, ferry_peer_t* peer,
+                                     const ferry_blob_t* keys, size_t count,
+                                     std::int64_t deadline_ns) noexcept {
+    return guard([&] {
+      Transport& t = transport_of(transport, "prepare_puts");
+      require(peer != nullptr, "prepare_puts", "peer");
+      require(keys != nullptr || count == 0, "prepare_puts", "keys");
+      for (size_t i = 0; i < count; ++i) {
+        if (keys[i].data == nullptr && keys[i].size != 0) {
+          fail(FERRY_STATUS_INVALID_ARGUMENT, "{} prepare_puts: key {} has no bytes",
+               Family::kName, i);
+        }
+      }
+      t.prepare_puts(peer, std::span<const ferry_blob_t>(keys, count), deadline_ns);
+    });
+  }
+
   // --- requests (kAsync) -----------------------------------------------------------------------
 
   static ferry_error_t* request_test(ferry_transport_t* transport, ferry_request_t* request,
@@ -578,7 +606,7 @@ class TransportPlugin {
   // The table: the core always, each declared group's entries, NULL for the others.
   static constexpr ferry_transport_api_t kApi = [] {
     ferry_transport_api_t table{};
-    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, alloc_memory);
+    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, prepare_puts);
     table.get_caps = &get_caps;
     table.create = &create;
     table.destroy = &destroy;
@@ -606,6 +634,7 @@ class TransportPlugin {
     }
     if constexpr (kHasAbort) table.abort = &abort;
     if constexpr (kHasAlloc) table.alloc_memory = &alloc_memory;
+    if constexpr (kHasPrepare) table.prepare_puts = &prepare_puts;
     if constexpr (kHasSource) {
       table.source_open = &source_open;
       table.source_catalog = &source_catalog;
