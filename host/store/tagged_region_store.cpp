@@ -606,9 +606,9 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
                                        bool background) {
   std::unique_lock lock(mutex_);
   wait_refresh_locked(lock);
-  auto refresh = std::make_unique<Refresh>();
+  std::unique_ptr<Refresh> refresh;
   try {
-    const auto names = unique_tags(tags);
+    auto names = unique_tags(tags);
     for (const auto& name : names) {
       const Tag& t = tag_locked(name);
       if (t.policy != Policy::Backup) {
@@ -625,46 +625,35 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
            "refresh of the host mirror: {} parameters but {} fingerprints", params.size(),
            fingerprints.size());
     }
-    HostMirror& mirror = ensure_mirror_locked();
-    refresh->mirror = mirror_;
-    refresh->version = version;
-    refresh->fingerprints.assign(mirror.entries().size(), 0);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (params[i] >= params_.size()) {
+    for (auto index : params) {
+      if (index >= params_.size()) {
         fail(FERRY_STATUS_INVALID_ARGUMENT,
-             "refresh of the host mirror: no parameter #{} (the store holds {})", params[i],
+             "refresh of the host mirror: no parameter #{} (the store holds {})", index,
              params_.size());
       }
-      if (auto entry = mirror.find(params_[params[i]].name)) {
-        refresh->fingerprints[*entry] = fingerprints[i];
-      }
     }
-    for (const auto& name : names) {
-      for (auto index : tags_.at(name).params) {
-        auto entry = mirror.find(params_[index].name);
-        if (!entry) {
-          fail(FERRY_STATUS_INTERNAL, "host mirror has no slot for '{}'", params_[index].name);
-        }
-        refresh->entries.push_back(*entry);
-        refresh->copies.push_back(
-            {mirror.slot(*entry), params_[index].data, mirror.entries()[*entry].bytes});
-      }
+    if (!mirror_ && background) {
+      // The first refresh makes the mirror, which a CUDA store page-locks (~1.2 s for 4.4 GB
+      // on an H100): on the worker, so that the publish asking for it does not wait. Whatever
+      // would touch the mirror meanwhile waits for the refresh, as it waits for any.
+      refresh_.running = true;
+      refresh_.version = version.number;
+      refresh_.failed = false;
+      refresh_.error.clear();
+      refresh_preempted_.store(false);
+      preempt_reason_.clear();
+      refresh_thread_ = std::thread(
+          [this, layout = mirror_layout_locked(), names = std::move(names), version,
+           fault = std::exchange(refresh_fault_, std::string()),
+           params = std::vector<std::size_t>(params.begin(), params.end()),
+           fingerprints = std::vector<std::uint64_t>(fingerprints.begin(), fingerprints.end())]() mutable {
+            first_refresh(std::move(layout), names, version, params, fingerprints, fault);
+          });
+      return;
     }
-    refresh->fault = std::exchange(refresh_fault_, std::string());
-    refresh_preempted_.store(false);
-    preempt_reason_.clear();
-    // From here until the last byte landed the mirror claims nothing: not the old version (its
-    // slots are being overwritten), not the new one (not all there yet).
-    mirror.clear_committed(fmt::format(
-        "the copy of version {} into the mirror began and did not end (its receiver stopped "
-        "during the copy)",
-        version.number));
-    for (auto entry : refresh->entries) mirror.clear_filled(entry);
-    refresh->started = std::chrono::steady_clock::now();
-    refresh_.running = true;
-    refresh_.version = version.number;
-    refresh_.failed = false;
-    refresh_.error.clear();
+    ensure_mirror_locked();
+    refresh = prepare_refresh_locked(names, version, params, fingerprints,
+                                     std::exchange(refresh_fault_, std::string()));
     if (background) {
       refresh_thread_ = std::thread([this, job = std::move(refresh)] { run_refresh(*job); });
     }
@@ -684,6 +673,101 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
     lock.unlock();
     run_refresh(*refresh);
   }
+}
+
+std::unique_ptr<TaggedRegionStore::Refresh> TaggedRegionStore::prepare_refresh_locked(
+    const std::vector<std::string>& names, const CommittedVersion& version,
+    std::span<const std::size_t> params, std::span<const std::uint64_t> fingerprints,
+    std::string fault) {
+  HostMirror& mirror = *mirror_;
+  auto refresh = std::make_unique<Refresh>();
+  refresh->mirror = mirror_;
+  refresh->version = version;
+  refresh->fingerprints.assign(mirror.entries().size(), 0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (auto entry = mirror.find(params_[params[i]].name)) {
+      refresh->fingerprints[*entry] = fingerprints[i];
+    }
+  }
+  for (const auto& name : names) {
+    for (auto index : tags_.at(name).params) {
+      auto entry = mirror.find(params_[index].name);
+      if (!entry) {
+        fail(FERRY_STATUS_INTERNAL, "host mirror has no slot for '{}'", params_[index].name);
+      }
+      refresh->entries.push_back(*entry);
+      refresh->copies.push_back(
+          {mirror.slot(*entry), params_[index].data, mirror.entries()[*entry].bytes});
+    }
+  }
+  refresh->fault = std::move(fault);
+  refresh_preempted_.store(false);
+  preempt_reason_.clear();
+  // From here until the last byte landed the mirror claims nothing: not the old version (its
+  // slots are being overwritten), not the new one (not all there yet).
+  mirror.clear_committed(fmt::format(
+      "the copy of version {} into the mirror began and did not end (its receiver stopped "
+      "during the copy)",
+      version.number));
+  for (auto entry : refresh->entries) mirror.clear_filled(entry);
+  refresh->started = std::chrono::steady_clock::now();
+  refresh_.running = true;
+  refresh_.version = version.number;
+  refresh_.failed = false;
+  refresh_.error.clear();
+  return refresh;
+}
+
+void TaggedRegionStore::first_refresh(std::vector<MirrorParam> layout,
+                                      const std::vector<std::string>& names,
+                                      const CommittedVersion& version,
+                                      const std::vector<std::size_t>& params,
+                                      const std::vector<std::uint64_t>& fingerprints,
+                                      const std::string& fault) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  std::shared_ptr<HostMirror> made;
+  try {
+    made = new_mirror(std::move(layout));
+    // Without the lock: no one else reaches the mirror (or the pinning state) while a refresh
+    // runs, and the new mirror is no one's yet.
+    mirror_changing(nullptr, made.get());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::unique_ptr<Refresh> job;
+  {
+    std::lock_guard lock(mutex_);
+    try {
+      if (error.empty()) {
+        mirror_ = made;
+        job = prepare_refresh_locked(names, version, params, fingerprints, fault);
+        job->started = start;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!job) {
+      if (mirror_) {
+        mirror_->clear_committed(fmt::format(
+            "the copy of version {} into the mirror could not start: {}", version.number, error));
+      }
+      refresh_.running = false;
+      refresh_.failed = true;
+      refresh_.error = error;
+      refresh_.finished += 1;
+      try {
+        logger("store")->warn(
+            "the host mirror for version {} could not be made: {}; the mirror holds no "
+            "committed weights until the next refresh",
+            version.number, error);
+      } catch (...) {
+      }
+      refresh_done_.notify_all();
+      return;
+    }
+  }
+  run_refresh(*job);
 }
 
 void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {

@@ -182,6 +182,19 @@ class TaggedRegionStore : public WeightStore {
   void wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock);
   // Copies (without the lock), then records the outcome under it and wakes the waiters.
   void run_refresh(Refresh& refresh) noexcept;
+  // The copy list of a refresh into mirror_ (which exists), and the mirror's claims cleared;
+  // `fault`: the failure fail_next_mirror_refresh injected before this refresh was asked for.
+  std::unique_ptr<Refresh> prepare_refresh_locked(const std::vector<std::string>& names,
+                                                  const CommittedVersion& version,
+                                                  std::span<const std::size_t> params,
+                                                  std::span<const std::uint64_t> fingerprints,
+                                                  std::string fault);
+  // A background refresh with no mirror yet, on the worker: makes the mirror (new_mirror,
+  // mirror_changing) without the lock, installs it, then runs as run_refresh.
+  void first_refresh(std::vector<MirrorParam> layout, const std::vector<std::string>& names,
+                     const CommittedVersion& version, const std::vector<std::size_t>& params,
+                     const std::vector<std::uint64_t>& fingerprints,
+                     const std::string& fault) noexcept;
 
   ferry_memory_kind_t region_kind_;
   std::map<std::string, Tag> tags_;
