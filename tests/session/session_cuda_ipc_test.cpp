@@ -23,7 +23,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -751,13 +750,14 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryA
 }
 
 // The push after a resume rejoins the kept session and maps the resumed memory while the
-// trainer's kernels still run: the producer stream is held by a host function until the receiver
-// has logged the rejoin, which it could not do if the push waited for the stream first. The
-// bytes the stream writes after that are the ones published.
+// trainer's kernels still run: the producer stream is busy for seconds (a slow "optimizer
+// step"), and the receiver logs the rejoin while it still is, which it could not if the push
+// waited for the stream first. The bytes that step writes are the ones published.
 TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
   DeviceTensors tensors(16, (16ull << 20) / 4);  // 256 MiB
   DeviceTensors next(16, (16ull << 20) / 4);
   tensors.fill(1);
+  next.fill(7);
   auto options = gpu_receiver();
   options.log_level = "info";  // its sessions' lines
   ServeProcess serve(options);
@@ -769,27 +769,27 @@ TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
             200);
   cudaStream_t producer = nullptr;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-  std::atomic<bool> go{false};
-  const cudaHostFn_t hold = [](void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  ASSERT_CUDA(cudaLaunchHostFunc(producer, hold, &go));
-  next.fill(7);
-  ASSERT_CUDA(tensors.queue_update_from(next, 50, producer));
+  ASSERT_CUDA(tensors.queue_update_from(next, 5000, producer));
   order::StreamOrder producers;
   producers.wait = order::Wait::streams;
   producers.handles = {reinterpret_cast<std::uintptr_t>(producer)};
   session::PushReport report;
   std::thread pushing([&] { report = sender.push(tensors.views(), 2, std::nullopt, producers); });
-  const bool rejoined_first = eventually(
-      [&] { return serve.log().find("rejoined after the release") != std::string::npos; }, 60);
-  go = true;
+  bool producer_busy_at_rejoin = false;
+  const bool rejoined = eventually(
+      [&] {
+        if (serve.log().find("rejoined after the release") == std::string::npos) return false;
+        producer_busy_at_rejoin = cudaStreamQuery(producer) == cudaErrorNotReady;
+        return true;
+      },
+      60);
   pushing.join();
   ASSERT_CUDA(cudaStreamDestroy(producer));
-  EXPECT_TRUE(rejoined_first) << "the push rejoined only after its producers were done\n"
-                              << serve.log();
+  EXPECT_TRUE(rejoined) << serve.log();
+  EXPECT_TRUE(producer_busy_at_rejoin) << "the push rejoined only after its producers were done";
   expect_committed(report, 2, true);
   EXPECT_TRUE(report.receivers[0].reused_session);
+  EXPECT_GT(report.producer_wait_seconds, 1.0) << "the push did not wait for the producer";
   EXPECT_EQ(serve.fingerprints(), tensors.expected()) << "bytes read before the producer wrote";
 }
 
