@@ -138,6 +138,13 @@ struct Sender::Impl : SenderState {
                              options.receivers[index], e.what());
       link->closed = true;
       link->closed_why = e.what();
+    } catch (...) {
+      // A malformed Rejoined (kj::Exception) or worse: this runs on a thread of its own where
+      // nothing may escape; the new session run_receiver opens meets the cause again.
+      logger("sender")->info("{}: kept session closed (its rejoin failed); opening a new one",
+                             options.receivers[index]);
+      link->closed = true;
+      link->closed_why = "its rejoin failed";
     }
     track_link(link, false);
   }
