@@ -20,9 +20,11 @@ global index and the round's seed (no download, no transformers needed). With --
 same flow runs on host tensors of a tiny model (hidden 256): over UCX or inline on a CPU machine.
 
 Per S (--senders, default 1,2,4) and round (--rounds, default 3): every sender refills its
-shards with the round's values, the sharded push runs (timed on the wall clock from the moment
-the senders were told to push to the last one's answer; each rank's push returns once every
-receiver committed), every receiver's /get_fingerprints is read; then the one-sender push of the
+shards with the round's values, the sharded push runs (timed from the first rank's push() call to
+the last rank's return on CLOCK_MONOTONIC, which every process here shares: what a trainer
+whose ranks push together waits; each rank's push returns once every receiver committed; the
+round, from this process telling the senders to push to the last one's answer through their
+pipes, is reported beside it), every receiver's /get_fingerprints is read; then the one-sender push of the
 same values (timed), the fingerprints again. Verified: every sharded version equal to the
 one-sender push of the same values on every receiver (and different from the round before), and
 each receiver's report of bytes moved per rank adding up to its bytes needed. The ceiling, in the
@@ -146,6 +148,7 @@ def sender_main(args):
                 print(json.dumps({"filled": seed}), flush=True)
             elif words[0] == "push":
                 t_got = time.time()
+                called = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
                 version = int(words[1])
                 state = {name: ferry.Block(t, shape, (lo,) + (0,) * (len(shape) - 1))
                          for name, shape, lo, t in shards}
@@ -153,8 +156,10 @@ def sender_main(args):
                 report = sender.push(state, version, check=False, rank=args.rank,
                                      world=args.world)
                 seconds = time.perf_counter() - t0
+                returned = time.monotonic()
                 print(json.dumps({
                     "pushed": version, "seconds": seconds, "committed": report.all_committed,
+                    "called_mono": called, "returned_mono": returned,
                     "got_at": t_got, "returned_at": time.time(),
                     "errors": [r.error for r in report.receivers if not r.committed],
                     "transports": [r.transport for r in report.receivers],
@@ -275,7 +280,7 @@ def bench_main(args, torch, ferry):
                 for s in senders:
                     s.answer(args.answer_timeout)
                 sharded_s, whole_s, transports = [], [], set()
-                rank_push_s, last_start_s = [], []
+                rank_push_s, last_start_s, span_s = [], [], []
                 moved_ratio = 0.0  # the largest bytes moved / bytes needed of a receiver
                 direct_ranks = [True] * world
                 for k in range(args.rounds):
@@ -293,6 +298,11 @@ def bench_main(args, torch, ferry):
                         s.proc.stdin.flush()
                     answers = [s.answer(args.answer_timeout) for s in senders]
                     sharded_s.append(time.perf_counter() - t0)
+                    # The trainer's view: from the first rank's push() call (its Blocks built
+                    # inside) to the last rank's return, on the clock all processes share; the
+                    # round above adds this bench's own pipes and process wake-ups.
+                    span_s.append(max(a["returned_mono"] for a in answers)
+                                  - min(a["called_mono"] for a in answers))
                     # Where a round's time goes: the ranks' push() calls, and how late the last
                     # one began (a rank's process waking up and building its Blocks).
                     rank_push_s.append(max(a["seconds"] for a in answers))
@@ -320,8 +330,9 @@ def bench_main(args, torch, ferry):
                                 i, world, k, "not the one-sender push's values" if not same
                                 else "unchanged from the round before"))
                     previous = [r[1] for r in reference]
-                rows.append({"senders": world, "sharded_median_s": statistics.median(sharded_s),
-                             "sharded_best_s": min(sharded_s),
+                rows.append({"senders": world, "sharded_median_s": statistics.median(span_s),
+                             "sharded_best_s": min(span_s),
+                             "round_median_s": statistics.median(sharded_s),
                              "slowest_rank_push_median_s": statistics.median(rank_push_s),
                              "last_rank_start_median_s": statistics.median(last_start_s),
                              "whole_median_s":
@@ -354,6 +365,7 @@ def bench_main(args, torch, ferry):
         # the one-sender push, which sends every receiver every tensor whole).
         moved = sum(row["moved_bytes"]) / model_bytes
         row["of_d2d"] = (moved * d2d / row["sharded_median_s"]) if d2d else None
+        row["round_of_d2d"] = (moved * d2d / row["round_median_s"]) if d2d else None
         row["whole_of_d2d"] = (args.receivers * d2d / row["whole_median_s"]) if d2d else None
         row["vs_whole"] = row["whole_median_s"] / row["sharded_median_s"]
         # Aggregate throughput: the bytes every receiver took, over the sharded push's time.

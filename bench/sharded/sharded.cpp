@@ -38,7 +38,7 @@ void print_result(const Json& d) {
              d.value("tp", false) ? " (tensor-parallel ranks)" : "",
              d.value("device_name", std::string("?")), d.value("transport", std::string("?")),
              d.value("rounds", 0));
-  Table table({"senders", "sharded ms (median)", "best ms", "GB/s", "one sender ms",
+  Table table({"senders", "sharded ms (median)", "best ms", "round ms", "GB/s", "one sender ms",
                "sharded / one",
                "of D2D", "one sender of D2D", "moved / needed", "direct",
                "last rank began ms", "slowest push() ms", "transports"});
@@ -49,7 +49,7 @@ void print_result(const Json& d) {
         transports += (transports.empty() ? "" : ",") + t.get<std::string>();
       }
       table.add_row({std::to_string(row.value("senders", 0)), ms(row, "sharded_median_s"),
-                     ms(row, "sharded_best_s"), ratio(row, "gb_per_s"),
+                     ms(row, "sharded_best_s"), ms(row, "round_median_s"), ratio(row, "gb_per_s"),
                      ms(row, "whole_median_s"),
                      ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
                      fmt::format("{:.3f}", row.value("moved_over_needed", 0.0)),
@@ -61,8 +61,10 @@ void print_result(const Json& d) {
   std::printf("\n");
   table.print();
   fmt::print(
-      "\nGB/s: the bytes all receivers took over the sharded push's median time. sharded / one: "
-      "the one-sender\npush's time over the sharded push's (above 1: faster). "
+      "\nsharded ms: from the first rank's push() call to the last rank's return (what a trainer "
+      "waits); round ms:\nfrom this bench telling the ranks to push, through their pipes, to "
+      "the last answer.\nGB/s: the bytes all receivers took over the sharded push's median "
+      "time. sharded / one: the one-sender\npush's time over the sharded push's (above 1: faster). "
       "of D2D: the device copy\nof the bytes the receivers took, over the push's time; target >= "
       "{:.2f} with 4 senders. moved / needed: the\nlargest of a receiver (1: every byte it needs "
       "once, nothing else). last rank began: how long after the\npush command the last rank "

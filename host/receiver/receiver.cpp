@@ -218,6 +218,8 @@ void Receiver::resume(const std::vector<std::string>& tags) {
   s.store->resume(chosen);
 }
 
+std::uint64_t Receiver::memory_epoch() const { return state_->memory_epoch.load(); }
+
 void Receiver::set_release_hook(std::function<void(const std::string& reason)> hook) {
   std::lock_guard lock(state_->release_hook_mutex);
   state_->release_hook = std::move(hook);

@@ -173,6 +173,9 @@ class Receiver {
     explicit StreamingUpdate(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
   };
+  // The memory epoch (StreamingUpdate::memory_epoch) read without the update lock: a release or
+  // resume may follow at once, so a caller compares it again under the lock before it writes.
+  std::uint64_t memory_epoch() const;
   // The handshake of a session: takes the update lock (FAILED_PRECONDITION when another update
   // runs) and checks `catalog` (the sender's checkpoint tensors: name, dtype, shape) against this
   // receiver's layout, creating the layout from it when there is none yet (`config_json`: the

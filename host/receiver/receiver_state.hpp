@@ -68,8 +68,9 @@ struct Receiver::State {
   // manifest::catalog_key of the last session catalog found equal to `catalog` (open_session):
   // a session with the same tensor list skips the check. Cleared whenever `catalog` changes.
   std::string accepted_catalog;
-  // Bumped by release() and resume(), under update_mutex (StreamingUpdate::memory_epoch).
-  std::uint64_t memory_epoch = 0;
+  // Bumped by release() and resume(), under update_mutex (StreamingUpdate::memory_epoch reads it
+  // under that lock; Receiver::memory_epoch without it).
+  std::atomic<std::uint64_t> memory_epoch{0};
   std::mutex release_hook_mutex;  // guards release_hook (set from the endpoint's thread)
   std::function<void(const std::string&)> release_hook;
   // Stream ordering against the engine (set_engine_order; read under update_mutex). The devices

@@ -105,6 +105,10 @@ class Session final : public update::BucketSource, public ShardMember {
         run_sharded(msg->root());
         if (!keep_) return;
         msg = next_update();
+        if (msg && msg->root().which() == Which::REJOIN) {
+          rejoin(msg->root().getRejoin());  // suspended for a release: the memory shared again
+          msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin (after the rejoin)");
+        }
         if (msg) {
           begin_start_ = Clock::now();  // the rejoin is part of this Begin's wait for Ready
           rejoin_shard();
@@ -266,9 +270,9 @@ class Session final : public update::BucketSource, public ShardMember {
       epoch_ = update_->memory_epoch();
     }
     keep_ = settings_.keep_sessions && hello.getKeepSession();
-    // A kept rank of sharded updates is closed by a release, never suspended: its next update
-    // is assembled from new sessions.
-    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease() && !hello.hasShard());
+    // A kept rank of sharded updates is suspended by a release too: it rejoins (rejoin()), then
+    // joins its next update at the Begin (rejoin_shard()).
+    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease());
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -405,14 +409,21 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // A suspended session's next update (Closing.suspend, then the sender's Rejoin): the update
   // lock, the memory back, a new data path and the memory shared again, told in the Rejoined.
-  // The catalog, layout and delivery the handshake settled stay.
+  // The catalog, layout and delivery the handshake settled stay. A rank of sharded updates
+  // takes no lock here (its update takes it when every rank joined): it notes the memory epoch
+  // before it shares the memory, and its Begin (rejoin_shard) compares it under the lock, so a
+  // release in between ends the session before its sender may write.
   void rejoin(wire::Rejoin::Reader r) {
     const std::string phase = "rejoin";
     const auto start = Clock::now();
     if (data_) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the session was not suspended", ch_.peer(), phase);
     }
-    reopen(phase, true);
+    if (sharded_) {
+      epoch_ = receiver_.memory_epoch();
+    } else {
+      reopen(phase, true);
+    }
     // Its weights must be back: a rejoin shares them again.
     for (const auto& t : receiver_.memory_state()) {
       if (t.released && t.tag == "weights") {
@@ -422,7 +433,7 @@ class Session final : public update::BucketSource, public ShardMember {
       }
     }
     // The memory is what the receiver resumed; the session may write it until the next release.
-    epoch_ = update_->memory_epoch();
+    if (!sharded_) epoch_ = update_->memory_epoch();
     const auto path_start = Clock::now();
     if (transport_ == "inline") {
       data_ = make_inline_receiver_path(slot_bytes(), slots_);
@@ -430,7 +441,11 @@ class Session final : public update::BucketSource, public ShardMember {
       make_data_path(transport_, r.getTransportAddress());
     }
     const auto offer_start = Clock::now();
-    offer_direct(delivery_, descs_);
+    if (sharded_) {
+      offer_direct_blocks();
+    } else {
+      offer_direct(delivery_, descs_);
+    }
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
@@ -534,7 +549,10 @@ class Session final : public update::BucketSource, public ShardMember {
   // the sender asks for staged delivery (update.delivery = "staged").
   void offer_direct_blocks() {
     if (!wants_direct_blocks() || !holdings_ || holdings_->empty()) return;
-    const auto& places = sharded_->places(rank_);
+    // The handshake's update placed the pieces; later updates take its plan over without
+    // placing them again, and the places outlive a release (the addresses stay on resume).
+    if (!block_places_) block_places_ = sharded_->places(rank_);
+    const auto& places = *block_places_;
     std::string why_not;
     std::vector<update::UpdateEngine::DirectDestination> dests;
     for (std::size_t k = 0; k < pieces_->size(); ++k) {
@@ -734,8 +752,8 @@ class Session final : public update::BucketSource, public ShardMember {
   }
 
   // A kept rank's next update (its Begin arrived): leaves the last one and joins the update
-  // being assembled with the holdings of its Hello; the memory it shared in the handshake must
-  // still be the receiver's parameters (a release closes kept sharded sessions first).
+  // being assembled with the holdings of its Hello; the memory it shared in the handshake or its
+  // last rejoin must still be the receiver's parameters (no release or resume since).
   void rejoin_shard() {
     // The update left stays alive until the next one is formed: that one takes its plan over
     // (ShardedUpdate::Plan) when the ranks join alike, also when this rank is the only one.
@@ -746,8 +764,8 @@ class Session final : public update::BucketSource, public ShardMember {
     join_shard(false);  // the destinations shared in the handshake stay
     if (sharded_->memory_epoch() != epoch) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
-           "{}: begin: the receiver's memory was released or resumed since this session's "
-           "handshake; the session ends (the sender opens a new one)",
+           "{}: begin: the receiver's memory was released or resumed since this session "
+           "shared it; the session ends (the sender opens a new one)",
            ch_.peer());
     }
     if (pieces != pieces_ && !same_pieces(*pieces, *pieces_)) {
@@ -776,6 +794,10 @@ class Session final : public update::BucketSource, public ShardMember {
            text(root.getAbort().getReason()));
     }
     if (root.which() != Which::BEGIN) unexpected(ch_, "begin", root.which());
+    if (!data_) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: the session was suspended and not rejoined",
+           ch_.peer());
+    }
     auto b = root.getBegin();
     if (b.getViaPut() && !data_->rma_native()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: buckets announced by put, but no slot key was given",
@@ -849,6 +871,9 @@ class Session final : public update::BucketSource, public ShardMember {
   std::string delivery_;
   bool delivered_directly_ = false;  // suspended after delivering directly (slot_bytes())
   std::uint64_t epoch_ = 0;  // the receiver's memory epoch at the handshake or the last rejoin
+  // A rank of sharded updates: where each of its pieces goes in place (the handshake's update's
+  // places(), kept for a rejoin's offer); unset until offered.
+  std::optional<std::vector<std::optional<update::UpdateEngine::DirectDestination>>> block_places_;
   std::unique_ptr<receiver::Receiver::StreamingUpdate> update_;
   std::unique_ptr<ReceiverDataPath> data_;
   int device_ = -1;  // the GPU of the data path's device slots; -1: host slots

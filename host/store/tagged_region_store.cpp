@@ -636,12 +636,7 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
       // The first refresh makes the mirror, which a CUDA store page-locks (~1.2 s for 4.4 GB
       // on an H100): on the worker, so that the publish asking for it does not wait. Whatever
       // would touch the mirror meanwhile waits for the refresh, as it waits for any.
-      refresh_.running = true;
-      refresh_.version = version.number;
-      refresh_.failed = false;
-      refresh_.error.clear();
-      refresh_preempted_.store(false);
-      preempt_reason_.clear();
+      begin_refresh_locked(version.number);
       refresh_thread_ = std::thread(
           [this, layout = mirror_layout_locked(), names = std::move(names), version,
            fault = std::exchange(refresh_fault_, std::string()),
@@ -654,6 +649,7 @@ void TaggedRegionStore::refresh_mirror(std::span<const std::string> tags,
     ensure_mirror_locked();
     refresh = prepare_refresh_locked(names, version, params, fingerprints,
                                      std::exchange(refresh_fault_, std::string()));
+    begin_refresh_locked(version.number);
     if (background) {
       refresh_thread_ = std::thread([this, job = std::move(refresh)] { run_refresh(*job); });
     }
@@ -701,8 +697,6 @@ std::unique_ptr<TaggedRegionStore::Refresh> TaggedRegionStore::prepare_refresh_l
     }
   }
   refresh->fault = std::move(fault);
-  refresh_preempted_.store(false);
-  preempt_reason_.clear();
   // From here until the last byte landed the mirror claims nothing: not the old version (its
   // slots are being overwritten), not the new one (not all there yet).
   mirror.clear_committed(fmt::format(
@@ -711,11 +705,23 @@ std::unique_ptr<TaggedRegionStore::Refresh> TaggedRegionStore::prepare_refresh_l
       version.number));
   for (auto entry : refresh->entries) mirror.clear_filled(entry);
   refresh->started = std::chrono::steady_clock::now();
+  return refresh;
+}
+
+void TaggedRegionStore::begin_refresh_locked(std::uint64_t version) {
   refresh_.running = true;
-  refresh_.version = version.number;
+  refresh_.version = version;
   refresh_.failed = false;
   refresh_.error.clear();
-  return refresh;
+  refresh_preempted_.store(false);
+  preempt_reason_.clear();
+}
+
+void TaggedRegionStore::end_refresh_locked(std::string error) {
+  refresh_.running = false;
+  refresh_.failed = !error.empty();
+  refresh_.error = std::move(error);
+  refresh_.finished += 1;
 }
 
 void TaggedRegionStore::first_refresh(std::vector<MirrorParam> layout,
@@ -752,10 +758,7 @@ void TaggedRegionStore::first_refresh(std::vector<MirrorParam> layout,
         mirror_->clear_committed(fmt::format(
             "the copy of version {} into the mirror could not start: {}", version.number, error));
       }
-      refresh_.running = false;
-      refresh_.failed = true;
-      refresh_.error = error;
-      refresh_.finished += 1;
+      end_refresh_locked(error);
       try {
         logger("store")->warn(
             "the host mirror for version {} could not be made: {}; the mirror holds no "
@@ -824,10 +827,7 @@ void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
     mirror.clear_committed(fmt::format("the copy of version {} into the mirror did not end: {}",
                                        refresh.version.number, error));
   }
-  refresh_.running = false;
-  refresh_.failed = !error.empty();
-  refresh_.error = error;
-  refresh_.finished += 1;
+  end_refresh_locked(error);
   refresh_.last_seconds = seconds;
   try {
     std::uint64_t bytes = 0;

@@ -182,6 +182,12 @@ class TaggedRegionStore : public WeightStore {
   void wait_refresh_for_writes_locked(std::unique_lock<std::mutex>& lock);
   // Copies (without the lock), then records the outcome under it and wakes the waiters.
   void run_refresh(Refresh& refresh) noexcept;
+  // A refresh of `version` is under way: refresh_ says so and no pre-emption is pending. Called
+  // once per refresh, when it is asked for (a pre-emption that comes later, even while the first
+  // refresh is still making the mirror, stops it).
+  void begin_refresh_locked(std::uint64_t version);
+  // A refresh ended (`error` empty: it succeeded); the caller wakes the waiters.
+  void end_refresh_locked(std::string error);
   // The copy list of a refresh into mirror_ (which exists), and the mirror's claims cleared;
   // `fault`: the failure fail_next_mirror_refresh injected before this refresh was asked for.
   std::unique_ptr<Refresh> prepare_refresh_locked(const std::vector<std::string>& names,

@@ -293,9 +293,10 @@ def test_sharded_trainer_ranks_push_right_after_the_optimizer_step(peers, tmp_pa
     world=2; the MoE's stacked experts split between the ranks) into one rollout with the
     defaults (update.delivery "auto": each rank's rows straight into the engine's parameters).
     Before every step after the first the rollout lends its memory (release and resume of
-    "weights"; with `vmm` its own VMM arena unmaps and remaps). After every push the rollout
-    holds each rank's rows bit for bit, written in place, at the pushed version, every rank
-    moved only its rows, and the rollout's logits equal the trainer's."""
+    "weights"; with `vmm` its own VMM arena unmaps and remaps): each rank's kept session is
+    suspended and the next push rejoins it. After every push the rollout holds each rank's rows
+    bit for bit, written in place, at the pushed version, every rank moved only its rows, and
+    the rollout's logits equal the trainer's."""
     torch = _requirements(family)
     world = 2
     rollout = peers("rollout", ["rollout", family, "auto", "1"] + (["vmm"] if lend == "vmm"
@@ -325,6 +326,9 @@ def test_sharded_trainer_ranks_push_right_after_the_optimizer_step(peers, tmp_pa
                 assert report["transport"] == "cuda_ipc", (r, report["transport"])
                 assert report["direct"], (
                     f"step {step}, rank {r}: delivery auto, but the rank's rows were staged")
+                if step > 1:  # a release suspends a rank's kept session; the push rejoins it
+                    assert report["reused_session"], (
+                        f"step {step}, rank {r}: the kept session was not reused")
             # Bytes moved per rank: its rows, none twice, the model's bytes in all.
             assert all(rep["rank_bytes"] == reports[0]["rank_bytes"] for rep in reports), reports
             assert all(b > 0 for b in reports[0]["rank_bytes"]), reports[0]["rank_bytes"]

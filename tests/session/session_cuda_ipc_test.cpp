@@ -373,6 +373,23 @@ class SessionCudaIpc : public ::testing::Test {
     for (const auto& report : reports) expect_committed(report, version, true);
   }
 
+  // Releases the receiver's memory, expecting at least 9/10 of `payload` bytes of device memory
+  // back (no sender still holds the released weights mapped), then resumes it.
+  static void release_and_resume(ServeProcess& serve, std::uint64_t payload) {
+    const std::uint64_t used = device_used();
+    const Reply release =
+        serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth());
+    ASSERT_EQ(release.status, 200) << release.text;
+    const std::uint64_t after = device_used();
+    EXPECT_GE(used - std::min(used, after), payload * 9 / 10)
+        << "device memory in use went from " << used << " to " << after
+        << " bytes: someone still holds the released weights\n"
+        << serve.log();
+    const Reply resume =
+        serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth());
+    ASSERT_EQ(resume.status, 200) << resume.text;
+  }
+
   // This test binary run again as a child that pushes to `serve` instead of running the tests
   // (before_gpu_tests below): `variable` names which push (FERRY_TEST_*_PUSH_TO).
   static std::unique_ptr<PushProcess> push_child(const std::string& variable,
@@ -725,19 +742,7 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryA
   EXPECT_TRUE(second.receivers[0].reused_session);
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
 
-  const std::uint64_t used = device_used();
-  const Reply release =
-      serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth());
-  ASSERT_EQ(release.status, 200) << release.text;
-  const std::uint64_t after = device_used();
-  EXPECT_GE(used - std::min(used, after), tensors.payload() * 9 / 10)
-      << "device memory in use went from " << used << " to " << after
-      << " bytes: someone still holds the released weights\n"
-      << serve.log();
-
-  const Reply resume =
-      serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth());
-  ASSERT_EQ(resume.status, 200) << resume.text;
+  release_and_resume(serve, tensors.payload());
   tensors.fill(3);
   const auto third = sender.push(views, 3);
   expect_committed(third, 3, true);
@@ -746,6 +751,57 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsTheKeptSessionFreesTheWeightsDeviceMemoryA
   const std::string log = serve.log();
   EXPECT_NE(log.find("rejoined after the release: data path cuda_ipc, direct delivery"),
             std::string::npos)
+      << log;
+}
+
+// Two ranks of a sharded trainer, each with its own Sender kept across pushes: a release
+// suspends both kept sessions and frees the weights' device memory (no rank keeps it mapped);
+// after the resume each rank's push rejoins its session, writes its rows straight into the
+// parameters again and the result equals the tensors whole, twice over.
+TEST_F(SessionCudaIpc, ReleaseSuspendsKeptShardedSessionsAndTheRanksRejoinDirect) {
+  DeviceTensors tensors(8, (32ull << 20) / 4);  // 256 MiB
+  auto options = gpu_receiver();
+  options.log_level = "info";
+  ServeProcess serve(options);
+  tensors.fill(1);
+  push_whole_direct(serve, tensors, 1);
+  constexpr std::uint32_t kWorld = 2;
+  std::vector<std::unique_ptr<session::Sender>> senders;
+  for (std::uint32_t r = 0; r < kWorld; ++r) {
+    senders.push_back(std::make_unique<session::Sender>(
+        with_delivery(config::Delivery::direct), registry_,
+        sender_options({address_of(serve)}, 64ull << 20)));
+  }
+  const auto push_ranks = [&](std::uint64_t version) {
+    const auto whole = tensors.views();
+    std::vector<session::PushReport> reports(kWorld);
+    std::vector<std::thread> ranks;
+    for (std::uint32_t r = 0; r < kWorld; ++r) {
+      ranks.emplace_back([&, r] {
+        reports[r] = senders[r]->push(row_blocks(whole, r, kWorld), version, std::nullopt, {},
+                                      session::ShardSpec{r, kWorld});
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return reports;
+  };
+  tensors.fill(2);
+  for (const auto& report : push_ranks(2)) expect_committed(report, 2, true);
+  EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  for (std::uint64_t version = 3; version <= 4; ++version) {
+    SCOPED_TRACE(fmt::format("version {}", version));
+    release_and_resume(serve, tensors.payload());
+    tensors.fill(version);
+    for (const auto& report : push_ranks(version)) {
+      expect_committed(report, version, true);
+      EXPECT_TRUE(report.receivers[0].reused_session);
+    }
+    EXPECT_EQ(version_of(serve), static_cast<int>(version));
+    EXPECT_EQ(serve.fingerprints(), tensors.expected());
+  }
+  const std::string log = serve.log();
+  EXPECT_EQ(count_of(log, "2 kept session(s) suspended and 0 closed"), 2u) << log;
+  EXPECT_EQ(count_of(log, "rejoined after the release: data path cuda_ipc, direct delivery"), 4u)
       << log;
 }
 

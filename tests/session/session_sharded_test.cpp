@@ -288,9 +288,10 @@ std::vector<Rank> dim0_ranks(const Checkpoint& checkpoint) {
 // Kept sessions across sharded updates: each rank's Sender (one per rank, as in a trainer) pushes
 // versions 2 .. 4, the later ones through the sessions kept from the first (no new handshake),
 // bit-identical, each later update taking the plan of the one before over (the ranks rejoin with
-// the holdings of their Hellos); a release of the receiver's memory closes the kept sharded
-// sessions (never suspends them) and the push after the resume opens new ones and commits.
-TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
+// the holdings of their Hellos). A release of the receiver's memory suspends the kept sharded
+// sessions (the colocated loop releases before every training step); the pushes after each
+// resume rejoin them, still with no new handshake, and commit bit-identical.
+TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndSurviveARelease) {
   auto options = receiver_options(versions_->v1_path());
   options.log_level = "debug";
   ServeProcess serve(options);
@@ -326,20 +327,29 @@ TEST_F(SessionSharded, KeptSessionsCarryTheNextUpdatesAndAReleaseClosesThem) {
   EXPECT_EQ(count_of(log, "layout accepted"), 2u) << log;  // one handshake per rank
   EXPECT_EQ(count_of(log, "(the update before's plan)"), 2u) << log;  // versions 3 and 4
 
-  const Reply release = serve.post("/release_memory_occupation", nlohmann::json::object(),
-                                   serve.auth());
-  ASSERT_EQ(release.status, 200) << release.text;
-  log = serve.log();
-  EXPECT_NE(log.find("0 kept session(s) suspended and 2 closed"), std::string::npos) << log;
-  const Reply resume = serve.post("/resume_memory_occupation", nlohmann::json::object(),
-                                  serve.auth());
-  ASSERT_EQ(resume.status, 200) << resume.text;
-  for (const auto& r : push_both(versions_->v1, 5)) {
-    ASSERT_TRUE(r.committed) << r.error;
-    EXPECT_FALSE(r.reused_session);
+  for (std::uint64_t version = 5; version <= 6; ++version) {
+    SCOPED_TRACE(fmt::format("version {} after a release and a resume", version));
+    const auto suspended_before = count_of(serve.log(), "2 kept session(s) suspended and 0 closed");
+    const Reply release = serve.post("/release_memory_occupation", nlohmann::json::object(),
+                                     serve.auth());
+    ASSERT_EQ(release.status, 200) << release.text;
+    log = serve.log();
+    EXPECT_EQ(count_of(log, "2 kept session(s) suspended and 0 closed"), suspended_before + 1)
+        << log;
+    const Reply resume = serve.post("/resume_memory_occupation", nlohmann::json::object(),
+                                    serve.auth());
+    ASSERT_EQ(resume.status, 200) << resume.text;
+    const Checkpoint& value = version == 5 ? versions_->v1 : versions_->v2;
+    for (const auto& r : push_both(value, version)) {
+      ASSERT_TRUE(r.committed) << r.error;
+      EXPECT_TRUE(r.reused_session);
+    }
+    EXPECT_EQ(version_of(serve), static_cast<long long>(version));
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(value, 0, 1));
   }
-  EXPECT_EQ(version_of(serve), 5);
-  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  log = serve.log();
+  EXPECT_EQ(count_of(log, "layout accepted"), 2u) << log;  // still one handshake per rank
+  EXPECT_EQ(count_of(log, "rejoined after the release"), 4u) << log;  // 2 ranks, 2 releases
 }
 
 // update.delivery = "direct" on the ranks where the receiver cannot offer it (inline: no

@@ -267,8 +267,9 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
     connect_path(r, data, plan, ch.peer(), deadline_in(options.connect_timeout), !link.direct);
   }
   const double connected_s = seconds_since(start);
-  const bool direct =
-      choose_direct(config, r, data, plan, tensors.size(), ch.peer(), link);
+  // A rank that sends only parts of its blocks has a destination per part it sends.
+  const std::size_t sent_count = link.trims ? link.sent_count(state.declared) : tensors.size();
+  const bool direct = choose_direct(config, r, data, plan, sent_count, ch.peer(), link);
   if (direct != link.direct) {
     fail(FERRY_STATUS_INCOMPATIBLE,
          "{}: rejoin: the receiver {} direct delivery after its release, the session {}", ch.peer(),
