@@ -33,7 +33,7 @@ writes the whole model: receivers with a tensor-parallel size do not take part y
 
 Usage: sharded_push.py [--senders 1,2,4] [--receivers 2] [--layers 36] [--rounds 3]
                        [--transport auto] [--bucket-mib 0] [--delivery auto|direct|staged]
-                       [--no-keep]
+                       [--no-keep] [--lend]
                        [--ferry PATH] [--device cuda|cpu]
                        [--log-dir DIR]
                        [--no-table]
@@ -210,6 +210,18 @@ class Serve:
         with open(self.log_path) as f:
             return f.read()[-2000:]
 
+    def lend(self):
+        """The colocated loop's lend: release and resume of every memory tag (kept sessions
+        are suspended; the next pushes rejoin them)."""
+        for route in ("release_memory_occupation", "resume_memory_occupation"):
+            req = urllib.request.Request("http://%s/%s" % (self.address, route), data=b"{}",
+                                         method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                if r.status != 200:
+                    raise RuntimeError("ferry serve %s: %s answered %d" % (self.address, route,
+                                                                            r.status))
+
     def fingerprints(self):
         with urllib.request.urlopen("http://%s/get_fingerprints" % self.address,
                                     timeout=120) as r:
@@ -290,6 +302,9 @@ def bench_main(args, torch, ferry):
                         s.proc.stdin.flush()
                     for s in senders:
                         s.answer(args.answer_timeout)
+                    if args.lend:
+                        for serve in serves:
+                            serve.lend()
                     version[0] += 1
                     t0 = time.perf_counter()
                     wall0 = time.time()
@@ -376,6 +391,7 @@ def bench_main(args, torch, ferry):
             "receivers": args.receivers, "tp": args.tp, "transport": args.transport,
             "rounds": args.rounds,
             "bucket_mib": args.bucket_mib, "delivery": args.delivery, "kept": not args.no_keep,
+            "lend": args.lend,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "first_direct": first_report.receivers[0].direct,
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
@@ -448,6 +464,9 @@ def main():
     parser.add_argument("--no-keep", action="store_true",
                         help="the sender ranks open new sessions for every push (update."
                              "keep_sessions = false) instead of keeping them")
+    parser.add_argument("--lend", action="store_true",
+                        help="before each round every receiver releases and resumes its memory "
+                             "(kept sessions suspended, then rejoined by the round's pushes)")
     parser.add_argument("--log-dir", default=None,
                         help="keep each receiver's log here, at debug level (where time goes)")
     parser.add_argument("--answer-timeout", type=float, default=300,

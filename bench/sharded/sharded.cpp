@@ -32,12 +32,13 @@ std::string ratio(const Json& row, const char* key) {
 void print_result(const Json& d) {
   const double bytes = d.value("model_bytes", 0.0);
   fmt::print("\nbench sharded: {} layers, {} tensors, {} ({}) of bf16 into {} receivers{} on {}; "
-             "transport {}; {} rounds per row\n",
+             "transport {}; {} rounds per row{}\n",
              d.value("layers", 0), d.value("tensors", 0), decimal_bytes(bytes),
              binary_size(static_cast<std::uint64_t>(bytes)), d.value("receivers", 0),
              d.value("tp", false) ? " (tensor-parallel ranks)" : "",
              d.value("device_name", std::string("?")), d.value("transport", std::string("?")),
-             d.value("rounds", 0));
+             d.value("rounds", 0),
+             d.value("lend", false) ? ", each after the receivers released and resumed" : "");
   Table table({"senders", "sharded ms (median)", "best ms", "round ms", "GB/s", "one sender ms",
                "sharded / one",
                "of D2D", "one sender of D2D", "moved / needed", "direct",
@@ -86,6 +87,7 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["bucket_mib"] = o.bucket_mib;
   record["delivery"] = o.delivery;
   record["kept"] = !o.no_keep;
+  record["lend"] = o.lend;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
                                 .string();
   std::vector<std::string> args = {
@@ -94,6 +96,7 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
       o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--delivery", o.delivery,
       "--device", o.device, "--ferry", ferry, "--no-table"};
   if (o.no_keep) args.push_back("--no-keep");
+  if (o.lend) args.push_back("--lend");
   if (o.tp) args.push_back("--tp");
   if (!o.log_dir.empty()) {
     args.push_back("--log-dir");
@@ -149,6 +152,9 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
   app->add_flag("--no-keep", o->no_keep,
                "the sender ranks open new sessions for every push instead of keeping them");
+  app->add_flag("--lend", o->lend,
+               "before each round every receiver releases and resumes its memory (the colocated "
+               "loop's lend): the kept sessions are suspended, and the round's pushes rejoin them");
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of a tiny model)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app->add_option("--log-dir", o->log_dir,

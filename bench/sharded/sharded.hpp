@@ -29,6 +29,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   int bucket_mib = 0;              // the sender ranks' bucket size (0: ferry's default)
   std::string delivery = "auto";   // the sender ranks' update.delivery (auto, direct, staged)
   bool no_keep = false;            // the ranks open new sessions for every push
+  bool lend = false;  // before each round the receivers release and resume their memory
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model
   std::string log_dir;             // keep every process's debug log here (where time goes)
 };
