@@ -104,11 +104,7 @@ class Session final : public update::BucketSource, public ShardMember {
       while (msg) {
         run_sharded(msg->root());
         if (!keep_) return;
-        msg = next_update();
-        if (msg && msg->root().which() == Which::REJOIN) {
-          rejoin(msg->root().getRejoin());  // suspended for a release: the memory shared again
-          msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin (after the rejoin)");
-        }
+        msg = next_begin();
         if (msg) {
           begin_start_ = Clock::now();  // the rejoin is part of this Begin's wait for Ready
           rejoin_shard();
@@ -118,16 +114,25 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     auto msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin");
     while (msg) {
-      if (msg->root().which() == Which::REJOIN) {
-        rejoin(msg->root().getRejoin());
-        msg = ch_.recv(deadline_in(settings_.bucket_timeout), "begin (after the rejoin)");
-      }
       begin_start_ = Clock::now();  // the Begin arrived: its wait for Ready starts
       begin(msg->root());
       update_and_commit();
       if (!keep_) return;
+      msg = next_begin();
+    }
+  }
+
+  // A kept session's next Begin (next_update()), the Rejoins of a suspended session answered on
+  // the way: a rejoined session is idle again until its Begin, which may come much later (the
+  // sender rejoins before it waits for its trainer's kernels), and a release meanwhile suspends
+  // it again.
+  std::unique_ptr<Received> next_begin() {
+    auto msg = next_update();
+    while (msg && msg->root().which() == Which::REJOIN) {
+      rejoin(msg->root().getRejoin());
       msg = next_update();
     }
+    return msg;
   }
 
   // Ends a failed session: waits for the bucket being applied, aborts the update, tells the
@@ -407,12 +412,14 @@ class Session final : public update::BucketSource, public ShardMember {
     }
   }
 
-  // A suspended session's next update (Closing.suspend, then the sender's Rejoin): the update
-  // lock, the memory back, a new data path and the memory shared again, told in the Rejoined.
-  // The catalog, layout and delivery the handshake settled stay. A rank of sharded updates
-  // takes no lock here (its update takes it when every rank joined): it notes the memory epoch
-  // before it shares the memory, and its Begin (rejoin_shard) compares it under the lock, so a
-  // release in between ends the session before its sender may write.
+  // A suspended session's next update (Closing.suspend, then the sender's Rejoin): under the
+  // update lock, the memory back, a new data path and the memory shared again, told in the
+  // Rejoined; then the session is idle until its Begin, which takes the lock again and checks
+  // that the memory epoch noted here is unchanged (reopen; a rank of sharded updates: its
+  // update, rejoin_shard). A release in between suspends the session again. The catalog, layout
+  // and delivery the handshake settled stay. A rank of sharded updates takes no lock here (its
+  // update takes it when every rank joined): it notes the memory epoch before it shares the
+  // memory, so a release that overlaps the rejoin fails its Begin before its sender may write.
   void rejoin(wire::Rejoin::Reader r) {
     const std::string phase = "rejoin";
     const auto start = Clock::now();
@@ -456,6 +463,9 @@ class Session final : public update::BucketSource, public ShardMember {
     capnp::MallocMessageBuilder m;
     describe_data_path(m.initRoot<wire::Message>().initRejoined());
     ch_.send(m, deadline_in(settings_.bucket_timeout), phase);
+    // Idle from here, then the lock goes (as after a commit: the Rejoined is out first).
+    link_.set_idle();
+    update_.reset();
     logger("session")->info(
         "kept session with {} rejoined after the release: data path {}{} in {:.3f} ms",
         ch_.peer(), data_->name(),
@@ -472,7 +482,7 @@ class Session final : public update::BucketSource, public ShardMember {
     data_.reset();
     region_keys_.clear();
     destinations_.clear();
-    delivered_directly_ = slots_released_;
+    delivered_directly_ = delivered_directly_ || slots_released_;
     slots_released_ = false;
     link_.set_suspended();
     logger("session")->debug("kept session with {} suspended for the release", ch_.peer());
@@ -618,7 +628,7 @@ class Session final : public update::BucketSource, public ShardMember {
   }
 
   // A later update of a kept session takes the update lock again and checks that the memory
-  // shared in the handshake is still what the receiver's parameters live in.
+  // shared in the handshake or the last rejoin is still what the receiver's parameters live in.
   // (A rejoin shares the memory again: no check.)
   void reopen(const std::string& phase, bool rejoining = false) {
     try {
@@ -629,8 +639,8 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     if (!rejoining && update_->memory_epoch() != epoch_) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
-           "{}: {}: the receiver's memory was released or resumed since this session's "
-           "handshake; the session ends (the sender opens a new one)",
+           "{}: {}: the receiver's memory was released or resumed since this session "
+           "shared it; the session ends (the sender opens a new one)",
            ch_.peer(), phase);
     }
   }
