@@ -819,6 +819,12 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced, but none was offered",
            ch_.peer());
     }
+    if ((slots_released_ || delivered_directly_) && !direct_) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: begin: staged delivery announced in a session that delivered directly (its "
+           "staging slots are gone)",
+           ch_.peer());
+    }
     writer_prints_ = b.getWriterFingerprints();
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && writer_prints_)) {
@@ -845,9 +851,15 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     send_committed(ch_, sharded_->finish(rank_), deadline_in(settings_.commit_timeout));
     // Idle before the update lock goes (settled()): a release then finds this session and
-    // closes it, so that no sender keeps memory being released mapped.
+    // suspends it, so that no sender keeps memory being released mapped.
     if (keep_) link_.set_idle();
     sharded_->settled(rank_);
+    // A kept rank that writes in place needs no staging slots (as one sender's session): their
+    // memory is the engine's again, and a rejoin gets probe-sized ones.
+    if (keep_ && direct_) {
+      data_->release_slots();
+      slots_released_ = true;
+    }
   }
 
   void send_ack(std::uint32_t index, std::uint32_t slot, const std::vector<std::uint64_t>& prints,
