@@ -115,7 +115,8 @@ struct SenderOptions {
   std::uint32_t claimed_protocol_version = 0;
   // A sharded push: this sender is rank `shard_rank` of `shard_world` senders that together
   // make up each update (docs/sharded.md). Each receiver commits a version only when every rank
-  // delivered the blocks it declared. 0: not sharded. Sharded sessions are never kept.
+  // delivered the blocks it declared. 0: not sharded. A rank's sessions are kept, and rejoined
+  // after a receiver's release, as any sender's (keep_sessions, rejoin_after_release).
   std::uint32_t shard_rank = 0;
   std::uint32_t shard_world = 0;
 };
