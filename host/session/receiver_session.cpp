@@ -426,10 +426,12 @@ class Session final : public update::BucketSource, public ShardMember {
     if (data_) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the session was not suspended", ch_.peer(), phase);
     }
+    // The memory is what the receiver resumed; the session may write it until the next release.
     if (sharded_) {
       epoch_ = receiver_.memory_epoch();
     } else {
       reopen(phase, true);
+      epoch_ = update_->memory_epoch();
     }
     // Its weights must be back: a rejoin shares them again.
     for (const auto& t : receiver_.memory_state()) {
@@ -439,8 +441,6 @@ class Session final : public update::BucketSource, public ShardMember {
              ch_.peer(), phase, t.tag);
       }
     }
-    // The memory is what the receiver resumed; the session may write it until the next release.
-    if (!sharded_) epoch_ = update_->memory_epoch();
     const auto path_start = Clock::now();
     if (transport_ == "inline") {
       data_ = make_inline_receiver_path(slot_bytes(), slots_);
@@ -671,12 +671,7 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
            ch_.peer(), phase);
     }
-    if ((slots_released_ || delivered_directly_) && !direct_) {
-      fail(FERRY_STATUS_CORRUPT_DATA,
-           "{}: {}: staged delivery announced in a session that delivered directly (its staging "
-           "slots are gone)",
-           ch_.peer(), phase);
-    }
+    refuse_staged_after_direct(phase);
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && b.getWriterFingerprints())) {
       fail(FERRY_STATUS_CORRUPT_DATA,
@@ -687,6 +682,16 @@ class Session final : public update::BucketSource, public ShardMember {
     writer_prints_ = b.getWriterFingerprints();
     label_ = label.empty() ? std::nullopt : std::optional<std::string>(label);
     next_ = 0;
+  }
+
+  // A Begin that stages in a session that delivered directly: its staging slots are gone.
+  void refuse_staged_after_direct(const std::string& phase) const {
+    if ((slots_released_ || delivered_directly_) && !direct_) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: {}: staged delivery announced in a session that delivered directly (its staging "
+           "slots are gone)",
+           ch_.peer(), phase);
+    }
   }
 
   // Runs the update that began through the update loop, with this session as its source, then
@@ -819,12 +824,7 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced, but none was offered",
            ch_.peer());
     }
-    if ((slots_released_ || delivered_directly_) && !direct_) {
-      fail(FERRY_STATUS_CORRUPT_DATA,
-           "{}: begin: staged delivery announced in a session that delivered directly (its "
-           "staging slots are gone)",
-           ch_.peer());
-    }
+    refuse_staged_after_direct("begin");
     writer_prints_ = b.getWriterFingerprints();
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && writer_prints_)) {
