@@ -1,7 +1,8 @@
 // bench/ucx/ucx.cpp: `ferry bench ucx`: the UCX plugin between this process (sender) and a
 // receiver process (this program run again), per UCX transport and bucket size, in host or GPU
 // memory, through the plugin's C table exactly as the session protocol drives it (put + flush
-// where the plugin allows put, else tagged buckets into posted receives with two in flight), next
+// where the plugin allows put, else tagged buckets into posted receives; as many buckets in flight
+// as a session's staging slots: four up to 16 MiB, two above, one from 512 MiB), next
 // to ucx_perftest on the same transport, memory type and sizes. The receiver's host buffer is
 // memory the plugin allocates (ABI 1.7 alloc_memory), as a session receiver's slots are, unless
 // --receiver-memory host.
@@ -61,6 +62,9 @@ struct BenchTransport {
 };
 constexpr BenchTransport kTransports[] = {
     {"tcp", "tcp", "tcp,cuda_copy", true},
+    // tcp without UCX peer error handling (error_mode = none): the plugin against tag_bw on the
+    // same footing, which shows what the error handling itself costs over tcp.
+    {"tcp-none", "tcp", "tcp,cuda_copy", false},
     {"shm", "sm", "sm,cuda_copy", false},
     // The plugin's default options on one host: UCX's own transport choice ("": UCX_TLS unset)
     // and peer error handling; what a session without [transport.ucx] options gets.
@@ -370,7 +374,14 @@ class Endpoint {
   std::vector<ferry_memory_t*> memories_;
 };
 
-int slots_for(std::uint64_t size) { return size >= 512 * kMiB ? 1 : 2; }
+// Buckets in flight: a session's staging slots for buckets of this size
+// (session/sender/sender_state.hpp, slots_for_capacity), but one from 512 MiB (the bench's
+// buffers, not a session's choice).
+int slots_for(const UcxBenchOptions& o, std::uint64_t size) {
+  if (o.slots > 0) return o.slots;
+  if (size >= 512 * kMiB) return 1;
+  return size <= 16 * kMiB ? 4 : 2;
+}
 
 int iterations_for(const UcxBenchOptions& o, std::uint64_t size) {
   const std::uint64_t n = (o.bytes_per_size + size - 1) / size;
@@ -394,7 +405,7 @@ int receiver_main(const UcxBenchOptions& o, const ferry_transport_api_t& api,
   try {
     std::uint64_t largest = 0;
     for (auto s : bench_sizes(o)) {
-      largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(s)));
+      largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(o, s)));
     }
     Endpoint ep(api, FERRY_ROLE_RECEIVER, transport, cuda);
     ep.connect(ch, "bench sender");
@@ -540,7 +551,7 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
 
   TransportRun run;
   std::uint64_t largest = 0;
-  for (auto s : sizes) largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(s)));
+  for (auto s : sizes) largest = std::max(largest, s * static_cast<std::uint64_t>(slots_for(o, s)));
   // --primitive auto lets the plugin decide, as the session does (rma = auto on the sender).
   const char* rma = o.primitive == "tag" ? "never" : o.primitive == "put" ? "always" : "auto";
   const bool cuda = o.device == "cuda";
@@ -566,7 +577,7 @@ TransportRun run_ferry(const UcxBenchOptions& o, const ferry_transport_api_t& ap
 
   std::uint32_t next_index = 0;  // bucket indices run on across sizes, as the receiver's do
   for (const std::uint64_t size : sizes) {
-    const int slots = slots_for(size);
+    const int slots = slots_for(o, size);
     const int n = iterations_for(o, size);
     for (int s = 0; s < slots; ++s) buffer.fill(s * size, size, s);
     Measurement best;
@@ -741,10 +752,10 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
         const int n = iterations_for(o, meas.size);
         // Over tcp UCX emulates RMA at ~45 MB/s: a put_bw baseline of large sizes would take
         // minutes and cannot be the best baseline there, so it is measured up to 16 MiB only.
-        if (transport != "tcp" || meas.size <= 16 * kMiB) {
+        const bool over_tcp = transport == "tcp" || transport == "tcp-none";
+        if (!over_tcp || meas.size <= 16 * kMiB) {
           put = run_perftest(o.perftest, tls, "ucp_put_bw", meas.size,
-                             transport == "tcp" ? std::min(n, 5) : n, o.perftest_timeout_s,
-                             memory);
+                             over_tcp ? std::min(n, 5) : n, o.perftest_timeout_s, memory);
         } else {
           put.error = "skipped: RMA is emulated over tcp (measured up to 16 MiB)";
         }
@@ -813,12 +824,13 @@ int run_ucx_bench(const UcxBenchOptions& o, const ferry_transport_api_t& api, Js
   }
   std::printf("\n");
   table.print();
-  std::printf("ferry: sender here -> receiver process through libferry_transport_ucx.so; baselines:\n"
-              "ucx_perftest (MB/s read as 2^20 B/s) on the same UCX_TLS, memory type (-m) and\n"
-              "sizes; ratio = ferry / best baseline (target >= 70%%). tcp, cuda_ipc and default:\n"
-              "the plugin's default error_mode=peer; tag_bw -e: perftest with that same error\n"
-              "handling (UCX gives up zero-copy over tcp with it); shm: error_mode=none;\n"
-              "default: UCX_TLS unset, for the plugin and perftest alike.\n");
+  std::printf(
+      "ferry: sender here -> receiver process through libferry_transport_ucx.so; baselines:\n"
+      "ucx_perftest (MB/s read as 2^20 B/s) on the same UCX_TLS, memory type (-m) and\n"
+      "sizes; ratio = ferry / best baseline (target >= 70%%). tcp, cuda_ipc and default:\n"
+      "the plugin's default error_mode=peer; tag_bw -e: perftest with that same error\n"
+      "handling (UCX gives up zero-copy over tcp with it); shm, tcp-none: error_mode=none;\n"
+      "default: UCX_TLS unset, for the plugin and perftest alike.\n");
   return code;
 }
 

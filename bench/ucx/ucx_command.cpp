@@ -16,11 +16,11 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   CLI::App* sub = bench->add_subcommand(
       "ucx", "buckets through the UCX plugin between two processes vs ucx_perftest (tcp, shm)");
   sub->add_option("--transports", o->transports,
-                  "UCX transports to measure: tcp, shm, default (the plugin's default options, "
-                  "UCX_TLS unset; default tcp,shm,default); with --device cuda also cuda_ipc "
-                  "(default cuda_ipc,tcp)")
+                  "UCX transports to measure: tcp, tcp-none (tcp with error_mode = none), shm, "
+                  "default (the plugin's default options, UCX_TLS unset; default "
+                  "tcp,shm,default); with --device cuda also cuda_ipc (default cuda_ipc,tcp)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"tcp", "shm", "default", "cuda_ipc"}));
+      ->check(CLI::IsMember({"tcp", "tcp-none", "shm", "default", "cuda_ipc"}));
   sub->add_option("--device", o->device,
                   "cpu: host buffers (default); cuda: GPU 0 buffers on both sides (needs a UCX "
                   "with CUDA)")
@@ -32,6 +32,10 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
                   "bytes moved per size, e.g. 512MiB; iterations = this / size (default 1GiB)");
   sub->add_option("--min-iterations", o->min_iterations, "at least this many buckets (default 3)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--slots", o->slots,
+                  "buckets in flight (default: a session's staging slots for the size, 4 up to "
+                  "16 MiB, 2 above, 1 from 512 MiB)")
+      ->check(CLI::Range(1, 8));
   sub->add_option("--max-iterations", o->max_iterations, "at most this many (default 200)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--primitive", o->primitive,
