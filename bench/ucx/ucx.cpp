@@ -1,8 +1,8 @@
 // bench/ucx/ucx.cpp: `ferry bench ucx`: the UCX plugin between this process (sender) and a
 // receiver process (this program run again), per UCX transport and bucket size, in host or GPU
 // memory, through the plugin's C table exactly as the session protocol drives it (put + flush
-// where the plugin allows put, else tagged buckets into posted receives; as many buckets in flight
-// as a session's staging slots: four up to 16 MiB, two above, one from 512 MiB), next
+// where the plugin allows put, else tagged buckets into posted receives; two buckets in flight as
+// in a session, one from 512 MiB, or --slots), next
 // to ucx_perftest on the same transport, memory type and sizes. The receiver's host buffer is
 // memory the plugin allocates (ABI 1.7 alloc_memory), as a session receiver's slots are, unless
 // --receiver-memory host.
@@ -374,13 +374,11 @@ class Endpoint {
   std::vector<ferry_memory_t*> memories_;
 };
 
-// Buckets in flight: a session's staging slots for buckets of this size
-// (session/sender/sender_state.hpp, slots_for_capacity), but one from 512 MiB (the bench's
-// buffers, not a session's choice).
+// Buckets in flight: a session's two staging slots, one from 512 MiB (the bench's buffers, not
+// a session's choice), or --slots.
 int slots_for(const UcxBenchOptions& o, std::uint64_t size) {
   if (o.slots > 0) return o.slots;
-  if (size >= 512 * kMiB) return 1;
-  return size <= 16 * kMiB ? 4 : 2;
+  return size >= 512 * kMiB ? 1 : 2;
 }
 
 int iterations_for(const UcxBenchOptions& o, std::uint64_t size) {

@@ -28,7 +28,7 @@ struct UcxBenchOptions {
   std::uint64_t bytes_per_size = 1ull << 30;  // --bytes-per-size: iterations = this / size
   int min_iterations = 3;               // --min-iterations
   int max_iterations = 200;             // --max-iterations
-  int slots = 0;  // --slots: buckets in flight; 0: as a session's staging slots for the size
+  int slots = 0;  // --slots: buckets in flight; 0: as a session (2; 1 from 512 MiB)
   std::string perftest;                 // --perftest: the baseline program (see default_perftest)
   bool no_perftest = false;             // --no-perftest
   std::string json_path;                // --json

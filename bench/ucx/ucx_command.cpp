@@ -33,8 +33,7 @@ UcxBenchCommand add_ucx_bench_command(CLI::App* bench, const GlobalOptions& glob
   sub->add_option("--min-iterations", o->min_iterations, "at least this many buckets (default 3)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--slots", o->slots,
-                  "buckets in flight (default: a session's staging slots for the size, 4 up to "
-                  "16 MiB, 2 above, 1 from 512 MiB)")
+                  "buckets in flight (default: 2, as a session's staging slots; 1 from 512 MiB)")
       ->check(CLI::Range(1, 8));
   sub->add_option("--max-iterations", o->max_iterations, "at most this many (default 200)")
       ->check(CLI::PositiveNumber);

@@ -22,7 +22,6 @@ Delivery::Delivery(SenderState& state_, const Link& link_, std::size_t index_,
       version(version_),
       label(label_),
       result(result_),
-      slots(slots_for_capacity(link_.capacity())),
       direct(link_.direct),
       writer_prints(link_.writer_prints),
       // The copies' fingerprints go with the Commit, and each bucket is announced as soon as
@@ -125,7 +124,7 @@ void Delivery::start_group(std::size_t g, Clock::time_point deadline, bool launc
     auto more = pieces_of(plan.buckets[k]);
     pieces.insert(pieces.end(), more.begin(), more.end());
   }
-  data.start_pieces(static_cast<std::uint32_t>(g % slots), groups[g].first, std::move(pieces),
+  data.start_pieces(static_cast<std::uint32_t>(g % kSlots), groups[g].first, std::move(pieces),
                     deadline, group_name(g), launch);
   deliver_s += seconds_since(deliver_start);
 }
@@ -139,7 +138,7 @@ void Delivery::finish_group(std::size_t g, Clock::time_point deadline) {
 void Delivery::announce(std::uint32_t k, Clock::time_point deadline) {
   const auto announce_start = Clock::now();
   const std::string phase = fmt::format("bucket {}", k);
-  const std::uint32_t slot = k % slots;
+  const std::uint32_t slot = k % kSlots;
   const auto& b = plan.buckets[k];
   capnp::MallocMessageBuilder m;
   auto br = m.initRoot<wire::Message>().initBucket();

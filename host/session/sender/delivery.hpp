@@ -49,8 +49,6 @@ struct Delivery {
   const std::string& label;
   ReceiverResult& result;
 
-  // The session's staging slots (slots_for_capacity of its bucket capacity).
-  std::uint32_t slots = 2;
   DeliveryMode mode = DeliveryMode::staged;
   bool direct = false;            // mode != staged
   bool writer_prints = false;     // direct, and the copies fingerprint what they write

@@ -13,15 +13,15 @@
 
 namespace ferry::session {
 
-// Staged: bucket k goes into slot k % slots once the ack of bucket k - slots freed it: put
+// Staged: bucket k goes into slot k % kSlots once the ack of bucket k - kSlots freed it: put
 // tensor by tensor from their own memory where the data path can (a device transport and CUDA
 // tensors), else packed into the local slot and delivered whole; then announced.
 void deliver_staged(Delivery& d) {
   SenderDataPath& data = d.data;
   for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {
     const std::string phase = fmt::format("bucket {}", k);
-    const std::uint32_t slot = k % d.slots;
-    if (k >= d.slots) d.await_ack();
+    const std::uint32_t slot = k % kSlots;
+    if (k >= kSlots) d.await_ack();
     const auto& b = d.plan.buckets[k];
     const auto deadline = deadline_in(d.options.bucket_timeout);
     const auto deliver_start = Clock::now();
@@ -50,7 +50,7 @@ void deliver_staged(Delivery& d) {
 
 // Direct: pipelined, group g's copies are queued before group g-1 is finished and announced,
 // so the copies run back to back while the control messages go out. No slot is written; the
-// acks of group g - slots still bound the groups in flight.
+// acks of group g - kSlots still bound the groups in flight.
 void deliver_direct(Delivery& d) {
   auto finish_and_announce = [&](std::size_t g, Clock::time_point deadline) {
     d.finish_group(g, deadline);
@@ -58,7 +58,7 @@ void deliver_direct(Delivery& d) {
   };
   auto deadline = deadline_in(d.options.bucket_timeout);
   for (std::size_t g = 0; g < d.groups.size(); ++g) {
-    if (g >= d.slots) d.await_acks(d.groups[g - d.slots].second);
+    if (g >= kSlots) d.await_acks(d.groups[g - kSlots].second);
     if (g >= d.queued_early) d.start_group(g, deadline_in(d.options.bucket_timeout));
     if (g > 0) finish_and_announce(g - 1, deadline);
     deadline = deadline_in(d.options.bucket_timeout);

@@ -127,7 +127,7 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   const auto addr = data ? data->address() : std::vector<std::uint8_t>{};
   hello.setTransportAddress(kj::arrayPtr(addr.data(), addr.size()));
   hello.setBucketBytes(plan.capacity);
-  hello.setSlots(slots_for_capacity(plan.capacity));
+  hello.setSlots(kSlots);
   hello.setDelivery(delivery_name(state.config.update.delivery));
   hello.setKeepSession(state.keep_sessions());
   hello.setRejoinAfterRelease(state.keep_sessions() && options.rejoin_after_release);
@@ -149,7 +149,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   if (transport.name != "inline") {
     try {
       data = make_plugin_sender_path(state.registry, config, transport.name, plan.capacity,
-                                     slots_for_capacity(plan.capacity), plan.device);
+                                     kSlots, plan.device);
     } catch (const Error& e) {
       if (transport.required) throw;
       logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.name,
@@ -192,7 +192,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
       logger("sender")->warn("receiver {} has no '{}'; using inline", address, transport.name);
       state.track(data.get(), false);
     }
-    auto replacement = make_inline_sender_path(plan.capacity, slots_for_capacity(plan.capacity));
+    auto replacement = make_inline_sender_path(plan.capacity, kSlots);
     data.swap(replacement);
   } else {
     if (!data || chosen != data->name()) {
@@ -234,9 +234,9 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
   Channel& ch = *link.channel;
   const auto start = Clock::now();
   link.data = link.transport == "inline"
-                  ? make_inline_sender_path(link.capacity(), slots_for_capacity(link.capacity()))
-                  : make_plugin_sender_path(state.registry, config, link.transport, link.capacity(),
-                                            slots_for_capacity(link.capacity()), plan.device);
+                  ? make_inline_sender_path(link.capacity(), kSlots)
+                  : make_plugin_sender_path(state.registry, config, link.transport,
+                                            link.capacity(), kSlots, plan.device);
   SenderDataPath& data = *link.data;
   state.track(&data, true);
   const double create_s = seconds_since(start);

@@ -24,14 +24,9 @@
 
 namespace ferry::session {
 
-// Staging slots per session (slot k % slots is reused only after the ack of bucket k - slots):
-// double buffering, or four for buckets of at most kSmallBucketBytes, whose copies are short
-// enough that two in flight leave the link idle between them (each bucket's put, flush and
-// announcement cost microseconds of their own). Receivers accept 1 to 4 slots.
-inline constexpr std::uint64_t kSmallBucketBytes = 16ull << 20;
-inline constexpr std::uint32_t slots_for_capacity(std::uint64_t capacity) {
-  return capacity <= kSmallBucketBytes ? 4 : 2;
-}
+// Staging slots per session: double buffering (slot k % kSlots is reused only after the ack of
+// bucket k - kSlots).
+inline constexpr std::uint32_t kSlots = 2;
 
 // Throws the receiver's Refusal, if `root` is one, with its code: "<what>: <its message>".
 inline void throw_if_refused(wire::Message::Reader root, const std::string& what) {
