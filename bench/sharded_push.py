@@ -257,7 +257,8 @@ def bench_main(args, torch, ferry):
             serves.append(Serve(args.ferry, device_of(args), folder, i, args.log_dir,
                                 args.receivers if args.tp else 0))
         addresses = [s.address for s in serves]
-        one = ferry.Sender(addresses, transport=args.transport, progress=False)
+        one = ferry.Sender(addresses, transport=args.transport, progress=False,
+                           update__delivery=args.whole_delivery)
         version = [0]
 
         def push_whole(seed):
@@ -381,7 +382,9 @@ def bench_main(args, torch, ferry):
         moved = sum(row["moved_bytes"]) / model_bytes
         row["of_d2d"] = (moved * d2d / row["sharded_median_s"]) if d2d else None
         row["round_of_d2d"] = (moved * d2d / row["round_median_s"]) if d2d else None
-        row["whole_of_d2d"] = (args.receivers * d2d / row["whole_median_s"]) if d2d else None
+        # (Tensor-parallel receivers take one copy of the model between them.)
+        whole_copies = 1 if args.tp else args.receivers
+        row["whole_of_d2d"] = (whole_copies * d2d / row["whole_median_s"]) if d2d else None
         row["vs_whole"] = row["whole_median_s"] / row["sharded_median_s"]
         # Aggregate throughput: the bytes every receiver took, over the sharded push's time.
         row["gb_per_s"] = sum(row["moved_bytes"]) / row["sharded_median_s"] / 1e9
@@ -394,6 +397,8 @@ def bench_main(args, torch, ferry):
             "lend": args.lend,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "first_direct": first_report.receivers[0].direct,
+            "whole_delivery": args.whole_delivery,
+            "whole_reads_in_place": all(x.reads_in_place for x in first_report.receivers),
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
             "verification": "; ".join(notes) or
             "every sharded version equal to the one-sender push of the same values on every "
@@ -431,6 +436,9 @@ def print_table(r):
         "%d senders: the last rank read the push command %s ms in, the slowest push() took %s ms" % (
             row["senders"], ms(row["last_rank_start_median_s"]),
             ms(row["slowest_rank_push_median_s"])) for row in r["rows"]) + "\n")
+    out.write("the one sender (update.delivery = %s): %s\n" % (
+        r["whole_delivery"], "direct" if r["first_direct"] else
+        "read in place by the receivers" if r["whole_reads_in_place"] else "staged"))
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 
@@ -460,6 +468,11 @@ def main():
                         help="the sender ranks' update.delivery (auto and direct: their pieces "
                              "straight into the receivers' parameters where the transport "
                              "writes device memory; staged: through the receivers' slots)")
+    parser.add_argument("--whole-delivery", choices=["auto", "direct", "staged"], default="auto",
+                        help="the one sender's update.delivery (auto: straight into the "
+                             "receivers' parameters where every plan is a copy, else read in "
+                             "place by the receivers where the transport maps the sender's "
+                             "memory, else staged)")
     parser.add_argument("--staged-ranks", default="", help=argparse.SUPPRESS)
     parser.add_argument("--no-keep", action="store_true",
                         help="the sender ranks open new sessions for every push (update."

@@ -86,15 +86,22 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["transport"] = o.transport;
   record["bucket_mib"] = o.bucket_mib;
   record["delivery"] = o.delivery;
+  record["whole_delivery"] = o.whole_delivery;
   record["kept"] = !o.no_keep;
   record["lend"] = o.lend;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
                                 .string();
-  std::vector<std::string> args = {
-      "--senders", o.senders, "--receivers", std::to_string(o.receivers), "--layers",
-      std::to_string(o.layers), "--rounds", std::to_string(o.rounds), "--transport",
-      o.transport, "--bucket-mib", std::to_string(o.bucket_mib), "--delivery", o.delivery,
-      "--device", o.device, "--ferry", ferry, "--no-table"};
+  std::vector<std::string> args = {"--senders",        o.senders,
+                                   "--receivers",      std::to_string(o.receivers),
+                                   "--layers",         std::to_string(o.layers),
+                                   "--rounds",         std::to_string(o.rounds),
+                                   "--transport",      o.transport,
+                                   "--bucket-mib",     std::to_string(o.bucket_mib),
+                                   "--delivery",       o.delivery,
+                                   "--whole-delivery", o.whole_delivery,
+                                   "--device",         o.device,
+                                   "--ferry",          ferry,
+                                   "--no-table"};
   if (o.no_keep) args.push_back("--no-keep");
   if (o.lend) args.push_back("--lend");
   if (o.tp) args.push_back("--tp");
@@ -149,6 +156,11 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "the sender ranks' update.delivery: auto or direct (their pieces straight into "
                   "the receivers' parameters where the transport writes device memory) or "
                   "staged")
+      ->check(CLI::IsMember({"auto", "direct", "staged"}));
+  app->add_option("--whole-delivery", o->whole_delivery,
+                  "the one sender's update.delivery: auto (straight into the receivers' "
+                  "parameters where every plan is a copy, else read in place by the receivers "
+                  "where the transport maps the sender's memory, else staged), direct or staged")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
   app->add_flag("--no-keep", o->no_keep,
                "the sender ranks open new sessions for every push instead of keeping them");

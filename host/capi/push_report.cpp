@@ -46,7 +46,7 @@ FERRY_API ferry_error_t* ferry_push_report_receiver(const ferry_push_report_t* r
     }
     const auto& r = report->receivers[index];
     ferry_receiver_result_t value{};
-    value.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, rank_bytes);
+    value.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, reads_in_place);
     value.address = r.address.c_str();
     value.committed = r.committed ? 1 : 0;
     value.error = r.error.c_str();
@@ -60,6 +60,7 @@ FERRY_API ferry_error_t* ferry_push_report_receiver(const ferry_push_report_t* r
     value.needed_bytes = r.needed_bytes;
     value.num_ranks = r.rank_bytes.size();
     value.rank_bytes = r.rank_bytes.empty() ? nullptr : r.rank_bytes.data();
+    value.reads_in_place = r.reads_in_place ? 1 : 0;
     ferry::capi::write_struct(out, value, kFn, "out");
   });
 }

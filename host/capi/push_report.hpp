@@ -22,6 +22,7 @@ struct ferry_push_report {
     bool reused_session = false;
     std::vector<std::uint64_t> rank_bytes;  // a sharded push's bytes moved per rank
     std::uint64_t needed_bytes = 0;
+    bool reads_in_place = false;
   };
   std::uint64_t version = 0;
   std::uint64_t bytes = 0;

@@ -29,7 +29,7 @@ ferry_push_report_t* new_report(const std::vector<ferry::session::ReceiverResult
   for (const auto& r : results) {
     report->receivers.push_back({r.address, r.committed, r.error, r.bytes, r.buckets, r.seconds,
                                  r.transport, r.direct, r.writer_fingerprints, r.reused_session,
-                                 r.rank_bytes, r.needed_bytes});
+                                 r.rank_bytes, r.needed_bytes, r.reads_in_place});
   }
   return report.release();
 }

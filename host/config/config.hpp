@@ -32,10 +32,12 @@ enum class MirrorRefresh {
   commit,      // inside commit, before it returns (the update waits for the copy)
 };
 
-// How parameter names and shapes are laid out in the receiver.
-// How a session moves tensors into a receiver's parameters (docs/architecture.md, "Two ways to deliver").
+// How a session moves tensors into a receiver's parameters (docs/architecture.md, "Three ways to
+// deliver").
 enum class Delivery {
-  automatic,  // direct where the transport writes remote device memory and every plan is a pure copy
+  // direct where the transport writes remote device memory and every plan is a pure copy; else
+  // read in place by the receiver where the transport maps the sender's memory; else staged
+  automatic,
   direct,     // the sender writes each tensor straight into its destination slice; else fail
   staged,     // always through staging slots; the receiver applies its plan from them
 };

@@ -480,6 +480,7 @@ class Suite {
     }
     needs(present(api.put_many), "put_many", present(api.put), "put");
     needs(present(api.prepare_puts), "prepare_puts", present(api.put), "put");
+    needs(present(api.map_peer_memory), "map_peer_memory", present(api.pack_key), "pack_key");
     needs(present(api.alloc_memory), "alloc_memory", present(api.deregister_memory),
           "deregister_memory");
     needs(present(api.request_test), "request_test", present(api.request_free), "request_free");

@@ -38,7 +38,8 @@ const std::vector<Requirement>& requirements() {
        "Optional functions come in usable sets, a NULL one meaning only 'not implemented': "
        "connect with disconnect and get_address, register_memory with deregister_memory, "
        "pack_key with register_memory, send_bucket/recv_bucket/put/flush with connect, "
-       "put_many and prepare_puts with put, alloc_memory with deregister_memory, "
+       "put_many and prepare_puts with put, map_peer_memory with pack_key, "
+       "alloc_memory with deregister_memory, "
        "request_test/request_wait with request_free, source_catalog/source_read with "
        "source_open and source_close."},
       {"FERRY-ABI-9",

@@ -17,7 +17,7 @@ namespace {
 
 // Function fields of each table in declaration order (every field after struct_size is a function
 // pointer); the first `required` of them are required.
-constexpr std::array<const char*, 24> kTransportFunctions = {
+constexpr std::array<const char*, 25> kTransportFunctions = {
     "get_caps",        "create",       "destroy",
     "get_address",     "connect",      "disconnect",
     "register_memory", "pack_key",     "deregister_memory",
@@ -25,7 +25,8 @@ constexpr std::array<const char*, 24> kTransportFunctions = {
     "flush",           "request_test", "request_wait",
     "request_free",    "abort",        "source_open",
     "source_catalog",  "source_read",  "source_close",
-    "put_many",        "alloc_memory", "prepare_puts"};
+    "put_many",        "alloc_memory", "prepare_puts",
+    "map_peer_memory"};
 constexpr std::array<const char*, 7> kModelFunctions = {
     "create", "destroy", "target_layout", "layout_free", "plan", "plan_free", "locate"};
 

@@ -85,6 +85,16 @@ class ReceiverDataPath {
   // memory goes (an idle session then holds none of the GPU's memory). slot() must not be
   // called afterwards; slot_count() is unchanged (slot numbers still label buckets).
   virtual void release_slots() noexcept {}
+  // Reads in place (docs/architecture.md, "Three ways to deliver"): true when the transport maps
+  // memory the sender lent (SenderDataPath::lend) into this process for the update engine's
+  // kernels (plugin ABI 1.10 map_peer_memory; device memory of the receiver's GPU).
+  virtual bool reads_peer_memory() const { return false; }
+  // Where this process reads the `bytes` bytes the sender lent under `key` (the sender's memory,
+  // mapped here by the transport until the path goes). UNIMPLEMENTED where the path cannot.
+  virtual const std::byte* map_peer(std::span<const std::uint8_t> /*key*/, std::uint64_t /*bytes*/,
+                                    Clock::time_point /*deadline*/) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot read the sender's memory", name());
+  }
   virtual void abort(const std::string& /*reason*/) noexcept {}
 };
 
@@ -179,8 +189,20 @@ class SenderDataPath {
   virtual bool data_follows() const { return false; }
   virtual void after_header(Channel& /*channel*/, std::uint32_t /*slot*/, std::uint64_t /*bytes*/,
                             Clock::time_point /*deadline*/, const std::string& /*phase*/) {}
+  // Reads in place: true when the receiver may map this side's CUDA tensors (lend()) and run
+  // its plan from them (the same transport's ReceiverDataPath::reads_peer_memory). Known from
+  // creation on.
+  virtual bool lends_tensors() const { return false; }
+  // The packed key of `bytes` bytes of CUDA memory at `data` (a tensor on this side's GPU) for
+  // the receiver to read in place. Its registration outlives the push: the pushes of a kept
+  // session lend the same tensors, and the receiver's mapping of them stays. end_push() lets go
+  // of those the push did not lend. UNIMPLEMENTED where the path cannot.
+  virtual std::vector<std::uint8_t> lend(const void* /*data*/, std::uint64_t /*bytes*/) {
+    fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot lend tensors", name());
+  }
   // A push ended and the path is kept for the next one (a kept session): it lets go of
-  // everything of that push's tensors (their registrations), which need not outlive it.
+  // everything of that push's tensors (their registrations), which need not outlive it, but
+  // those it lent (lend()), which stay until a push no longer lends them.
   virtual void end_push() noexcept {}
   virtual void abort(const std::string& /*reason*/) noexcept {}
 };

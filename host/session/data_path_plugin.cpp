@@ -126,6 +126,8 @@ constexpr std::uint32_t kAllocMemoryMinor = 7;
 constexpr std::uint32_t kPutChunkHashesMinor = 8;
 // The plugin ABI minor from which the table may hold prepare_puts.
 constexpr std::uint32_t kPreparePutsMinor = 9;
+// The plugin ABI minor from which the table may hold map_peer_memory.
+constexpr std::uint32_t kMapPeerMemoryMinor = 10;
 
 class PluginInstance {
  public:
@@ -156,6 +158,8 @@ class PluginInstance {
     }
     rma_native_ = can_put;
     can_send_ = can_send;
+    maps_peer_ = can_put && api_->map_peer_memory != nullptr &&
+                 plugin_->info().abi_minor >= kMapPeerMemoryMinor;
     device_transport_ = is_device_transport(caps_);
     if (role == FERRY_ROLE_RECEIVER && device_transport_ && device < 0) {
       fail(FERRY_STATUS_INCOMPATIBLE,
@@ -196,7 +200,9 @@ class PluginInstance {
     if (api_->deregister_memory != nullptr) {
       for (auto* m : memory_) api_->deregister_memory(transport_, m);
       for (auto& [range, m] : local_) api_->deregister_memory(transport_, m);
+      for (auto& [range, lent] : lent_) api_->deregister_memory(transport_, lent.memory);
     }
+    lent_.clear();
     memory_.clear();
     local_.clear();
     api_->destroy(transport_);
@@ -290,6 +296,42 @@ class PluginInstance {
       for (auto& [range, m] : local_) api_->deregister_memory(transport_, m);
     }
     local_.clear();
+  }
+
+  // Reads in place: the key of a CUDA tensor's memory lent to the receiver, registered once
+  // and kept across pushes (marked as lent by push `push`).
+  std::vector<std::uint8_t> lend(const void* data, std::uint64_t size, int device,
+                                 std::uint64_t push) {
+    const auto range = std::make_pair(reinterpret_cast<std::uintptr_t>(data), size);
+    auto it = lent_.find(range);
+    if (it == lent_.end()) {
+      auto* m = register_range(const_cast<void*>(data), size, FERRY_MEMORY_CUDA, device);
+      Lent lent{m, {}, push};
+      try {
+        ferry_blob_t blob = empty_blob();
+        throw_if_error(api_->pack_key(transport_, m, &blob), context("pack_key"));
+        lent.key = take_blob(blob);
+      } catch (...) {
+        if (api_->deregister_memory != nullptr) api_->deregister_memory(transport_, m);
+        throw;
+      }
+      it = lent_.emplace(range, std::move(lent)).first;
+    }
+    it->second.push = push;
+    return it->second.key;
+  }
+
+  // Lets go of the lent memory that push `push` did not lend (the trainer's tensors moved).
+  void forget_lent_before(std::uint64_t push) noexcept {
+    for (auto it = lent_.begin(); it != lent_.end();) {
+      if (it->second.push >= push) {
+        ++it;
+        continue;
+      }
+      if (api_->deregister_memory != nullptr)
+        api_->deregister_memory(transport_, it->second.memory);
+      it = lent_.erase(it);
+    }
   }
 
   // The registration of a tensor's memory the sender puts from; registered once per push.
@@ -406,6 +448,15 @@ class PluginInstance {
   bool device_transport_ = false;  // see is_device_transport()
   bool device_memory_ = false;     // see moves_device_memory()
   bool rma_native_ = false;        // put + flush + pack_key exist
+  bool maps_peer_ = false;         // and map_peer_memory (ABI 1.10)
+  // Tensors' memory lent to the receiver (reads in place): (address, bytes) -> registration,
+  // its packed key, and the last push that lent it.
+  struct Lent {
+    ferry_memory_t* memory = nullptr;
+    std::vector<std::uint8_t> key;
+    std::uint64_t push = 0;
+  };
+  std::map<std::pair<std::uintptr_t, std::uint64_t>, Lent> lent_;
   bool can_send_ = false;          // send_bucket + recv_bucket exist
 };
 
@@ -476,6 +527,23 @@ class PluginReceiverPath final : public ReceiverDataPath {
     p_.finish(request, deadline, "recv_bucket of bucket " + std::to_string(bucket_index));
   }
   void abort(const std::string& reason) noexcept override { p_.abort(reason); }
+  bool reads_peer_memory() const override {
+    return p_.maps_peer_ && p_.device_memory_ && p_.slot_device_ >= 0;
+  }
+  const std::byte* map_peer(std::span<const std::uint8_t> key, std::uint64_t bytes,
+                            Clock::time_point deadline) override {
+    if (!reads_peer_memory()) ReceiverDataPath::map_peer(key, bytes, deadline);
+    const ferry_blob_t blob = borrow_blob(key);
+    const void* at = nullptr;
+    throw_if_error(
+        p_.api_->map_peer_memory(p_.transport_, p_.peer_, &blob, 0, bytes, to_ns(deadline), &at),
+        p_.context("map_peer_memory"));
+    if (at == nullptr && bytes > 0) {
+      fail(FERRY_STATUS_INTERNAL, "transport '{}' map_peer_memory gave no address for {} bytes",
+           p_.name_, bytes);
+    }
+    return static_cast<const std::byte*>(at);
+  }
   void release_slots() noexcept override {
     for (auto*& r : posted_) {
       if (r != nullptr && p_.api_->request_free != nullptr) p_.api_->request_free(p_.transport_, r);
@@ -784,7 +852,17 @@ class PluginSenderPath final : public SenderDataPath {
     }
   }
   void abort(const std::string& reason) noexcept override { p_.abort(reason); }
-  void end_push() noexcept override { p_.forget_local(); }
+  void end_push() noexcept override {
+    p_.forget_local();
+    // Lent memory stays while the next push lends it again.
+    p_.forget_lent_before(push_);
+    ++push_;
+  }
+  bool lends_tensors() const override { return p_.maps_peer_ && p_.device_memory_; }
+  std::vector<std::uint8_t> lend(const void* data, std::uint64_t bytes) override {
+    if (!lends_tensors()) return SenderDataPath::lend(data, bytes);
+    return p_.lend(data, bytes, device_, push_);
+  }
   ~PluginSenderPath() override {
     for (auto& st : started_) release(st);
   }
@@ -858,6 +936,7 @@ class PluginSenderPath final : public SenderDataPath {
 
   PluginInstance p_;
   std::deque<Started> started_;  // oldest first; at most kMaxStartedPieces
+  std::uint64_t push_ = 0;       // pushes ended so far (end_push), to sweep lent memory
   int device_ = -1;
   bool rma_ = false;
   std::vector<std::vector<std::uint8_t>> keys_;

@@ -179,6 +179,12 @@ class Session final : public update::BucketSource, public ShardMember {
 
   bool next(std::uint32_t, update::Bucket& out) override;
   void verify(update::Bucket& bucket) override;
+  // Reads in place: the bucket's entries mapped where the sender lent them (one key each).
+  void map_sources(capnp::List<capnp::Data>::Reader sources, update::Bucket& out,
+                   const std::string& phase);
+  // Reads in place: the entries' fingerprints for the Ack (the manifest's, which the update
+  // engine compares with what it reads before it writes anything).
+  void verify_read(update::Bucket& bucket);
   void applied(const update::Bucket& bucket) override;
 
   // Tell the sender now (it may be waiting for an ack, not sending), then break the wait of the
@@ -309,7 +315,11 @@ class Session final : public update::BucketSource, public ShardMember {
     if (!data_) data_ = make_inline_receiver_path(capacity_, slots);
     const auto offer_start = Clock::now();
     delivery_ = text(hello.getDelivery());
-    if (!hello.hasShard()) offer_direct(delivery_, descs);
+    lends_ = !hello.hasShard() && hello.getLendsTensors();
+    if (!hello.hasShard()) {
+      offer_direct(delivery_, descs);
+      offer_reads();
+    }
     if (hello.hasShard()) {
       join_shard(wants_direct_blocks());
       offer_direct_blocks();
@@ -351,6 +361,7 @@ class Session final : public update::BucketSource, public ShardMember {
     welcome.setCommitTimeoutMs(static_cast<std::uint64_t>(settings_.commit_timeout.count()));
     welcome.setKeepSession(keep_);
     welcome.setFingerprintsAtCommit(true);
+    welcome.setReadsTensors(reads_offered_);
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
     logger("session")->info(
         "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
@@ -452,6 +463,7 @@ class Session final : public update::BucketSource, public ShardMember {
       offer_direct_blocks();
     } else {
       offer_direct(delivery_, descs_);
+      offer_reads();
     }
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
@@ -488,9 +500,9 @@ class Session final : public update::BucketSource, public ShardMember {
     logger("session")->debug("kept session with {} suspended for the release", ch_.peer());
   }
 
-  // Direct delivery (docs/architecture.md, "Two ways to deliver"): offered when the data path puts into
-  // device memory and every tensor's plan is one whole copy into a device parameter; the memory
-  // blocks holding those parameters are shared with the sender. Anything less: staged.
+  // Direct delivery (docs/architecture.md, "Three ways to deliver"): offered when the data path
+  // puts into device memory and every tensor's plan is one whole copy into a device parameter; the
+  // memory blocks holding those parameters are shared with the sender. Anything less: staged.
   void offer_direct(const std::string& delivery, std::span<const ferry_tensor_desc_t> descs) {
     if (delivery == "staged" || !data_->rma_native() || data_->slot_kind() != FERRY_MEMORY_CUDA ||
         descs.empty()) {
@@ -509,6 +521,21 @@ class Session final : public update::BucketSource, public ShardMember {
       if (why_not.empty()) return;
     }
     logger("session")->info("session with {}: staged delivery ({})", ch_.peer(), why_not);
+  }
+
+  // Reads in place (docs/architecture.md, "Three ways to deliver"): offered where direct
+  // delivery is not (some tensor's plan is not one whole copy into a device parameter), the
+  // sender lends its tensors and the data path maps them here; update.delivery "staged" keeps
+  // the staging slots. The Begin then says whether an update reads.
+  void offer_reads() {
+    reads_offered_ =
+        lends_ && destinations_.empty() && delivery_ != "staged" && data_->reads_peer_memory();
+    if (reads_offered_) {
+      logger("session")->info(
+          "session with {}: reads the sender's tensors in place and applies "
+          "the plan from them",
+          ch_.peer());
+    }
   }
 
   // Whether the receiver takes the writing copies' fingerprints as those of what they wrote
@@ -672,6 +699,11 @@ class Session final : public update::BucketSource, public ShardMember {
            ch_.peer(), phase);
     }
     refuse_staged_after_direct(phase);
+    reads_ = b.getReadsTensors();
+    if (reads_ && (!reads_offered_ || direct_)) {
+      fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: reads in place announced, but none was offered",
+           ch_.peer(), phase);
+    }
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && b.getWriterFingerprints())) {
       fail(FERRY_STATUS_CORRUPT_DATA,
@@ -928,6 +960,11 @@ class Session final : public update::BucketSource, public ShardMember {
   };
   std::vector<SharedDestination> destinations_;
   bool direct_ = false;
+  // Reads in place: the sender lends its tensors (Hello.lendsTensors), the Welcome offered to
+  // read them, and this update does (Begin.readsTensors).
+  bool lends_ = false;
+  bool reads_offered_ = false;
+  bool reads_ = false;
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
   bool slots_released_ = false;    // a kept direct session let its staging slots go
   std::atomic<bool> apply_refused_{false};
@@ -946,7 +983,7 @@ class Session final : public update::BucketSource, public ShardMember {
 bool Session::next(std::uint32_t, update::Bucket& out) {
   const std::uint32_t k = next_;
   const std::uint32_t slots = data_->slot_count();
-  if (!direct_ && k >= 1) {
+  if (!direct_ && !reads_ && k >= 1) {
     // The slot of a bucket applied already is free: post the receive that will use it.
     if (slots == 1) {
       if (k < bucket_count_) data_->post(0, k, deadline_in(settings_.bucket_timeout));
@@ -971,6 +1008,13 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
         fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: got bucket {} (of {})", ch_.peer(), phase, index,
              bucket_count_);
       }
+      out.manifest_bytes.assign(b.getManifest().begin(), b.getManifest().end());
+      out.index = index;
+      if (reads_) {
+        map_sources(b.getSources(), out, phase);
+        ++next_;
+        return true;
+      }
       if (slot >= slots || bytes > capacity_) {
         fail(FERRY_STATUS_CORRUPT_DATA,
              "{}: {}: slot {} / {} bytes is outside the {} slots of {} bytes", ch_.peer(), phase,
@@ -980,10 +1024,8 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
         fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: slot {} reused before bucket {} was acknowledged",
              ch_.peer(), phase, slot, k - 1);
       }
-      out.manifest_bytes.assign(b.getManifest().begin(), b.getManifest().end());
       data_->receive(ch_, slot, index, bytes, b.getDataFollows(),
                      deadline_in(settings_.bucket_timeout), phase);
-      out.index = index;
       out.slot = slot;
       out.in_place = direct_;
       if (!direct_) {
@@ -1040,12 +1082,12 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
 // carries, which the update engine then compares with the manifest's instead of hashing again.
 void Session::verify(update::Bucket& bucket) {
   const std::string phase = fmt::format("bucket {}", bucket.index);
-  bucket.manifest = manifest::decode(bucket.manifest_bytes);
+  if (!bucket.manifest) bucket.manifest = manifest::decode(bucket.manifest_bytes);
   const auto& decoded = *bucket.manifest;
   if (sharded_) {
     for (const auto& e : decoded.tensors) declared_.arrived(e);
   }
-  const std::uint64_t bytes = direct_ ? decoded.bucket_bytes : bucket.data.size();
+  const std::uint64_t bytes = direct_ || reads_ ? decoded.bucket_bytes : bucket.data.size();
   if (!direct_ && decoded.bucket_bytes != bytes) {
     fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: the manifest says {} bytes but {} bytes arrived",
          ch_.peer(), phase, decoded.bucket_bytes, bytes);
@@ -1061,6 +1103,12 @@ void Session::verify(update::Bucket& bucket) {
   if (direct_) return;
   const auto prints_start = Clock::now();
   echoed_ = false;
+  if (reads_) {
+    verify_read(bucket);
+    apply_start_ = Clock::now();
+    prints_ms_ = std::chrono::duration<double, std::milli>(apply_start_ - prints_start).count();
+    return;
+  }
   if (bucket.kind == FERRY_MEMORY_CUDA) {
     // A device bucket (cuda_ipc): the sender's flush finished before its BucketReady, so the
     // bytes are complete; the engine returns once the scatter out of the slot is done, so the
@@ -1083,6 +1131,60 @@ void Session::verify(update::Bucket& bucket) {
   prints_ms_ = std::chrono::duration<double, std::milli>(apply_start_ - prints_start).count();
 }
 
+// On the receiving thread, reads in place: the manifest decoded here (its entries' sizes are
+// what the transport maps), and each entry's bytes mapped where the sender lent them. The
+// mapping is the data path's: a kept session's next push finds the same tensors mapped.
+void Session::map_sources(capnp::List<capnp::Data>::Reader sources, update::Bucket& out,
+                          const std::string& phase) {
+  out.manifest = manifest::decode(out.manifest_bytes);
+  const auto& m = *out.manifest;
+  if (sources.size() != m.tensors.size()) {
+    fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: {} sources for the {} entries of its manifest",
+         ch_.peer(), phase, sources.size(), m.tensors.size());
+  }
+  const auto deadline = deadline_in(settings_.bucket_timeout);
+  out.entry_data.clear();
+  out.entry_data.reserve(m.tensors.size());
+  for (unsigned i = 0; i < sources.size(); ++i) {
+    const auto key = sources[i];
+    if (key.size() == 0) {
+      if (m.tensors[i].size != 0) {
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: tensor '{}' ({} bytes) came without its source",
+             ch_.peer(), phase, m.tensors[i].name, m.tensors[i].size);
+      }
+      out.entry_data.push_back(nullptr);
+      continue;
+    }
+    out.entry_data.push_back(data_->map_peer(std::span<const std::uint8_t>(key.begin(), key.size()),
+                                             m.tensors[i].size, deadline));
+  }
+  out.kind = FERRY_MEMORY_CUDA;
+  out.data = {};
+  out.slot = 0;
+  out.in_place = false;
+}
+
+void Session::verify_read(update::Bucket& bucket) {
+  const auto& m = *bucket.manifest;
+  for (const auto& e : m.tensors) {
+    if (!e.fingerprint) {
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: bucket {}: tensor '{}' is to be read in place without the sender's fingerprint",
+           ch_.peer(), bucket.index, e.name);
+    }
+  }
+  echoed_ = config_.update.verify_fingerprints;
+  if (echoed_) return;
+  // The engine checks nothing here (update.verify_fingerprints off): the Ack carries the
+  // fingerprints of what is there, which the sender compares with its own.
+  std::vector<const void*> data(bucket.entry_data.begin(), bucket.entry_data.end());
+  std::vector<std::uint64_t> bytes;
+  bytes.reserve(m.tensors.size());
+  for (const auto& e : m.tensors) bytes.push_back(e.size);
+  bucket.entry_fingerprints =
+      fingerprint_device_ranges(device_, data, bytes, fmt::format("bucket {}", m.bucket_index));
+}
+
 // On the applying thread: the bucket is applied (or recorded); the Ack lets the sender reuse its
 // slot.
 void Session::applied(const update::Bucket& bucket) {
@@ -1096,8 +1198,8 @@ void Session::applied(const update::Bucket& bucket) {
     }
     logger("session")->debug(
         "{}: {}: {} tensors, {} bytes: ack fingerprints {:.3f} ms{}, apply_bucket {:.3f} ms",
-        ch_.peer(), phase, bucket.manifest->tensors.size(), bucket.data.size(), prints_ms_,
-        echoed_ ? " (echoed from the manifest)" : "",
+        ch_.peer(), phase, bucket.manifest->tensors.size(), update::bucket_payload_bytes(bucket),
+        prints_ms_, echoed_ ? " (echoed from the manifest)" : "",
         std::chrono::duration<double, std::milli>(Clock::now() - apply_start_).count());
   }
   send_ack(bucket.index, bucket.slot, prints, phase);

@@ -43,6 +43,10 @@ struct Hello {
   # memory): it drops its data path, answers `pathDropped`, and rejoins with `rejoin` before its
   # next Begin. A receiver meets an older sender's Hello (false) with a plain Closing.
   rejoinAfterRelease @13 :Bool;
+  # Reads in place (docs/architecture.md, "Three ways to deliver"): the sender's data path can
+  # lend its CUDA tensors to the receiver, which then maps them and runs its plan from them
+  # (Welcome.readsTensors). Sent only by a sender of one whole catalog (no shard).
+  lendsTensors @14 :Bool;
 }
 
 # One block a sharded sender holds, in global coordinates.
@@ -124,6 +128,10 @@ struct Welcome {
   # in order (replicas included, and ignored): the piece its plan reads. The sender sends exactly
   # these pieces, as blocks of their own, in holding order, empty pieces left out.
   needs @15 :List(Need);
+  # Hello.lendsTensors accepted: where direct delivery is not offered (a plan that is not one
+  # whole copy per tensor), the receiver reads the sender's tensors in place; a Begin with
+  # readsTensors then sends every bucket's entries by their keys (BucketReady.sources).
+  readsTensors @16 :Bool;
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.
@@ -148,6 +156,11 @@ struct Begin {
   # complete; the Commit, sent once every copy completed, carries the copies' fingerprints.
   # Nothing written in place is read before the Commit, so the early announcement is safe.
   fingerprintsAtCommit @7 :Bool;
+  # Welcome.readsTensors: no byte is put; each BucketReady names where its entries are in the
+  # sender's memory (sources), which stays final and lent until the Committed. The receiver
+  # maps them, verifies each entry against the manifest's fingerprint, and runs its plan from
+  # them.
+  readsTensors @8 :Bool;
 }
 
 struct Ready {
@@ -161,6 +174,9 @@ struct BucketReady {
   bytes @2 :UInt64;      # bucket bytes; equals the manifest's bucketBytes
   manifest @3 :Data;     # tensor_meta.capnp Manifest bytes
   dataFollows @4 :Bool;  # inline data path: a raw frame of `bytes` bytes comes next
+  # Begin.readsTensors: one key per manifest entry, in order, from the sender's transport
+  # (pack_key of the entry's memory, its bytes from offset 0); empty for an empty entry.
+  sources @5 :List(Data);
 }
 
 # receiver -> sender: bucket `index` was applied; its slot may be reused.

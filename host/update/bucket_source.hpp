@@ -42,12 +42,25 @@ struct Bucket {
   // Written in place by the peer (direct delivery): no bytes to apply; the engine records what
   // the manifest covers and verifies it at commit.
   bool in_place = false;
+  // Read in place (a session reading the sender's lent tensors): where each manifest entry's
+  // bytes are, one address per entry in manifest order (memory of `kind`, valid until applied()
+  // returned), instead of `data` plus the entry's offset; `data` is then empty. The engine
+  // verifies and applies the entries from there.
+  std::vector<const std::byte*> entry_data;
   // Source-defined: which staging slot holds the bytes, and the bucket's index.
   std::uint32_t slot = 0;
   std::uint32_t index = 0;
   // Source-defined: which of the source's peers sent it (a sharded update: the sender's rank).
   std::uint32_t origin = 0;
 };
+
+// The bytes a bucket brought: its data, or the manifest entries' bytes of a bucket read in place.
+inline std::uint64_t bucket_payload_bytes(const Bucket& b) {
+  if (b.entry_data.empty() || !b.manifest) return b.data.size();
+  std::uint64_t bytes = 0;
+  for (const auto& e : b.manifest->tensors) bytes += e.size;
+  return bytes;
+}
 
 // What the sender said about the whole update, known once the last bucket arrived.
 struct UpdateEnd {

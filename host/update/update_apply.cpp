@@ -11,7 +11,9 @@
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace ferry::update {
 namespace {
@@ -26,6 +28,41 @@ struct ExecutionPlan final : PlanAttachment {
   std::vector<ferry_plan_op_t> device_fp8_ops;
   std::shared_ptr<const void> prepared;  // device_ops prepared by CudaApplier (null if none)
 };
+
+// A bucket read in place (Bucket::entry_data): its entries as offsets from one base, aligned to
+// 256 bytes below the lowest entry (so each entry keeps its own alignment for the kernels), and
+// the span from that base to the end of the highest one. The span is never read as a whole: the
+// memory between entries may not even be mapped. Empty entries sit at the base.
+struct SpanningBucket {
+  std::span<const std::byte> bucket;
+  std::vector<std::uint64_t> offsets;
+};
+SpanningBucket spanning_bucket(std::span<const kernels::EntryView> entries,
+                               const manifest::Manifest& m) {
+  constexpr std::uintptr_t kAlign = 256;
+  std::uintptr_t lo = UINTPTR_MAX;
+  std::uintptr_t hi = 0;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (m.tensors[i].size == 0) continue;
+    const auto at = reinterpret_cast<std::uintptr_t>(entries[i].data);
+    if (at == 0 || m.tensors[i].size > UINTPTR_MAX - at) {
+      fail(FERRY_STATUS_INTERNAL, "tensor '{}' read in place has no valid address",
+           m.tensors[i].name);
+    }
+    lo = std::min(lo, at);
+    hi = std::max<std::uintptr_t>(hi, at + m.tensors[i].size);
+  }
+  if (lo > hi) lo = hi = kAlign;  // nothing to read
+  const std::uintptr_t base = std::max(kAlign, lo / kAlign * kAlign);
+  SpanningBucket out;
+  out.offsets.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    out.offsets.push_back(
+        m.tensors[i].size == 0 ? 0 : reinterpret_cast<std::uintptr_t>(entries[i].data) - base);
+  }
+  out.bucket = {reinterpret_cast<const std::byte*>(base), static_cast<std::size_t>(hi - base)};
+  return out;
+}
 
 // Aligned host memory for a staging bucket; page-locked when `pinned` (and CUDA is built in).
 std::shared_ptr<std::byte> new_staging(std::uint64_t bytes, bool pinned) {
@@ -104,7 +141,7 @@ const manifest::Manifest& UpdateEngine::bucket_manifest_locked(Bucket& bucket,
 }
 
 void UpdateEngine::apply_staged(Bucket& b) {
-  const std::span<const std::byte> bucket = b.data;
+  std::span<const std::byte> bucket = b.data;
   const ferry_memory_kind_t bucket_kind = b.kind;
   std::lock_guard lock(op_mutex_);
   std::uint64_t version = 0;
@@ -119,19 +156,37 @@ void UpdateEngine::apply_staged(Bucket& b) {
   current_bucket_.reset();
   try {
     const manifest::Manifest& m = bucket_manifest_locked(b, version);
-    if (m.bucket_bytes != bucket.size()) {
+    const bool read_in_place = !b.entry_data.empty();
+    if (!read_in_place && m.bucket_bytes != bucket.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "the manifest describes {} bucket bytes but {} arrived",
            m.bucket_bytes, bucket.size());
     }
+    if (read_in_place && b.entry_data.size() != m.tensors.size()) {
+      fail(FERRY_STATUS_INTERNAL, "{} addresses given for the {} entries of bucket {}",
+           b.entry_data.size(), m.tensors.size(), m.bucket_index);
+    }
     std::vector<kernels::EntryView> entries;
     entries.reserve(m.tensors.size());
-    for (const auto& e : m.tensors) {
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+      const auto& e = m.tensors[i];
       const auto end = checked_add(e.offset, e.size);
       const auto count = element_count(e.shape);
-      if (!end || *end > bucket.size() || !count) {
+      if (!end || (!read_in_place && *end > bucket.size()) || !count) {
         fail(FERRY_STATUS_CORRUPT_DATA, "tensor '{}' lies outside the bucket", e.name);
       }
-      entries.push_back({bucket.data() + e.offset, e.dtype, *count});
+      entries.push_back(
+          {read_in_place ? b.entry_data[i] : bucket.data() + e.offset, e.dtype, *count});
+    }
+    // Read in place: the entries lie wherever the sender's tensors are mapped. The kernels take
+    // them as offsets from one base, as in a bucket spanning them all (never read as a whole).
+    std::vector<std::uint64_t> offsets;
+    offsets.reserve(m.tensors.size());
+    if (read_in_place) {
+      const auto spanned = spanning_bucket(entries, m);
+      bucket = spanned.bucket;
+      offsets = spanned.offsets;
+    } else {
+      for (const auto& e : m.tensors) offsets.push_back(e.offset);
     }
     const bool device_bucket = bucket_kind == FERRY_MEMORY_CUDA;
     if (options_.verify_fingerprints) {
@@ -195,9 +250,6 @@ void UpdateEngine::apply_staged(Bucket& b) {
     }
     // The split by memory kind (and the device op table) is cached with the plan, for these
     // entry offsets.
-    std::vector<std::uint64_t> offsets;
-    offsets.reserve(m.tensors.size());
-    for (const auto& e : m.tensors) offsets.push_back(e.offset);
     auto* exec = dynamic_cast<ExecutionPlan*>(cached->attachment.get());
     if (exec == nullptr || cached->attachment_key != offsets) {
       auto built = std::make_shared<ExecutionPlan>();
@@ -253,7 +305,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::lock_guard state(state_mutex_);
     metrics_.buckets_applied += 1;
-    metrics_.bytes_applied += bucket.size();
+    metrics_.bytes_applied += read_in_place ? bucket_payload_bytes(b) : bucket.size();
     metrics_.seconds_applying += seconds;
     metrics_.plan_cache_hits = cache_.hits();
     metrics_.plan_cache_misses = cache_.misses();

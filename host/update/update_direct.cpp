@@ -1,6 +1,6 @@
-// update/update_direct.cpp: direct delivery (docs/architecture.md, "Two ways to deliver"): where a peer may
-// write a tensor in place, the declaration that it does, the buckets it wrote recorded, and what
-// it wrote verified at commit in one pass (see update/update_engine.hpp).
+// update/update_direct.cpp: direct delivery (docs/architecture.md, "Three ways to deliver"): where
+// a peer may write a tensor in place, the declaration that it does, the buckets it wrote recorded,
+// and what it wrote verified at commit in one pass (see update/update_engine.hpp).
 #include "update/update_engine.hpp"
 
 #include "update/block_plan.hpp"

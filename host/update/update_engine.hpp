@@ -182,9 +182,9 @@ class UpdateEngine {
   // this receiver needs of each, update::reads_of). Throws the plan's errors.
   std::vector<TensorReads> reads(std::span<const ferry_tensor_desc_t> tensors);
 
-  // ---- direct delivery (docs/architecture.md, "Two ways to deliver"): a peer writes parameters in place.
-  // Where a checkpoint tensor lands when its plan is one whole, contiguous copy (no cast, no
-  // transform) into a parameter in device memory: the peer may write it there itself.
+  // ---- direct delivery (docs/architecture.md, "Three ways to deliver"): a peer writes parameters
+  // in place. Where a checkpoint tensor lands when its plan is one whole, contiguous copy (no cast,
+  // no transform) into a parameter in device memory: the peer may write it there itself.
   struct DirectDestination {
     std::byte* data = nullptr;  // the first byte the tensor's bytes go to
     std::uint64_t bytes = 0;

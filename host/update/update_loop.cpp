@@ -23,7 +23,7 @@ struct Applier {
     try {
       source.verify(bucket);
       engine.apply(bucket);
-      report.bytes += bucket.data.size();
+      report.bytes += bucket_payload_bytes(bucket);
       report.tensors += bucket.manifest ? bucket.manifest->tensors.size() : 0;
       report.buckets += 1;
       source.applied(bucket);

@@ -26,8 +26,8 @@ struct CudaIpcPlugin {
   static constexpr const char* kOptions[] = {"socket_dir", "copy_lanes", nullptr};
   static constexpr std::uint32_t kGroups = sdk::kPointToPoint | sdk::kMemory | sdk::kDirectWrite |
                                            sdk::kPutFingerprint | sdk::kPutChunkHashes |
-                                           sdk::kDeferredPuts | sdk::kPreparePuts | sdk::kAsync |
-                                           sdk::kAbort;
+                                           sdk::kDeferredPuts | sdk::kPreparePuts |
+                                           sdk::kMapPeerMemory | sdk::kAsync | sdk::kAbort;
   // A process cannot open the CUDA IPC handles it exported itself.
   static constexpr std::uint32_t kConstraints =
       FERRY_TRANSPORT_CAP_SAME_NODE_ONLY | FERRY_TRANSPORT_CAP_SEPARATE_PROCESSES;

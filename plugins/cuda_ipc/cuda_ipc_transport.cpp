@@ -815,6 +815,29 @@ void ferry_transport::prepare_puts(ferry_peer* peer, std::span<const ferry_blob_
                               (monotonic_ns() - start_ns) / 1e6));
 }
 
+// The peer's registered memory mapped here for the host's kernels to read (plugin ABI 1.10): a
+// receiver runs its plan straight from the sender's tensors. The import is the one a put or a
+// receive would make (kept per peer, so the same key maps once); the chunks of a VMM export that
+// the range covers are mapped now, since the host's kernels read them next.
+const void* ferry_transport::map_peer_memory(ferry_peer* peer, const ferry_blob_t& blob,
+                                             std::uint64_t offset, std::uint64_t size,
+                                             std::int64_t deadline_ns) {
+  check_not_aborted();
+  if (peer == nullptr) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc map_peer_memory: peer is NULL");
+  }
+  peer->link->check_alive();
+  const Key key = checked_key(peer, blob, "map_peer_memory");
+  Imported& imported = import_of(peer, key, effective(deadline_ns), "map_peer_memory");
+  if (offset > imported.size || size > imported.size - offset) {
+    fail(FERRY_STATUS_INVALID_ARGUMENT,
+         "cuda_ipc map_peer_memory: [{}, +{}) exceeds {}'s registration of {} bytes", offset, size,
+         peer->link->name(), imported.size);
+  }
+  ensure_cuda();
+  return mapped(peer, imported, offset, size);
+}
+
 ferry_request* ferry_transport::put(ferry_peer* peer, const ferry_put_args_t& args) {
   put_many(peer, std::span<const ferry_put_args_t>(&args, 1));
   return nullptr;

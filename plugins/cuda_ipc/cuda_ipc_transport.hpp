@@ -136,6 +136,9 @@ struct ferry_transport {
   void put_many(ferry_peer* peer, std::span<const ferry_put_args_t> puts);
   // Imports and maps the peer's memories these keys name, ahead of the puts (plugin ABI 1.9).
   void prepare_puts(ferry_peer* peer, std::span<const ferry_blob_t> keys, std::int64_t deadline_ns);
+  // The peer's registered memory imported and mapped here, for reading in place (ABI 1.10).
+  const void* map_peer_memory(ferry_peer* peer, const ferry_blob_t& key, std::uint64_t offset,
+                              std::uint64_t size, std::int64_t deadline_ns);
   // The flush's event is recorded now; its deadline is the one request_wait is given.
   ferry_request* flush(ferry_peer* peer, std::int64_t deadline_ns);
   ferry_request* send_bucket(ferry_peer* peer, const ferry_bucket_io_t& bucket);

@@ -129,6 +129,8 @@ class ReceiverResult(ctypes.Structure):
         ("needed_bytes", ctypes.c_uint64),
         ("num_ranks", ctypes.c_size_t),
         ("rank_bytes", ctypes.POINTER(ctypes.c_uint64)),
+        # API 1.7: the receiver read the tensors in place and applied its plan from them
+        ("reads_in_place", ctypes.c_int),
     ]
 
 

@@ -38,6 +38,9 @@ class ReceiverOutcome:
     # every tensor once (what the receiver needed).
     rank_bytes: list = field(default_factory=list)
     needed_bytes: int = 0
+    # The receiver read the tensors where they are and applied its plan from them (a plan that
+    # is not one whole copy, over cuda_ipc): no staging copy.
+    reads_in_place: bool = False
 
 
 @dataclass
@@ -77,7 +80,8 @@ def _read_report(handle):
                 writer_fingerprints=bool(out.writer_fingerprints),
                 reused_session=bool(out.reused_session),
                 rank_bytes=[out.rank_bytes[k] for k in range(out.num_ranks)],
-                needed_bytes=out.needed_bytes))
+                needed_bytes=out.needed_bytes,
+                reads_in_place=bool(out.reads_in_place)))
         return PushReport(version=c.ferry_push_report_version(handle),
                           bytes=c.ferry_push_report_bytes(handle),
                           seconds=c.ferry_push_report_seconds(handle), receivers=receivers,

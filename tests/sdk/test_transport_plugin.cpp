@@ -164,6 +164,10 @@ struct Everything : PeersOnly {
   void put_many(ferry_peer*, std::span<const ferry_put_args_t> puts) {
     last_put_many = puts.size();
   }
+  const void* map_peer_memory(ferry_peer*, const ferry_blob_t& key, std::uint64_t offset,
+                              std::uint64_t, std::int64_t) {
+    return static_cast<const std::uint8_t*>(key.data) + offset;
+  }
   void prepare_puts(ferry_peer*, std::span<const ferry_blob_t> keys, std::int64_t) {
     last_prepared = keys.size();
   }
@@ -234,7 +238,7 @@ ferry_transport_t* create(const ferry_transport_api_t& api) {
 
 TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   const ferry_transport_api_t& api = *PeersTable::api();
-  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, prepare_puts));
+  EXPECT_EQ(api.struct_size, FERRY_STRUCT_SIZE(ferry_transport_api_t, map_peer_memory));
   const auto caps = caps_of(api);
   EXPECT_EQ(caps.flags, FERRY_TRANSPORT_CAP_POINT_TO_POINT | FERRY_TRANSPORT_CAP_SAME_NODE_ONLY);
   EXPECT_EQ(caps.memory_kinds, static_cast<std::uint32_t>(FERRY_MEMORY_HOST));
@@ -264,6 +268,7 @@ TEST_F(TransportPluginTest, SomeGroupsGetExactlyTheirBitsAndNullForTheRest) {
   EXPECT_EQ(api.source_close, nullptr);
   EXPECT_EQ(api.alloc_memory, nullptr);
   EXPECT_EQ(api.prepare_puts, nullptr);
+  EXPECT_EQ(api.map_peer_memory, nullptr);
   EXPECT_EQ(std::memcmp(&kCopied, &api, sizeof api), 0);
 }
 
@@ -335,6 +340,16 @@ TEST_F(TransportPluginTest, EveryGroupFillsTheWholeTable) {
             "all prepare_puts: key 0 has no bytes");
   EXPECT_EQ(take(api.prepare_puts(t, nullptr, keys, 2, 0)).message,
             "all prepare_puts: peer is NULL");
+  // map_peer_memory: the method's address comes out; a key without bytes or no out is refused.
+  const void* mapped = nullptr;
+  EXPECT_EQ(take(api.map_peer_memory(t, &peer, &keys[0], 0, 1, 0, &mapped)).code, FERRY_STATUS_OK);
+  EXPECT_EQ(mapped, key_bytes);
+  EXPECT_EQ(take(api.map_peer_memory(t, &peer, &hollow[0], 0, 1, 0, &mapped)).message,
+            "all map_peer_memory: the key has no bytes");
+  EXPECT_EQ(take(api.map_peer_memory(t, &peer, &keys[0], 0, 1, 0, nullptr)).message,
+            "all map_peer_memory: data_out is NULL");
+  EXPECT_EQ(take(api.map_peer_memory(t, nullptr, &keys[0], 0, 1, 0, &mapped)).message,
+            "all map_peer_memory: peer is NULL");
   // alloc_memory: data and registration out; a desc with a base (or no size) is refused.
   ferry_memory_desc_t desc{};
   desc.struct_size = FERRY_STRUCT_SIZE(ferry_memory_desc_t, device);

@@ -340,6 +340,35 @@ int killed_push_child(const std::string& receiver, std::uint64_t bucket_bytes,
   return 3;
 }
 
+// A GPU receiver of the dense checkpoint at `model_path` as tensor-parallel rank `rank` of 2: its
+// plan reads column slices and parts of fused tensors, so no tensor is one whole copy.
+ServeOptions gpu_tp_receiver(const std::string& model_path, unsigned rank,
+                             std::uint64_t bucket_timeout_ms = 5000) {
+  ServeOptions o = receiver_options(model_path, rank, 2, bucket_timeout_ms);
+  o.model_family = "dense";
+  o.sets.push_back("receiver.device=cuda:0");
+  return o;
+}
+
+// The sender of SenderKilledWhileItsTensorsAreReadInPlace...: this test binary run again as a
+// child (FERRY_TEST_READ_PUSH_TO = <receiver>), pushing version 2 of the session tests' dense
+// checkpoint (TwoVersions' seed) into a tensor-parallel rank, which reads it in place, in
+// buckets of 1 KiB, and SIGKILLing itself right after announcing bucket 3.
+int killed_read_push_child(const std::string& receiver) {
+  auto f32 = [](const std::string&) { return FERRY_DTYPE_F32; };
+  DeviceCheckpoint v2(make_dense_checkpoint(DenseShape{}, f32, 22));
+  registry::Registry registry({plugin_dir()});
+  session::SenderOptions o = sender_options({receiver}, 1024);
+  o.after_bucket = [](const std::string&, std::uint32_t bucket) {
+    if (bucket == 3) ::raise(SIGKILL);
+  };
+  session::Sender sender(config::Config{}, registry, o);
+  const auto report = sender.push(v2.views(), 2);
+  std::fprintf(stderr, "the push ended without being killed: %s\n",
+               report.receivers.empty() ? "" : report.receivers[0].error.c_str());
+  return 3;
+}
+
 class SessionCudaIpc : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { versions_ = std::make_unique<TwoVersions>(); }
@@ -623,6 +652,81 @@ TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVers
   EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
   EXPECT_EQ(version_of(serve), 1);
   EXPECT_EQ(serve.fingerprints(), tensors.expected());
+}
+
+// Reads in place ([one-pass]): a tensor-parallel rank's plan is no whole copy, so with the
+// default delivery the receiver maps the sender's tensors and applies its plan straight from
+// them (no staging copy). Over one kept session: two versions from different allocations (the
+// first push's are let go), then a release and resume of the receiver's memory (the session
+// rejoins) and a third; each bit-identical to the CPU twin of the same rank, and to what staged
+// delivery of the same plan gives.
+TEST_F(SessionCudaIpc, ATensorParallelRankReadsTheTensorsInPlaceBitIdentical) {
+  for (unsigned rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(fmt::format("tp rank {} of 2", rank));
+    ServeProcess serve(gpu_tp_receiver(versions_->v1_path(), rank));
+    ASSERT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
+    DeviceCheckpoint v1(versions_->v1);
+    DeviceCheckpoint v2(versions_->v2);
+    session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1024));
+    auto push = [&](const DeviceCheckpoint& c, std::uint64_t version, bool reused) {
+      const auto report = sender.push(c.views(), version);
+      expect_committed(report, version, false);
+      ASSERT_EQ(report.receivers.size(), 1u);
+      EXPECT_TRUE(report.receivers[0].reads_in_place) << serve.log();
+      EXPECT_EQ(report.receivers[0].reused_session, reused);
+    };
+    push(v2, 2, false);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, rank, 2));
+    push(v1, 3, true);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
+    ASSERT_EQ(
+        serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+        200);
+    ASSERT_EQ(
+        serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+        200);
+    push(v2, 4, true);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, rank, 2));
+    EXPECT_EQ(version_of(serve), 4);
+    // The same plan staged (update.delivery = "staged") lands the same bytes.
+    session::Sender staged(with_delivery(config::Delivery::staged), registry_,
+                           sender_options({address_of(serve)}, 1024));
+    const auto report = staged.push(v1.views(), 5);
+    expect_committed(report, 5, false);
+    EXPECT_FALSE(report.receivers[0].reads_in_place);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
+  }
+}
+
+// A sender killed after announcing some buckets whose tensors the receiver reads in place: the
+// receiver had written part of its parameters, so it rolls back from its host mirror; nothing of
+// version 2 is published, and it serves the next push.
+TEST_F(SessionCudaIpc, SenderKilledWhileItsTensorsAreReadInPlaceLeavesTheReceiverAtItsVersion) {
+  ServeProcess serve(gpu_tp_receiver(versions_->v1_path(), 1, 3000));
+  const auto v1 = expected_fingerprints(versions_->v1, 1, 2);
+  ASSERT_EQ(serve.fingerprints(), v1);
+  const long long loaded = version_of(serve);
+  auto child = push_child("FERRY_TEST_READ_PUSH_TO", serve);
+  ChildResult result;
+  ASSERT_TRUE(child->wait(60, result));
+  EXPECT_FALSE(result.exited) << result.output;
+  EXPECT_EQ(result.status, SIGKILL) << result.output;
+  EXPECT_TRUE(eventually(
+      [&] {
+        return serve.get("/metrics").text.find("ferry_updates_aborted_total 1") !=
+               std::string::npos;
+      },
+      10))
+      << serve.log();
+  EXPECT_TRUE(eventually([&] { return serve.get("/health").status == 200; }, 20)) << serve.log();
+  EXPECT_EQ(version_of(serve), loaded);
+  EXPECT_EQ(serve.fingerprints(), v1);
+  DeviceCheckpoint v2(versions_->v2);
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1024));
+  const auto report = sender.push(v2.views(), 2);
+  expect_committed(report, 2, false);
+  EXPECT_TRUE(report.receivers[0].reads_in_place);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
 }
 
 // A sharded trainer of 2 ranks, each holding half the rows of every tensor in its own thread:
@@ -954,6 +1058,7 @@ std::optional<int> ferry::test::before_gpu_tests(int /*argc*/, char** /*argv*/) 
   if (const char* to = std::getenv("FERRY_TEST_DIRECT_PUSH_TO")) {
     return killed_push_child(to, 512ull << 10, 2, std::nullopt);
   }
+  if (const char* to = std::getenv("FERRY_TEST_READ_PUSH_TO")) return killed_read_push_child(to);
   if (const char* to = std::getenv("FERRY_TEST_SHARDED_PUSH_TO")) {
     return killed_push_child(to, 128ull << 10, 1, session::ShardSpec{1, 2});
   }

@@ -11,9 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <unistd.h>
+#include <cstdio>
+#include <cstring>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <set>
@@ -143,6 +145,62 @@ TEST(UpdateEngine, FullUpdateCommitsExactDataAndPublishesTheVersion) {
   std::uint64_t weight_bytes = 0;
   for (const auto& [name, bytes] : w) weight_bytes += bytes.size();
   EXPECT_EQ(m.commit_fingerprint_read_bytes, weight_bytes);
+}
+
+// Each entry of `b` copied into memory of its own, `skew` bytes past a 256-byte boundary (the
+// sender's tensors, lent to a receiver that reads them in place), and the engine's bucket that
+// names where they lie (update::Bucket::entry_data) instead of carrying bytes.
+struct LentBucket {
+  std::vector<std::vector<std::byte>> storage;
+  update::Bucket bucket;
+};
+LentBucket lend(const Bucket& b, std::size_t skew) {
+  LentBucket out;
+  out.bucket.manifest_bytes = b.encoded();
+  for (const auto& e : b.manifest.tensors) {
+    auto& memory = out.storage.emplace_back(e.size + 256 + skew);
+    auto at = reinterpret_cast<std::uintptr_t>(memory.data());
+    auto* first = memory.data() + ((256 - at % 256) % 256) + skew;
+    std::copy_n(b.bytes.data() + e.offset, e.size, first);
+    out.bucket.entry_data.push_back(first);
+  }
+  return out;
+}
+
+// Reads in place ([one-pass]): a bucket whose entries lie wherever the sender's tensors are is
+// verified and applied from there, with the plan cached for their places; the bytes applied are
+// the entries' own. An entry whose bytes are not the manifest's fails before anything of its
+// bucket is written.
+TEST(UpdateEngine, ABucketReadInPlaceIsAppliedFromWhereItsEntriesLie) {
+  Receiver r(Policy::Backup);
+  const auto w = random_weights(r.plans.layout(), 1);
+  r.push(w, 1);
+  const auto next = random_weights(r.plans.layout(), 2);
+  for (std::uint64_t version = 2; version <= 3; ++version) {
+    const auto before = r.engine->metrics();
+    r.engine->begin(version, "read");
+    std::uint64_t entry_bytes = 0;
+    for (std::uint32_t k = 0; k < kBucketNames.size(); ++k) {
+      const Bucket b = r.bucket(next, version, k);
+      for (const auto& e : b.manifest.tensors) entry_bytes += e.size;
+      auto lent = lend(b, 16 * k + 2 * version);
+      r.engine->apply(lent.bucket);
+    }
+    r.engine->commit();
+    EXPECT_EQ(r.contents(), next);
+    const auto m = r.engine->metrics();
+    EXPECT_EQ(m.bytes_applied - before.bytes_applied, entry_bytes);
+  }
+  const auto third = random_weights(r.plans.layout(), 3);
+  r.engine->begin(4, "corrupt");
+  auto lent = lend(r.bucket(third, 4, 0), 0);
+  const auto written = r.contents();
+  std::memset(lent.storage[1].data() + 300, 0x5a, 8);  // a word of 'layers.0.w' changed
+  const auto e = error_of([&] { r.engine->apply(lent.bucket); });
+  EXPECT_EQ(e.code(), FERRY_STATUS_CORRUPT_DATA) << e.what();
+  EXPECT_NE(std::string(e.what()).find("layers.0.w"), std::string::npos) << e.what();
+  EXPECT_EQ(r.contents(), written);
+  EXPECT_EQ(r.engine->version().number, 3u);
 }
 
 // /metrics' histograms: each committed update is one observation of its seconds and of the bytes

@@ -32,6 +32,9 @@ Delivery::Delivery(SenderState& state_, const Link& link_, std::size_t index_,
     mode = DeliveryMode::direct_prints_at_commit;
   } else if (direct) {
     mode = DeliveryMode::direct;
+  } else if (link_.reads && plan.cuda_tensors) {
+    // A kept session's push of tensors that are not all CUDA memory stages instead.
+    mode = DeliveryMode::read;
   }
   if (writer_prints) {
     session_prints.assign(tensors.size(), 0);
@@ -157,6 +160,17 @@ void Delivery::announce(std::uint32_t k, Clock::time_point deadline) {
     br.setManifest(kj::arrayPtr(b.manifest.data(), b.manifest.size()));
   }
   br.setDataFollows(data.data_follows());
+  if (mode == DeliveryMode::read) {
+    // Where the receiver reads each entry: the tensor's memory, lent (registered once per kept
+    // session) with its key.
+    auto sources = br.initSources(static_cast<unsigned>(b.items.size()));
+    for (unsigned i = 0; i < b.items.size(); ++i) {
+      const std::size_t t = b.items[i].first;
+      if (plan.sizes[t] == 0) continue;
+      const auto key = data.lend(tensors[t].data, plan.sizes[t]);
+      sources.set(i, kj::arrayPtr(key.data(), key.size()));
+    }
+  }
   ch.send(m, deadline, phase);
   data.after_header(ch, slot, b.bytes, deadline, phase);
   result.bytes += b.bytes;

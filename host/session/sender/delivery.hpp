@@ -1,5 +1,5 @@
 // session/sender/delivery.hpp: how one update's buckets reach a receiver between its Ready and
-// its Commit (update.hpp drives the rest). The handshake settled one of three delivery modes,
+// its Commit (update.hpp drives the rest). The handshake settled one of four delivery modes,
 // and each has its schedule (delivery_schedules.cpp):
 //   staged                   each bucket into a staging slot of the receiver (packed on the
 //                            host, or put from the tensors' own memory), then announced; a slot
@@ -9,6 +9,9 @@
 //   direct, prints at commit the copies fingerprint what they write and the receiver takes
 //                            those fingerprints with the Commit: each group is announced as soon
 //                            as its copies are queued.
+//   read                     nothing is written: each bucket is announced with the keys of its
+//                            tensors' memory, which the receiver maps and applies its plan from
+//                            (reads in place; the tensors stay lent until the Committed).
 // A Delivery holds what the schedules share: the pieces of a bucket, the copy groups, starting
 // and finishing a group, announcing a bucket and awaiting its ack, and the phase timings.
 //
@@ -30,7 +33,7 @@
 
 namespace ferry::session {
 
-enum class DeliveryMode { staged, direct, direct_prints_at_commit };
+enum class DeliveryMode { staged, direct, direct_prints_at_commit, read };
 
 struct Delivery {
   Delivery(SenderState& state, const Link& link, std::size_t index,
@@ -103,5 +106,6 @@ struct Delivery {
 void deliver_staged(Delivery& d);
 void deliver_direct(Delivery& d);
 void deliver_direct_prints_at_commit(Delivery& d);
+void deliver_read(Delivery& d);
 
 }  // namespace ferry::session

@@ -97,4 +97,16 @@ void deliver_direct_prints_at_commit(Delivery& d) {
   while (finished < started) finish_oldest();
 }
 
+// Read in place: the receiver maps each bucket's tensors (their keys go with its announcement)
+// and applies its plan from them; nothing is written here. The manifests carry the tensors'
+// fingerprints (the plan's, computed after the wait for their producers), against which the
+// receiver verifies what it read before it writes anything. The acks of bucket k - kSlots bound
+// the buckets announced and not yet applied.
+void deliver_read(Delivery& d) {
+  for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {
+    if (k >= kSlots) d.await_ack();
+    d.announce(k, deadline_in(d.options.bucket_timeout));
+  }
+}
+
 }  // namespace ferry::session

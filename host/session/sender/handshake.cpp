@@ -57,6 +57,14 @@ bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
   return true;
 }
 
+// Whether this side offers its tensors to be read in place (Hello.lendsTensors): one sender of a
+// whole catalog whose tensors are all CUDA memory, a data path that lends them, and
+// update.delivery "auto" (reads are neither direct delivery nor staging).
+bool lends_tensors(const SenderState& state, const PushPlan& plan, const SenderDataPath* data) {
+  return !state.sharded() && data != nullptr && data->lends_tensors() && plan.cuda_tensors &&
+         state.config.update.delivery == config::Delivery::automatic;
+}
+
 // Connects the data path to the receiver's (a Welcome, or a Rejoined): its address and slot keys.
 // `slots_used`: false for the rejoin of a direct session, whose slots are only probed (the
 // receiver gives it tiny ones).
@@ -131,6 +139,7 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   hello.setDelivery(delivery_name(state.config.update.delivery));
   hello.setKeepSession(state.keep_sessions());
   hello.setRejoinAfterRelease(state.keep_sessions() && options.rejoin_after_release);
+  hello.setLendsTensors(lends_tensors(state, plan, data));
   ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
 }
 
@@ -205,6 +214,16 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   }
   writer_prints = direct && data->fingerprints_pieces();
   if (!writer_prints && !link.trims) plan.seal();
+  // Reads in place: the receiver maps the tensors this side lends and applies its plan from
+  // them, where it would otherwise stage them (never instead of direct delivery).
+  link.reads = !direct && w.getReadsTensors() && chosen != "inline" &&
+               lends_tensors(state, plan, data.get());
+  if (link.reads) {
+    logger("sender")->info(
+        "{}: the receiver reads the tensors in place and applies its plan "
+        "from them (no staging copy)",
+        ch.peer());
+  }
   link.keep = w.getKeepSession();
   link.prints_at_commit = w.getFingerprintsAtCommit();
   if (!direct && config.update.delivery == config::Delivery::direct) {

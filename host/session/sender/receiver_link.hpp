@@ -39,6 +39,9 @@ struct Link {
   // data path is gone (null); the session rejoins before its next Begin.
   bool suspended = false;
   bool direct = false;  // direct delivery was chosen in the handshake
+  // The receiver reads the tensors in place (Welcome.readsTensors): its plan is not one whole
+  // copy per tensor, and it maps what this side lends (SenderDataPath::lend).
+  bool reads = false;
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct

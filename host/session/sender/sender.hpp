@@ -136,6 +136,7 @@ struct ReceiverResult {
   // Direct delivery whose copies fingerprinted what they wrote (one read of the data; the
   // receiver takes or re-checks those fingerprints, its update.direct_verify).
   bool writer_fingerprints = false;
+  bool reads_in_place = false;  // the receiver read the tensors in place and applied its plan
   bool reused_session = false;  // the push went through the session kept from the previous one
   ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;

@@ -35,6 +35,7 @@ BeginTimes begin(Delivery& d) {
   b.setDirect(d.direct);
   b.setWriterFingerprints(d.writer_prints);
   b.setFingerprintsAtCommit(d.prints_at_commit);
+  b.setReadsTensors(d.mode == DeliveryMode::read);
   ch.send(m, deadline_in(d.options.bucket_timeout), "begin");
   times.sent_ms = ms();
   for (std::size_t g = 0; g < d.queued_early; ++g) {
@@ -113,6 +114,7 @@ void run_update(SenderState& state, Link& link, std::size_t index,
   result.transport = d.data.name();
   result.direct = d.direct;
   result.writer_fingerprints = d.writer_prints;
+  result.reads_in_place = d.mode == DeliveryMode::read;
   {
     std::lock_guard lock(state.mutex);
     state.results[index].transport = d.data.name();
@@ -127,6 +129,9 @@ void run_update(SenderState& state, Link& link, std::size_t index,
     case DeliveryMode::staged: deliver_staged(d); break;
     case DeliveryMode::direct: deliver_direct(d); break;
     case DeliveryMode::direct_prints_at_commit: deliver_direct_prints_at_commit(d); break;
+    case DeliveryMode::read:
+      deliver_read(d);
+      break;
   }
   d.await_acks(d.bucket_count());
   const auto commit_start = Clock::now();

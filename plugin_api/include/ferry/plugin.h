@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 #define FERRY_PLUGIN_ABI_MAJOR 1
-#define FERRY_PLUGIN_ABI_MINOR 9
+#define FERRY_PLUGIN_ABI_MINOR 10
 
 /* ABI 1.6: the fingerprint ferry computes and compares (docs/fingerprint.md), named in every
  * manifest that carries one and computed by a put with fingerprint_out. A new definition gets a
@@ -435,6 +435,21 @@ typedef struct ferry_transport_api {
    * waits for the kernels that produce its tensors. Serialized per peer with put and put_many. */
   ferry_error_t* (*prepare_puts)(ferry_transport_t* transport, ferry_peer_t* peer,
                                  const ferry_blob_t* keys, size_t count, int64_t deadline_ns);
+
+  /* ABI 1.10, optional (with pack_key). Where this process reads [offset, offset + size) of
+   * memory the peer registered (the key from the peer's pack_key, carried by the host): a pointer
+   * to those bytes, readable by kernels this process runs on the transport's device (cuda_ipc:
+   * the peer's CUDA memory imported and mapped here). A receiver then runs its plan straight from
+   * the sender's tensors, with no copy into its slots first. The mapping is the transport's: it
+   * stays valid until the peer is disconnected or the instance destroyed, and mapping the same
+   * key again returns the same address. The host reads it only while the peer keeps the memory
+   * registered and its bytes final (the session protocol says when). A stale key (the peer
+   * deregistered the memory): FAILED_PRECONDITION; a range outside the registration:
+   * INVALID_ARGUMENT; a peer that is gone: PEER_FAILED; memory this process cannot map (a peer on
+   * another host): UNIMPLEMENTED. *data_out is left unchanged on error. Serialized per peer. */
+  ferry_error_t* (*map_peer_memory)(ferry_transport_t* transport, ferry_peer_t* peer,
+                                    const ferry_blob_t* key, uint64_t offset, uint64_t size,
+                                    int64_t deadline_ns, const void** data_out);
 } ferry_transport_api_t;
 
 /* ------------------------------------------------------------------------------------------ */

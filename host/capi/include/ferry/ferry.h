@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 6
+#define FERRY_API_MINOR 7
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
@@ -290,6 +290,10 @@ typedef struct ferry_receiver_result {
   uint64_t needed_bytes;   /* out */
   size_t num_ranks;        /* out */
   const uint64_t* rank_bytes; /* out */
+  /* API 1.7: 1 when the receiver read the tensors where they are and applied its plan from them
+   * (reads in place: a plan that is not one whole copy per tensor, over a transport that maps
+   * the sender's memory such as cuda_ipc), 0 otherwise. */
+  int reads_in_place; /* out */
 } ferry_receiver_result_t;
 
 /* Report accessors. Any thread; the report is immutable. */

@@ -56,6 +56,10 @@
 //   kPreparePuts (no bit, ABI 1.9; needs kDirectWrite): the peer's memory later puts will write
 //     void prepare_puts(ferry_peer* peer, std::span<const ferry_blob_t> keys,
 //                       std::int64_t deadline_ns);
+//   kMapPeerMemory (no bit, ABI 1.10; needs kDirectWrite): the peer's registered memory, mapped
+//     here for reading in place
+//     const void* map_peer_memory(ferry_peer* peer, const ferry_blob_t& key, std::uint64_t offset,
+//                                 std::uint64_t size, std::int64_t deadline_ns);
 //   kAsync (CAP_ASYNC; needs a peer group)
 //     bool request_test(ferry_request* request);                 // true: done
 //     void request_wait(ferry_request* request, std::int64_t deadline_ns);
@@ -113,7 +117,8 @@ inline constexpr std::uint32_t kAbort = 1u << 8;
 inline constexpr std::uint32_t kAllocMemory = 1u << 9;
 inline constexpr std::uint32_t kPutChunkHashes = 1u << 10;
 inline constexpr std::uint32_t kPreparePuts = 1u << 11;
-inline constexpr std::uint32_t kAllTransportGroups = (1u << 12) - 1;
+inline constexpr std::uint32_t kMapPeerMemory = 1u << 12;
+inline constexpr std::uint32_t kAllTransportGroups = (1u << 13) - 1;
 
 // The capability bits that say where the peers may be rather than which functions exist
 // (Family::kConstraints); every other bit comes from the groups.
@@ -223,6 +228,7 @@ class TransportPlugin {
   static constexpr bool kHasAbort = (kGroups & kAbort) != 0;
   static constexpr bool kHasAlloc = (kGroups & kAllocMemory) != 0;
   static constexpr bool kHasPrepare = (kGroups & kPreparePuts) != 0;
+  static constexpr bool kHasMapPeer = (kGroups & kMapPeerMemory) != 0;
 
   // The declaration is consistent: groups known, their prerequisites declared, flags only of
   // the constraint kind.
@@ -242,6 +248,7 @@ class TransportPlugin {
   static_assert(!kHasAsync || kPeers, "kAsync needs kPointToPoint or kBroadcast");
   static_assert(!kHasAlloc || kHasMemory, "kAllocMemory needs kMemory");
   static_assert(!kHasPrepare || kHasDirectWrite, "kPreparePuts needs kDirectWrite");
+  static_assert(!kHasMapPeer || kHasDirectWrite, "kMapPeerMemory needs kDirectWrite");
 
   // All or none: each group's methods exist exactly when the group is declared.
   // clang-format off
@@ -303,6 +310,11 @@ class TransportPlugin {
                   t.prepare_puts(p, keys, d); },
                 "prepare_puts(ferry_peer*, std::span<const ferry_blob_t>, std::int64_t): with "
                 "kPreparePuts, and only then");
+  static_assert(kHasMapPeer == requires(Transport& t, ferry_peer* p, const ferry_blob_t& key,
+                                        std::uint64_t n, std::int64_t d) {
+                  { t.map_peer_memory(p, key, n, n, d) } -> std::same_as<const void*>; },
+                "const void* map_peer_memory(ferry_peer*, const ferry_blob_t&, std::uint64_t, "
+                "std::uint64_t, std::int64_t): with kMapPeerMemory, and only then");
   // clang-format on
 
   static Transport& self(ferry_transport_t* transport) {
@@ -532,6 +544,22 @@ class TransportPlugin {
       t.prepare_puts(peer, std::span<const ferry_blob_t>(keys, count), deadline_ns);
     });
   }
+  static ferry_error_t* map_peer_memory(ferry_transport_t* transport, ferry_peer_t* peer,
+                                        const ferry_blob_t* key, std::uint64_t offset,
+                                        std::uint64_t size, std::int64_t deadline_ns,
+                                        const void** data_out) noexcept {
+    return guard([&] {
+      Transport& t = transport_of(transport, "map_peer_memory");
+      require(peer != nullptr, "map_peer_memory", "peer");
+      require(key != nullptr, "map_peer_memory", "key");
+      require(data_out != nullptr, "map_peer_memory", "data_out");
+      if (key->data == nullptr || key->size == 0) {
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "{} map_peer_memory: the key has no bytes",
+             Family::kName);
+      }
+      *data_out = t.map_peer_memory(peer, *key, offset, size, deadline_ns);
+    });
+  }
 
   // --- requests (kAsync) -----------------------------------------------------------------------
 
@@ -606,7 +634,7 @@ class TransportPlugin {
   // The table: the core always, each declared group's entries, NULL for the others.
   static constexpr ferry_transport_api_t kApi = [] {
     ferry_transport_api_t table{};
-    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, prepare_puts);
+    table.struct_size = FERRY_STRUCT_SIZE(ferry_transport_api_t, map_peer_memory);
     table.get_caps = &get_caps;
     table.create = &create;
     table.destroy = &destroy;
@@ -635,6 +663,7 @@ class TransportPlugin {
     if constexpr (kHasAbort) table.abort = &abort;
     if constexpr (kHasAlloc) table.alloc_memory = &alloc_memory;
     if constexpr (kHasPrepare) table.prepare_puts = &prepare_puts;
+    if constexpr (kHasMapPeer) table.map_peer_memory = &map_peer_memory;
     if constexpr (kHasSource) {
       table.source_open = &source_open;
       table.source_catalog = &source_catalog;
