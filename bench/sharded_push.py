@@ -186,7 +186,7 @@ def rank_log(log_dir, world, rank):
 # ---- the receivers: `ferry serve` processes -----------------------------------------------------
 
 class Serve:
-    def __init__(self, ferry_exe, device, folder, index, log_dir=None, tp_size=0):
+    def __init__(self, ferry_exe, device, folder, index, log_dir=None, tp_size=0, family=""):
         self.ready_file = os.path.join(folder, "serve-%d.port" % index)
         self.log_path = os.path.join(log_dir or folder, "serve-%d.log" % index)
         self.log = open(self.log_path, "w")
@@ -194,8 +194,8 @@ class Serve:
             [ferry_exe, "--log-level", "debug" if log_dir else "warn", "serve", "--port", "0",
              "--ready-file",
              self.ready_file, "--device", device]
-            + (["--model-family", "dense", "--tp-rank", str(index), "--tp-size", str(tp_size)]
-               if tp_size else ["--model-family", "identity"]),
+            + (["--model-family", family or "dense", "--tp-rank", str(index), "--tp-size",
+                str(tp_size)] if tp_size else ["--model-family", family or "identity"]),
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while not (os.path.exists(self.ready_file) and os.path.getsize(self.ready_file) > 0):
@@ -255,7 +255,7 @@ def bench_main(args, torch, ferry):
     try:
         for i in range(args.receivers):
             serves.append(Serve(args.ferry, device_of(args), folder, i, args.log_dir,
-                                args.receivers if args.tp else 0))
+                                args.receivers if args.tp else 0, args.receiver_family))
         addresses = [s.address for s in serves]
         one = ferry.Sender(addresses, transport=args.transport, progress=False,
                            update__delivery=args.whole_delivery)
@@ -397,7 +397,7 @@ def bench_main(args, torch, ferry):
             "lend": args.lend,
             "first_push_s": first_s, "first_transport": first_report.receivers[0].transport,
             "first_direct": first_report.receivers[0].direct,
-            "whole_delivery": args.whole_delivery,
+            "whole_delivery": args.whole_delivery, "receiver_family": args.receiver_family,
             "whole_reads_in_place": all(x.reads_in_place for x in first_report.receivers),
             "d2d_s": d2d, "target": TARGET, "rows": rows, "verified": verified,
             "verification": "; ".join(notes) or
@@ -468,6 +468,9 @@ def main():
                         help="the sender ranks' update.delivery (auto and direct: their pieces "
                              "straight into the receivers' parameters where the transport "
                              "writes device memory; staged: through the receivers' slots)")
+    parser.add_argument("--receiver-family", default="",
+                        help="the receivers' model family (default: dense with --tp, else "
+                             "identity; lowbit: FP8 block quantisation on arrival)")
     parser.add_argument("--whole-delivery", choices=["auto", "direct", "staged"], default="auto",
                         help="the one sender's update.delivery (auto: straight into the "
                              "receivers' parameters where every plan is a copy, else read in "

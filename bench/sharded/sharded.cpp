@@ -87,6 +87,7 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   record["bucket_mib"] = o.bucket_mib;
   record["delivery"] = o.delivery;
   record["whole_delivery"] = o.whole_delivery;
+  record["receiver_family"] = o.receiver_family;
   record["kept"] = !o.no_keep;
   record["lend"] = o.lend;
   const std::string ferry = require_ferry_program("bench sharded starts `ferry serve` receivers")
@@ -105,6 +106,7 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
   if (o.no_keep) args.push_back("--no-keep");
   if (o.lend) args.push_back("--lend");
   if (o.tp) args.push_back("--tp");
+  if (!o.receiver_family.empty()) args.insert(args.end(), {"--receiver-family", o.receiver_family});
   if (!o.log_dir.empty()) {
     args.push_back("--log-dir");
     args.push_back(o.log_dir);
@@ -162,6 +164,9 @@ ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {
                   "parameters where every plan is a copy, else read in place by the receivers "
                   "where the transport maps the sender's memory, else staged), direct or staged")
       ->check(CLI::IsMember({"auto", "direct", "staged"}));
+  app->add_option("--receiver-family", o->receiver_family,
+                  "the receivers' model family (default: dense with --tp, else identity; lowbit: "
+                  "FP8 block quantisation on arrival)");
   app->add_flag("--no-keep", o->no_keep,
                "the sender ranks open new sessions for every push instead of keeping them");
   app->add_flag("--lend", o->lend,

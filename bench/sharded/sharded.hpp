@@ -29,6 +29,7 @@ struct ShardedBenchOptions : ScriptBenchOptions {
   int bucket_mib = 0;              // the sender ranks' bucket size (0: ferry's default)
   std::string delivery = "auto";   // the sender ranks' update.delivery (auto, direct, staged)
   std::string whole_delivery = "auto";  // the one sender's update.delivery
+  std::string receiver_family;          // the receivers' model family ("": dense / identity)
   bool no_keep = false;            // the ranks open new sessions for every push
   bool lend = false;  // before each round the receivers release and resume their memory
   std::string device = "cuda";     // cuda (cuda:0); cpu: host tensors of a tiny model

@@ -698,6 +698,35 @@ TEST_F(SessionCudaIpc, ATensorParallelRankReadsTheTensorsInPlaceBitIdentical) {
   }
 }
 
+// Reads in place with FP8 block quantisation on arrival (the lowbit family: every linear weight
+// F8_E4M3 with 128x128 block scales, quantised by the GPU kernel straight from the sender's
+// tensors): the receiver's parameters and scales are bit-identical to a CPU receiver's (its CPU
+// kernels) given the same checkpoint inline.
+TEST_F(SessionCudaIpc, FP8QuantisationOnArrivalReadsInPlaceBitIdenticalToTheCpuTwin) {
+  ServeOptions gpu = receiver_options(versions_->v1_path(), 0, 1, 5000);
+  gpu.model_family = "lowbit";
+  gpu.sets.push_back("receiver.device=cuda:0");
+  ServeOptions cpu = receiver_options(versions_->v1_path(), 0, 1, 5000);
+  cpu.model_family = "lowbit";
+  ServeProcess on_gpu(gpu);
+  ServeProcess on_cpu(cpu);
+  ASSERT_EQ(on_gpu.fingerprints(), on_cpu.fingerprints());
+  DeviceCheckpoint v2(versions_->v2);
+  session::Sender sender(config_, registry_, sender_options({address_of(on_gpu)}, 1024));
+  const auto report = sender.push(v2.views(), 2);
+  expect_committed(report, 2, false);
+  EXPECT_TRUE(report.receivers[0].reads_in_place) << on_gpu.log();
+  session::SenderOptions inline_options = sender_options({address_of(on_cpu)}, 1024);
+  inline_options.transport = "inline";
+  session::Sender twin(config_, registry_, inline_options);
+  const auto twin_report = twin.push(views_of(versions_->v2), 2);
+  ASSERT_TRUE(twin_report.receivers[0].committed) << twin_report.receivers[0].error;
+  const auto fp8 = on_gpu.fingerprints();
+  EXPECT_EQ(fp8, on_cpu.fingerprints());
+  EXPECT_TRUE(fp8.count("model.layers.0.mlp.down_proj.weight_scale_inv")) << fp8.size();
+  EXPECT_NE(fp8, expected_fingerprints(versions_->v2, 0, 1));  // quantised, not copied
+}
+
 // A sender killed after announcing some buckets whose tensors the receiver reads in place: the
 // receiver had written part of its parameters, so it rolls back from its host mirror; nothing of
 // version 2 is published, and it serves the next push.
