@@ -206,5 +206,43 @@ TEST_F(SessionBadInput, ManifestThatLiesAboutTheBucketSizeIsRefused) {
   EXPECT_NE(message.find("manifest says"), std::string::npos) << message;
 }
 
+// A sender that claims to lend its tensors to a receiver whose data path cannot map them (inline):
+// the Welcome offers no reads in place, and a Begin announcing them anyway is refused before
+// anything is read.
+TEST_F(SessionBadInput, ReadsInPlaceThatWereNotOfferedAreRefused) {
+  auto ch = connect();
+  {
+    capnp::MallocMessageBuilder m;
+    auto hello = m.initRoot<wire::Message>().initHello();
+    hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+    hello.setSenderName("bad-input test");
+    const auto& tensors = versions_->v2.tensors;
+    auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
+    for (unsigned i = 0; i < tensors.size(); ++i) {
+      list[i].setName(tensors[i].name);
+      list[i].setDtype(tensors[i].dtype);
+      auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
+      for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
+    }
+    hello.setTransport("inline");
+    hello.setBucketBytes(1 << 20);
+    hello.setSlots(2);
+    hello.setLendsTensors(true);
+    ch->send(m, session::deadline_in(5000ms), "hello");
+  }
+  auto welcome = ch->recv(session::deadline_in(10000ms), "welcome");
+  ASSERT_EQ(welcome->root().which(), wire::Message::WELCOME);
+  EXPECT_FALSE(welcome->root().getWelcome().getReadsTensors());
+  capnp::MallocMessageBuilder m;
+  auto b = m.initRoot<wire::Message>().initBegin();
+  b.setVersion(5);
+  b.setBucketCount(1);
+  b.setReadsTensors(true);
+  ch->send(m, session::deadline_in(5000ms), "begin");
+  const auto message = expect_refusal(*ch, FERRY_STATUS_CORRUPT_DATA);
+  EXPECT_NE(message.find("reads in place announced, but none was offered"), std::string::npos)
+      << message;
+}
+
 }  // namespace
 }  // namespace ferry::test
