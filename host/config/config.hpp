@@ -38,8 +38,8 @@ enum class Delivery {
   // direct where the transport writes remote device memory and every plan is a pure copy; else
   // read in place by the receiver where the transport maps the sender's memory; else staged
   automatic,
-  direct,     // the sender writes each tensor straight into its destination slice; else fail
-  staged,     // always through staging slots; the receiver applies its plan from them
+  direct,  // the sender writes each tensor straight into its destination slice; else fail
+  staged,  // always through staging slots; the receiver applies its plan from them
 };
 
 // How a receiver checks what a sender wrote straight into its parameters (direct delivery).
