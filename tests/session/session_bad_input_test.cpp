@@ -48,8 +48,10 @@ class SessionBadInput : public ::testing::Test {
     return std::make_unique<session::Channel>(fd, "receiver");
   }
 
-  // Sends a Hello with the v2 catalog (same layout as v1) and `protocol`.
-  static void send_hello(session::Channel& ch, std::uint32_t protocol) {
+  // Sends a Hello with the v2 catalog (same layout as v1) and `protocol`; with `lends_tensors`,
+  // claiming to lend its tensors to be read in place.
+  static void send_hello(session::Channel& ch, std::uint32_t protocol,
+                         bool lends_tensors = false) {
     capnp::MallocMessageBuilder m;
     auto hello = m.initRoot<wire::Message>().initHello();
     hello.setProtocolVersion(protocol);
@@ -66,6 +68,7 @@ class SessionBadInput : public ::testing::Test {
     hello.setTransportRequired(true);
     hello.setBucketBytes(1 << 20);
     hello.setSlots(2);
+    hello.setLendsTensors(lends_tensors);
     ch.send(m, session::deadline_in(5000ms), "hello");
   }
 
@@ -211,25 +214,7 @@ TEST_F(SessionBadInput, ManifestThatLiesAboutTheBucketSizeIsRefused) {
 // anything is read.
 TEST_F(SessionBadInput, ReadsInPlaceThatWereNotOfferedAreRefused) {
   auto ch = connect();
-  {
-    capnp::MallocMessageBuilder m;
-    auto hello = m.initRoot<wire::Message>().initHello();
-    hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-    hello.setSenderName("bad-input test");
-    const auto& tensors = versions_->v2.tensors;
-    auto list = hello.initTensors(static_cast<unsigned>(tensors.size()));
-    for (unsigned i = 0; i < tensors.size(); ++i) {
-      list[i].setName(tensors[i].name);
-      list[i].setDtype(tensors[i].dtype);
-      auto shape = list[i].initShape(static_cast<unsigned>(tensors[i].shape.size()));
-      for (unsigned d = 0; d < tensors[i].shape.size(); ++d) shape.set(d, tensors[i].shape[d]);
-    }
-    hello.setTransport("inline");
-    hello.setBucketBytes(1 << 20);
-    hello.setSlots(2);
-    hello.setLendsTensors(true);
-    ch->send(m, session::deadline_in(5000ms), "hello");
-  }
+  send_hello(*ch, wire::PROTOCOL_VERSION, true);
   auto welcome = ch->recv(session::deadline_in(10000ms), "welcome");
   ASSERT_EQ(welcome->root().which(), wire::Message::WELCOME);
   EXPECT_FALSE(welcome->root().getWelcome().getReadsTensors());
