@@ -65,17 +65,19 @@ const char* message_name(Which which) {
 }
 
 // Fingerprints of the entries of a bucket in device memory of `device`, their kernels side by
-// side (session/device_fingerprints.hpp). Entries were validated against the bucket's size by
-// the manifest decoder.
-std::vector<std::uint64_t> device_fingerprints(int device, std::span<const std::byte> bucket,
+// side (session/device_fingerprints.hpp): where the bucket's data holds them, or where they are
+// read in place (Bucket::entry_data). Entries were validated against the bucket's size by the
+// manifest decoder.
+std::vector<std::uint64_t> device_fingerprints(int device, const update::Bucket& bucket,
                                                const manifest::Manifest& m) {
   std::vector<const void*> data;
   std::vector<std::uint64_t> bytes;
   data.reserve(m.tensors.size());
   bytes.reserve(m.tensors.size());
-  for (const auto& entry : m.tensors) {
-    data.push_back(bucket.data() + entry.offset);
-    bytes.push_back(entry.size);
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    data.push_back(bucket.entry_data.empty() ? bucket.data.data() + m.tensors[i].offset
+                                             : bucket.entry_data[i]);
+    bytes.push_back(m.tensors[i].size);
   }
   return fingerprint_device_ranges(device, data, bytes,
                                    fmt::format("bucket {}", m.bucket_index));
@@ -1119,7 +1121,7 @@ void Session::verify(update::Bucket& bucket) {
     bool echo = config_.update.verify_fingerprints;
     for (const auto& e : decoded.tensors) echo = echo && e.fingerprint.has_value();
     echoed_ = echo;
-    if (!echo) bucket.entry_fingerprints = device_fingerprints(device_, bucket.data, decoded);
+    if (!echo) bucket.entry_fingerprints = device_fingerprints(device_, bucket, decoded);
   } else {
     bucket.entry_fingerprints.reserve(decoded.tensors.size());
     for (const auto& e : decoded.tensors) {
@@ -1177,12 +1179,7 @@ void Session::verify_read(update::Bucket& bucket) {
   if (echoed_) return;
   // The engine checks nothing here (update.verify_fingerprints off): the Ack carries the
   // fingerprints of what is there, which the sender compares with its own.
-  std::vector<const void*> data(bucket.entry_data.begin(), bucket.entry_data.end());
-  std::vector<std::uint64_t> bytes;
-  bytes.reserve(m.tensors.size());
-  for (const auto& e : m.tensors) bytes.push_back(e.size);
-  bucket.entry_fingerprints =
-      fingerprint_device_ranges(device_, data, bytes, fmt::format("bucket {}", m.bucket_index));
+  bucket.entry_fingerprints = device_fingerprints(device_, bucket, m);
 }
 
 // On the applying thread: the bucket is applied (or recorded); the Ack lets the sender reuse its

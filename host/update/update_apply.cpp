@@ -305,7 +305,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::lock_guard state(state_mutex_);
     metrics_.buckets_applied += 1;
-    metrics_.bytes_applied += read_in_place ? bucket_payload_bytes(b) : bucket.size();
+    metrics_.bytes_applied += bucket_payload_bytes(b);
     metrics_.seconds_applying += seconds;
     metrics_.plan_cache_hits = cache_.hits();
     metrics_.plan_cache_misses = cache_.misses();
