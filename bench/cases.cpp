@@ -10,12 +10,13 @@
 #include "bench/cuda_ipc/cuda_ipc.hpp"
 #include "bench/disk/disk.hpp"
 #include "bench/embedded/embedded.hpp"
-#include "bench/sharded/sharded.hpp"
 #include "bench/fingerprint/fingerprint.hpp"
 #include "bench/fp8/fp8.hpp"
 #include "bench/moe/moe.hpp"
 #include "bench/nccl/nccl.hpp"
+#include "bench/rl_step/rl_step.hpp"
 #include "bench/scatter/scatter.hpp"
+#include "bench/sharded/sharded.hpp"
 #include "bench/store/store.hpp"
 #include "bench/ucx/ucx.hpp"
 #include "ferry_build_config.h"
@@ -52,6 +53,9 @@ void list_cases() {
       "  sharded      a sharded trainer's push (bench/sharded_push.py): 1, 2, 4 sender processes\n"
       "               holding dim-0 shards of a Qwen3-8B-shaped model into 2 ferry serve\n"
       "               receivers vs one sender holding it whole, same run (and D2D on a GPU)\n"
+      "  rl-step      the colocated RL step (bench/rl_step.py): engines release, the trainer\n"
+      "               steps, engines resume, the trainer pushes; dense, MoE, MoE into FP8 and\n"
+      "               TP=2 vs D2D and torch's flattened-bucket IPC, same run\n"
       "  store        the CUDA weight store's release and resume (100 GiB; 64 GiB with backup\n"
       "               through the page-locked host mirror) vs a plain pinned cudaMemcpy\n"
       "common options: --device cuda|cpu (default %s), --json FILE, --repeat N, --warmup N,\n"
@@ -135,15 +139,17 @@ Action add_bench_command(CLI::App& app, const GlobalOptions& globals) {
   const CudaIpcBenchCommand cuda_ipc = add_cuda_ipc_bench_command(bench_cmd, globals);
   const EmbeddedBenchCommand embedded = add_embedded_bench_command(bench_cmd);
   const ShardedBenchCommand sharded = add_sharded_bench_command(bench_cmd);
+  const RlStepBenchCommand rl_step = add_rl_step_bench_command(bench_cmd);
   const StoreBenchCommand store = add_store_bench_command(bench_cmd);
 
-  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc,
-          embedded, sharded, store, fp8, moe, &globals]() -> int {
+  return [options, device, scatter, fingerprint, disk, disk_options, ucx, nccl, cuda_ipc, embedded,
+          sharded, rl_step, store, fp8, moe, &globals]() -> int {
     if (ucx.app->parsed()) return ucx.action();  // its own options, watchdog and JSON
     if (nccl.app->parsed()) return nccl.action();  // likewise
     if (cuda_ipc.app->parsed()) return cuda_ipc.action();  // likewise
     if (embedded.app->parsed()) return embedded.action();  // likewise
     if (sharded.app->parsed()) return sharded.action();  // likewise
+    if (rl_step.app->parsed()) return rl_step.action();  // likewise
     if (store.app->parsed()) return store.action();  // its own options and JSON
     if (!scatter->parsed() && !fingerprint->parsed() && !disk->parsed() && !fp8->parsed() &&
         !moe->parsed()) {

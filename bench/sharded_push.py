@@ -443,6 +443,43 @@ def print_table(r):
     out.flush()
 
 
+def what_a_run_needs(args, unavailable):
+    """torch (with CUDA for --device cuda), ferry's Python package with its libferry.so, and the
+    ferry executable the `ferry serve` children run (args.ferry); calls unavailable(reason),
+    which exits, for the first one missing. Returns (torch, ferry)."""
+    try:
+        import torch
+    except Exception as e:
+        unavailable("torch is not importable by %s: %s" % (sys.executable, e))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        unavailable("torch %s sees no CUDA device" % torch.__version__)
+    try:
+        import ferry
+        ferry.library_path()
+    except Exception as e:
+        unavailable("the ferry package or libferry.so is not found by %s: %s" % (sys.executable, e))
+    try:
+        subprocess.run([args.ferry, "--version"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=True, timeout=60)
+    except Exception as e:
+        unavailable("the ferry executable %r does not run: %s (--ferry or $FERRY_EXE)"
+                    % (args.ferry, e))
+    return torch, ferry
+
+
+def run_and_emit(name, run, print_table, args):
+    """Runs the bench (run() returns its result), prints its table unless --no-table, and emits
+    the result: exit 0 when verified, 1 otherwise or when it failed (named on stderr)."""
+    try:
+        result = run()
+    except Exception as e:
+        sys.stderr.write("%s: error: %s: %s\n" % (name, type(e).__name__, e))
+        common.emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)
+    if not args.no_table:
+        print_table(result)
+    common.emit(result, 0 if result["verified"] else 1)
+
+
 def main():
     parser = argparse.ArgumentParser(description="ferry bench sharded: S sender ranks vs one")
     parser.add_argument("--role", choices=["bench", "sender"], default="bench",
@@ -508,31 +545,8 @@ def main():
             print(json.dumps({"failure": "%s: %s" % (type(e).__name__, e)}), flush=True)
             return 1
 
-    try:
-        import torch
-    except Exception as e:
-        unavailable("torch is not importable by %s: %s" % (sys.executable, e))
-    if args.device == "cuda" and not torch.cuda.is_available():
-        unavailable("torch %s sees no CUDA device" % torch.__version__)
-    try:
-        import ferry
-        ferry.library_path()
-    except Exception as e:
-        unavailable("the ferry package or libferry.so is not found by %s: %s" % (sys.executable, e))
-    try:
-        subprocess.run([args.ferry, "--version"], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=True, timeout=60)
-    except Exception as e:
-        unavailable("the ferry executable %r does not run: %s (--ferry or $FERRY_EXE)"
-                    % (args.ferry, e))
-    try:
-        result = bench_main(args, torch, ferry)
-    except Exception as e:
-        sys.stderr.write("sharded_push: error: %s: %s\n" % (type(e).__name__, e))
-        common.emit({"ok": False, "error": "%s: %s" % (type(e).__name__, e)}, 1)
-    if not args.no_table:
-        print_table(result)
-    common.emit(result, 0 if result["verified"] else 1)
+    torch, ferry = what_a_run_needs(args, unavailable)
+    run_and_emit("sharded_push", lambda: bench_main(args, torch, ferry), print_table, args)
 
 
 if __name__ == "__main__":

@@ -240,4 +240,30 @@ ScriptRun run_bench_script(const std::string& bench, const std::string& name,
   return run;
 }
 
+std::string json_ms(const Json& row, const char* key) {
+  return row.contains(key) && row[key].is_number()
+             ? fmt::format("{:.2f}", row[key].get<double>() * 1e3)
+             : "-";
+}
+
+std::string json_ratio(const Json& row, const char* key) {
+  return row.contains(key) && row[key].is_number() ? fmt::format("{:.2f}", row[key].get<double>())
+                                                   : "-";
+}
+
+int keep_script_result(const ScriptRun& run, const std::string& bench, const std::string& case_name,
+                       double target, Json& record, Json& records) {
+  const Json& parsed = run.result;
+  if (parsed.value("device", std::string("cuda")) != "cpu") {
+    const Json header = record_header(bench, case_name, Device::cuda);
+    record["device"] = header["device"];
+    record["machine"] = header["machine"];
+  }
+  record["target"] = target;
+  record["verified"] = parsed.value("verified", false);
+  record["result"] = parsed;
+  records.push_back(record);
+  return parsed.value("verified", false) ? 0 : 1;
+}
+
 }  // namespace ferry::bench

@@ -49,4 +49,15 @@ ScriptRun run_bench_script(const std::string& bench, const std::string& name,
                            const std::string& given, const std::string& python,
                            const std::vector<std::string>& args, Json& record);
 
+// A number of a script's JSON row for a table: `key` in milliseconds (its value in seconds) or
+// as a ratio with two decimals; "-" where the row has no number there.
+std::string json_ms(const Json& row, const char* key);
+std::string json_ratio(const Json& row, const char* key);
+
+// The end of a case whose script ran (run.ran()): the record takes the device header (of the
+// GPU when the script ran on one), `target`, `verified` and the script's `result`, and goes into
+// `records`; returns 0 when the script verified its results, else 1.
+int keep_script_result(const ScriptRun& run, const std::string& bench, const std::string& case_name,
+                       double target, Json& record, Json& records);
+
 }  // namespace ferry::bench

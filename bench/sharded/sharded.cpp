@@ -18,17 +18,6 @@ namespace {
 
 constexpr double kTarget = 0.70;  // the target for 4 senders on the H200
 
-std::string ms(const Json& row, const char* key) {
-  return row.contains(key) && row[key].is_number()
-             ? fmt::format("{:.2f}", row[key].get<double>() * 1e3)
-             : "-";
-}
-
-std::string ratio(const Json& row, const char* key) {
-  return row.contains(key) && row[key].is_number() ? fmt::format("{:.2f}", row[key].get<double>())
-                                                   : "-";
-}
-
 void print_result(const Json& d) {
   const double bytes = d.value("model_bytes", 0.0);
   fmt::print("\nbench sharded: {} layers, {} tensors, {} ({}) of bf16 into {} receivers{} on {}; "
@@ -49,14 +38,14 @@ void print_result(const Json& d) {
       for (const auto& t : row.value("transports", Json::array())) {
         transports += (transports.empty() ? "" : ",") + t.get<std::string>();
       }
-      table.add_row({std::to_string(row.value("senders", 0)), ms(row, "sharded_median_s"),
-                     ms(row, "sharded_best_s"), ms(row, "round_median_s"), ratio(row, "gb_per_s"),
-                     ms(row, "whole_median_s"),
-                     ratio(row, "vs_whole"), ratio(row, "of_d2d"), ratio(row, "whole_of_d2d"),
-                     fmt::format("{:.3f}", row.value("moved_over_needed", 0.0)),
-                     row.value("direct", false) ? "yes" : "no",
-                     ms(row, "last_rank_start_median_s"), ms(row, "slowest_rank_push_median_s"),
-                     transports});
+      table.add_row(
+          {std::to_string(row.value("senders", 0)), json_ms(row, "sharded_median_s"),
+           json_ms(row, "sharded_best_s"), json_ms(row, "round_median_s"),
+           json_ratio(row, "gb_per_s"), json_ms(row, "whole_median_s"), json_ratio(row, "vs_whole"),
+           json_ratio(row, "of_d2d"), json_ratio(row, "whole_of_d2d"),
+           fmt::format("{:.3f}", row.value("moved_over_needed", 0.0)),
+           row.value("direct", false) ? "yes" : "no", json_ms(row, "last_rank_start_median_s"),
+           json_ms(row, "slowest_rank_push_median_s"), transports});
     }
   }
   std::printf("\n");
@@ -118,19 +107,9 @@ int run_sharded_bench(const ShardedBenchOptions& o, Json& records) {
     records.push_back(record);
     return run.exit_code;
   }
-  const Json& parsed = run.result;
-  print_result(parsed);
-  if (parsed.value("device", std::string("cuda")) != "cpu") {
-    Json header = record_header("sharded", fmt::format("qwen3-8b-dims-{}-layers", o.layers),
-                                Device::cuda);
-    record["device"] = header["device"];
-    record["machine"] = header["machine"];
-  }
-  record["target"] = kTarget;
-  record["verified"] = parsed.value("verified", false);
-  record["result"] = parsed;
-  records.push_back(record);
-  return parsed.value("verified", false) ? 0 : 1;
+  print_result(run.result);
+  return keep_script_result(run, "sharded", fmt::format("qwen3-8b-dims-{}-layers", o.layers),
+                            kTarget, record, records);
 }
 
 ShardedBenchCommand add_sharded_bench_command(CLI::App* bench) {

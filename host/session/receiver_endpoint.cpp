@@ -127,7 +127,12 @@ struct ReceiverEndpoint::Impl {
     // Held throughout: no channel is reaped while it is written to or waited for.
     std::lock_guard lock(connections_mutex);
     std::vector<Connection*> suspending, closing;
+    std::size_t left = 0;  // kept sessions that read in place: they share nothing
     for (auto& c : connections) {
+      if (c.link->shares_nothing()) {
+        ++left;
+        continue;
+      }
       const bool suspend = c.link->start_suspending();
       if (!suspend && !c.link->start_closing()) continue;
       (suspend ? suspending : closing).push_back(&c);
@@ -163,6 +168,12 @@ struct ReceiverEndpoint::Impl {
           "{} kept session(s) suspended and {} closed in {:.3f} ms ({})", suspending.size(),
           closing.size(),
           std::chrono::duration<double, std::milli>(Clock::now() - start).count(), reason);
+    }
+    if (left > 0) {
+      logger("session")->info(
+          "{} kept session(s) left as they are ({}): they read their senders' tensors in place "
+          "and share none of this receiver's memory",
+          left, reason);
     }
   }
 

@@ -666,12 +666,15 @@ class Session final : public update::BucketSource, public ShardMember {
     } catch (const Error& e) {
       fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
     }
-    if (!rejoining && update_->memory_epoch() != epoch_) {
+    // A session that reads in place shared nothing: the memory it writes is this receiver's own,
+    // through its update engine (which refuses a released tag).
+    if (!rejoining && !shares_nothing_ && update_->memory_epoch() != epoch_) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "{}: {}: the receiver's memory was released or resumed since this session "
            "shared it; the session ends (the sender opens a new one)",
            ch_.peer(), phase);
     }
+    epoch_ = update_->memory_epoch();
   }
 
   void begin(wire::Message::Reader root) {
@@ -700,8 +703,8 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: direct delivery announced, but none was offered",
            ch_.peer(), phase);
     }
-    refuse_staged_after_direct(phase);
     reads_ = b.getReadsTensors();
+    refuse_staged_without_slots(phase);
     if (reads_ && (!reads_offered_ || direct_)) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: reads in place announced, but none was offered",
            ch_.peer(), phase);
@@ -718,12 +721,13 @@ class Session final : public update::BucketSource, public ShardMember {
     next_ = 0;
   }
 
-  // A Begin that stages in a session that delivered directly: its staging slots are gone.
-  void refuse_staged_after_direct(const std::string& phase) const {
-    if ((slots_released_ || delivered_directly_) && !direct_) {
+  // A Begin that stages in a session that delivered directly or read in place: its staging
+  // slots are gone.
+  void refuse_staged_without_slots(const std::string& phase) const {
+    if ((slots_released_ || delivered_directly_) && !direct_ && !reads_) {
       fail(FERRY_STATUS_CORRUPT_DATA,
-           "{}: {}: staged delivery announced in a session that delivered directly (its staging "
-           "slots are gone)",
+           "{}: {}: staged delivery announced in a session that delivered directly or read in "
+           "place (its staging slots are gone)",
            ch_.peer(), phase);
     }
   }
@@ -746,9 +750,20 @@ class Session final : public update::BucketSource, public ShardMember {
     c.setLabel(report.version.label);
     c.setSeconds(report.seconds);
     ch_.send(m, deadline_in(settings_.commit_timeout), "commit (committed)");
+    // A kept session that read in place reads in place for good (its sender's tensors stay CUDA
+    // memory while it is kept): its staging slots go, and it shares nothing of this receiver's
+    // memory from here, so a release leaves it, and the sender's tensors it mapped, as they are.
+    // Before it is idle: the release hook must see it so.
+    if (keep_ && reads_ && !shares_nothing_) {
+      data_->release_slots();
+      slots_released_ = true;
+      shares_nothing_ = true;
+      link_.set_shares_nothing(true);
+    }
     // Idle from here (a kept session), then the update lock goes: a release of the
-    // receiver's memory, which takes that lock, finds this session idle and closes it.
-    // Not before the Committed is out: a Closing must never overtake it.
+    // receiver's memory, which takes that lock, finds this session idle and suspends or closes
+    // it (one that shares nothing stays). Not before the Committed is out: a Closing must never
+    // overtake it.
     if (keep_) link_.set_idle();
     update_.reset();
     // Direct delivery is the session's for good (the handshake decided): a kept session
@@ -858,7 +873,7 @@ class Session final : public update::BucketSource, public ShardMember {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: direct delivery announced, but none was offered",
            ch_.peer());
     }
-    refuse_staged_after_direct("begin");
+    refuse_staged_without_slots("begin");
     writer_prints_ = b.getWriterFingerprints();
     prints_at_commit_ = b.getFingerprintsAtCommit();
     if (prints_at_commit_ && !(direct_ && writer_prints_)) {
@@ -969,6 +984,7 @@ class Session final : public update::BucketSource, public ShardMember {
   bool reads_ = false;
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
   bool slots_released_ = false;    // a kept direct session let its staging slots go
+  bool shares_nothing_ = false;    // ... or a kept session that reads in place (the link says so)
   std::atomic<bool> apply_refused_{false};
   // A rank of a sharded update (Hello.shard): its update, rank, world and holdings.
   std::shared_ptr<ShardedUpdate> sharded_;

@@ -44,17 +44,28 @@ void SessionLink::set_ended() {
   changed_.notify_all();
 }
 
+void SessionLink::set_shares_nothing(bool shares_nothing) {
+  std::lock_guard lock(mutex_);
+  shares_nothing_ = shares_nothing;
+}
+
+bool SessionLink::shares_nothing() {
+  std::lock_guard lock(mutex_);
+  return shares_nothing_;
+}
+
 bool SessionLink::start_suspending() {
   std::lock_guard lock(mutex_);
-  if (!idle_ || !rejoinable_ || suspending_ || suspended_ || closing_ || ended_) return false;
+  if (!idle_ || shares_nothing_ || !rejoinable_ || suspending_ || suspended_ || closing_ || ended_)
+    return false;
   suspending_ = true;
   return true;
 }
 
 bool SessionLink::start_closing() {
   std::lock_guard lock(mutex_);
-  // A suspended session shares nothing with its sender: it stays.
-  if (!idle_ || closing_ || ended_ || suspended_) return false;
+  // A suspended session shares nothing with its sender: it stays; so does one that reads in place.
+  if (!idle_ || closing_ || ended_ || suspended_ || shares_nothing_) return false;
   closing_ = true;
   return true;
 }

@@ -2,7 +2,8 @@
 // between the session's thread and the threads that may suspend or end it (a release of the
 // receiver's memory). A kept session between updates is idle: it holds no update lock, but it may
 // share memory with its sender. A release either suspends it (its sender rejoins after the
-// resume: Hello.rejoinAfterRelease) or closes it (docs/session-protocol.md, "Kept sessions").
+// resume: Hello.rejoinAfterRelease) or closes it (docs/session-protocol.md, "Kept sessions"),
+// unless it shares nothing (it reads its sender's tensors in place): that one stays as it is.
 //
 //   idle --start_suspending--> suspending --set_suspended--> suspended --leave_idle--> busy
 //   idle --start_closing--> closing --(session ends)--> ended
@@ -28,9 +29,14 @@ class SessionLink {
   void set_suspended();
   // True while suspending was asked for and the session has not dropped its data path yet.
   bool suspending();
+  // A kept session that reads its sender's tensors in place and let its staging slots go holds
+  // nothing of this receiver's memory, and its sender maps none: a release neither suspends nor
+  // closes it (its next update's Begin finds the memory resumed, or fails naming the released tag).
+  void set_shares_nothing(bool shares_nothing);
   void set_ended();
 
   // ---- any thread (the release hook)
+  bool shares_nothing();
   // Makes an idle, rejoinable session that shares something suspending; true when this call did
   // (the caller then sends the Closing with `suspend`). A suspended session shares nothing.
   bool start_suspending();
@@ -49,6 +55,7 @@ class SessionLink {
   bool idle_ = false;
   bool suspending_ = false;
   bool suspended_ = false;
+  bool shares_nothing_ = false;
   bool closing_ = false;
   bool ended_ = false;
 };

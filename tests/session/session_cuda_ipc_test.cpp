@@ -657,13 +657,16 @@ TEST_F(SessionCudaIpc, SenderKilledWhileWritingInPlaceLeavesTheReceiverAtItsVers
 // Reads in place ([one-pass]): a tensor-parallel rank's plan is no whole copy, so with the
 // default delivery the receiver maps the sender's tensors and applies its plan straight from
 // them (no staging copy). Over one kept session: two versions from different allocations (the
-// first push's are let go), then a release and resume of the receiver's memory (the session
-// rejoins) and a third; each bit-identical to the CPU twin of the same rank, and to what staged
-// delivery of the same plan gives.
+// first push's are let go), then a release and resume of the receiver's memory (the session,
+// which shares none of it, is left as it is: no suspension, no rejoin, nothing mapped again) and
+// a third; each bit-identical to the CPU twin of the same rank, and to what staged delivery of
+// the same plan gives. A push while the weights are released fails naming them.
 TEST_F(SessionCudaIpc, ATensorParallelRankReadsTheTensorsInPlaceBitIdentical) {
   for (unsigned rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(fmt::format("tp rank {} of 2", rank));
-    ServeProcess serve(gpu_tp_receiver(versions_->v1_path(), rank));
+    auto options = gpu_tp_receiver(versions_->v1_path(), rank);
+    options.log_level = "info";  // its sessions' lines
+    ServeProcess serve(options);
     ASSERT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
     DeviceCheckpoint v1(versions_->v1);
     DeviceCheckpoint v2(versions_->v2);
@@ -688,11 +691,27 @@ TEST_F(SessionCudaIpc, ATensorParallelRankReadsTheTensorsInPlaceBitIdentical) {
     push(v2, 4, true);
     EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, rank, 2));
     EXPECT_EQ(version_of(serve), 4);
+    EXPECT_NE(serve.log().find("left as they are"), std::string::npos) << serve.log();
+    EXPECT_EQ(serve.log().find("suspended for the release"), std::string::npos) << serve.log();
+    EXPECT_EQ(serve.log().find("rejoined"), std::string::npos) << serve.log();
+    ASSERT_EQ(
+        serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+        200);
+    const auto refused = sender.push(v1.views(), 5);
+    ASSERT_EQ(refused.receivers.size(), 1u);
+    EXPECT_FALSE(refused.receivers[0].committed);
+    EXPECT_NE(refused.receivers[0].error.find("released"), std::string::npos)
+        << refused.receivers[0].error;
+    ASSERT_EQ(
+        serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
+        200);
+    EXPECT_EQ(version_of(serve), 4);
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, rank, 2));
     // The same plan staged (update.delivery = "staged") lands the same bytes.
     session::Sender staged(with_delivery(config::Delivery::staged), registry_,
                            sender_options({address_of(serve)}, 1024));
-    const auto report = staged.push(v1.views(), 5);
-    expect_committed(report, 5, false);
+    const auto report = staged.push(v1.views(), 6);
+    expect_committed(report, 6, false);
     EXPECT_FALSE(report.receivers[0].reads_in_place);
     EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
   }
