@@ -68,6 +68,10 @@ struct CudaApplier::Cuda {
   // writes directly (chunk_hashes: one GPU operation, no copy back).
   std::uint64_t* mapped_hashes = nullptr;
   std::size_t mapped_capacity = 0;
+  // Fingerprints queued without a wait (queue_fingerprints): mapped host memory as above.
+  std::uint64_t* mapped_prints = nullptr;
+  std::size_t mapped_prints_capacity = 0;
+  std::size_t queued_prints = 0;
 
   void free_all() noexcept {
     for (auto* p : slot) {
@@ -78,6 +82,7 @@ struct CudaApplier::Cuda {
     }
     if (results != nullptr) (void)cudaFree(results);
     if (mapped_hashes != nullptr) (void)cudaFreeHost(mapped_hashes);
+    if (mapped_prints != nullptr) (void)cudaFreeHost(mapped_prints);
     for (auto e : copied) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
@@ -279,6 +284,46 @@ std::vector<std::uint64_t> CudaApplier::fingerprints(std::span<const std::byte* 
         "copying the fingerprints to the host");
   check(cudaStreamSynchronize(c.apply_stream), "computing fingerprints");
   return out;
+}
+
+void CudaApplier::queue_fingerprints(std::span<const std::byte* const> data,
+                                     std::span<const std::uint64_t> bytes) {
+  DeviceScope scope(cuda_->device);
+  auto& c = *cuda_;
+  const std::size_t n = std::min(data.size(), bytes.size());
+  if (c.queued_prints > 0) {
+    // A batch nobody took (its bucket failed before): dropped once its kernels are done.
+    check(cudaStreamSynchronize(c.apply_stream), "waiting for fingerprints not taken");
+    c.queued_prints = 0;
+  }
+  if (n == 0) return;
+  if (c.mapped_prints_capacity < n) {
+    // Nothing queued writes the old buffer (the last batch was taken after its wait).
+    if (c.mapped_prints != nullptr) check(cudaFreeHost(c.mapped_prints), "freeing fingerprints");
+    c.mapped_prints = nullptr;
+    c.mapped_prints_capacity = 0;
+    check(cudaHostAlloc(reinterpret_cast<void**>(&c.mapped_prints), n * sizeof(std::uint64_t),
+                        cudaHostAllocMapped),
+          "allocating mapped host memory for fingerprints");
+    c.mapped_prints_capacity = n;
+  }
+  std::uint64_t* device = nullptr;
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), c.mapped_prints, 0),
+        "mapping the fingerprints into the device");
+  kernels::fingerprint_many_cuda_async(
+      std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()), n),
+      bytes.first(n), device, c.apply_stream);
+  c.queued_prints = n;
+}
+
+std::vector<std::uint64_t> CudaApplier::take_queued_fingerprints() {
+  DeviceScope scope(cuda_->device);
+  auto& c = *cuda_;
+  const std::size_t n = c.queued_prints;
+  c.queued_prints = 0;
+  if (n == 0) return {};
+  check(cudaStreamSynchronize(c.apply_stream), "computing fingerprints");
+  return std::vector<std::uint64_t>(c.mapped_prints, c.mapped_prints + n);
 }
 
 std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const> data,

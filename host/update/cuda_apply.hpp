@@ -73,6 +73,13 @@ class CudaApplier {
   // enqueued before, with one wait at the end.
   std::vector<std::uint64_t> fingerprints(std::span<const std::byte* const> data,
                                           std::span<const std::uint64_t> bytes);
+  // The same fingerprints queued on the apply stream without a wait (bucket read in place: its
+  // plan is queued right after, and one wait covers both); the kernels write them into mapped
+  // host memory. take_queued_fingerprints() waits for the stream and returns them (empty when
+  // none were queued). One batch at a time (a batch not taken is dropped by the next).
+  void queue_fingerprints(std::span<const std::byte* const> data,
+                          std::span<const std::uint64_t> bytes);
+  std::vector<std::uint64_t> take_queued_fingerprints();
   // The chunk hashes of each device range, numbered from first_index[i]
   // (kernels::fingerprint_chunks_many_cuda_async), the ranges' one after the other; the same
   // ordering and wait.

@@ -35,6 +35,13 @@ std::vector<std::uint64_t> CudaApplier::fingerprints(std::span<const std::byte* 
                                                      std::span<const std::uint64_t>) {
   no_cuda();
 }
+void CudaApplier::queue_fingerprints(std::span<const std::byte* const>,
+                                     std::span<const std::uint64_t>) {
+  no_cuda();
+}
+std::vector<std::uint64_t> CudaApplier::take_queued_fingerprints() {
+  return {};
+}
 std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const>,
                                                      std::span<const std::uint64_t>,
                                                      std::span<const std::uint64_t>) {

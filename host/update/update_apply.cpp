@@ -1,5 +1,6 @@
 // update/update_apply.cpp: applying one staged bucket (UpdateEngine::apply_staged): the manifest
-// checked against the active update, entry fingerprints verified before any byte is written, the
+// checked against the active update, entry fingerprints verified before any byte is written (a
+// bucket read in place from device memory: as its plan runs, before it is acknowledged), the
 // cached plan split by memory kind, then the CPU and CUDA scatters; and the host staging the
 // update loop's sources read into (see update/update_engine.hpp).
 #include "update/update_engine.hpp"
@@ -189,12 +190,38 @@ void UpdateEngine::apply_staged(Bucket& b) {
       for (const auto& e : m.tensors) offsets.push_back(e.offset);
     }
     const bool device_bucket = bucket_kind == FERRY_MEMORY_CUDA;
+    // The entries' fingerprints against the manifest's. A bucket read in place from device
+    // memory is fingerprinted on the apply stream right before its plan, and compared once both
+    // are done (one wait): a mismatch then fails the update, which the engine, dirty from the
+    // plan's writes, rolls back or fences. Any other bucket is verified before anything is written.
+    std::vector<std::size_t> checked;
     if (options_.verify_fingerprints) {
-      std::vector<std::size_t> checked;
-      std::vector<std::uint64_t> actual;
       for (std::size_t i = 0; i < m.tensors.size(); ++i) {
         if (m.tensors[i].fingerprint) checked.push_back(i);
       }
+    }
+    const auto compare = [&](std::span<const std::uint64_t> actual, const char* what) {
+      for (std::size_t k = 0; k < checked.size(); ++k) {
+        const auto& e = m.tensors[checked[k]];
+        if (actual[k] != *e.fingerprint) {
+          fail(FERRY_STATUS_CORRUPT_DATA,
+               "tensor '{}': fingerprint of the {} bytes {:016x} differs from the sender's {:016x}",
+               e.name, what, actual[k], *e.fingerprint);
+        }
+      }
+    };
+    const bool verify_as_applied =
+        read_in_place && device_bucket && b.entry_fingerprints.empty() && !checked.empty();
+    if (verify_as_applied) {
+      std::vector<const std::byte*> data;
+      std::vector<std::uint64_t> sizes;
+      for (std::size_t i : checked) {
+        data.push_back(entries[i].data);
+        sizes.push_back(m.tensors[i].size);
+      }
+      cuda_locked().queue_fingerprints(data, sizes);
+    } else if (!checked.empty()) {
+      std::vector<std::uint64_t> actual;
       if (!b.entry_fingerprints.empty()) {
         // Computed by the source from these bytes (its acknowledgement's): compared, not
         // computed again.
@@ -203,7 +230,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
                b.entry_fingerprints.size(), m.tensors.size(), m.bucket_index);
         }
         for (std::size_t i : checked) actual.push_back(b.entry_fingerprints[i]);
-      } else if (device_bucket && !checked.empty()) {
+      } else if (device_bucket) {
         std::vector<const std::byte*> data;
         std::vector<std::uint64_t> sizes;
         for (std::size_t i : checked) {
@@ -217,15 +244,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
               kernels::fingerprint_cpu(entries[i].data, m.tensors[i].size, options_.threads));
         }
       }
-      for (std::size_t k = 0; k < checked.size(); ++k) {
-        const auto& e = m.tensors[checked[k]];
-        if (actual[k] != *e.fingerprint) {
-          fail(FERRY_STATUS_CORRUPT_DATA,
-               "tensor '{}': fingerprint of the received bytes {:016x} differs from the sender's "
-               "{:016x}",
-               e.name, actual[k], *e.fingerprint);
-        }
-      }
+      compare(actual, "received");
     }
     const auto cached = cache_.get_entry(m, plans_);
     const PlanOps ops = cached->ops;
@@ -299,6 +318,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
       }
       cuda_locked().apply(exec->prepared, bucket, device_bucket, fp8);
     }
+    if (verify_as_applied) compare(cuda_locked().take_queued_fingerprints(), "read in place");
     for (const auto& op : *ops) record_written(op);
     ++buckets_this_update_;
     const double seconds =

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,78 @@ TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
     ASSERT_EQ(read_param(cuda_store, p.name), std::vector<std::byte>(want.begin(), want.end()))
         << p.name;
   }
+}
+
+// Reads in place from device memory ([one-pass]): each entry lies in device memory of its own
+// (the sender's tensors as the receiver maps them), each bucket is fingerprinted on the apply
+// stream right before its plan and compared once both are done; the weights equal the CPU twin's.
+// An entry whose bytes are not the manifest's fails the update after its plan wrote, naming the
+// tensor, and the engine rolls the weights back from the mirror.
+TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied) {
+  IdentityPlans cpu_plans(layout);
+  IdentityPlans cuda_plans(layout);
+  UpdateOptions at_commit;
+  at_commit.mirror_refresh = MirrorRefreshMode::commit;  // the rollback's source is certain
+  UpdateEngine cpu_engine(cpu_store, cpu_plans);
+  UpdateEngine cuda_engine(cuda_store, cuda_plans, at_commit);
+  std::vector<void*> memory;
+  // Version `version`'s buckets read in place; with `corrupt`, the first entry of the last
+  // bucket has one byte changed. Returns the error of the failing bucket (or none).
+  auto read_in_place = [&](std::uint64_t version, bool corrupt) -> std::optional<Error> {
+    const auto buckets = buckets_for(layout, version);
+    cuda_engine.begin(version, "read");
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const auto& b = buckets[k];
+      Bucket bucket;
+      bucket.manifest_bytes = b.encoded();
+      bucket.kind = FERRY_MEMORY_CUDA;
+      for (std::size_t i = 0; i < b.manifest.tensors.size(); ++i) {
+        const auto& e = b.manifest.tensors[i];
+        void* d = nullptr;
+        EXPECT_EQ(cudaMalloc(&d, e.size + 512), cudaSuccess);
+        memory.push_back(d);
+        auto* first = static_cast<std::byte*>(d) + 16 * (k + 1);  // not where a bucket would be
+        std::vector<std::byte> bytes(b.bytes.begin() + e.offset,
+                                     b.bytes.begin() + e.offset + e.size);
+        if (corrupt && k + 1 == buckets.size() && i == 0) bytes.at(0) ^= std::byte{1};
+        EXPECT_EQ(cudaMemcpy(first, bytes.data(), e.size, cudaMemcpyHostToDevice), cudaSuccess);
+        bucket.entry_data.push_back(first);
+      }
+      try {
+        cuda_engine.apply(bucket);
+      } catch (const Error& error) {
+        return error;
+      }
+    }
+    cuda_engine.commit();
+    return std::nullopt;
+  };
+  apply(cpu_engine, 1, buckets_for(layout, 1), Source::pageable);
+  apply(cuda_engine, 1, buckets_for(layout, 1), Source::pageable);
+  for (std::uint64_t version = 2; version <= 3; ++version) {
+    apply(cpu_engine, version, buckets_for(layout, version), Source::pageable);
+    const auto error = read_in_place(version, false);
+    ASSERT_FALSE(error) << error->what();
+    for (const auto& p : layout) {
+      ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name))
+          << p.name << " after version " << version;
+    }
+    EXPECT_EQ(cuda_engine.fingerprints(), cpu_engine.fingerprints());
+  }
+  const auto last = buckets_for(layout, 4).back();
+  const auto error = read_in_place(4, true);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->code(), FERRY_STATUS_CORRUPT_DATA) << error->what();
+  EXPECT_NE(std::string(error->what()).find(last.manifest.tensors[0].name), std::string::npos)
+      << error->what();
+  EXPECT_NE(std::string(error->what()).find("read in place"), std::string::npos) << error->what();
+  EXPECT_EQ(cuda_engine.version().number, 3u);
+  EXPECT_TRUE(cuda_engine.health().ready) << cuda_engine.health().reason;
+  EXPECT_EQ(cuda_engine.metrics().rollbacks, 1u);
+  for (const auto& p : layout) {
+    ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name)) << p.name;
+  }
+  for (void* d : memory) EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
 // The CUDA store's background refresh of the page-locked mirror with memory.mirror_refresh =
