@@ -394,7 +394,8 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
     med = statistics.median
     result.update({"push_s": pushes, "ready_s": readies, "lends": lends,
                    "push_median_s": med(pushes), "push_best_s": min(pushes),
-                   "ready_median_s": med(readies), "verified": verified,
+                   "ready_median_s": med(readies), "ready_worst_s": max(readies),
+                   "verified": verified,
                    "verification": "; ".join(notes) or
                    "every step's version equal on every engine rank to a staged push of the "
                    "same values, and different from the step before"})
@@ -404,6 +405,8 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
         result["ceiling_s"] = ceiling
         result["of_ceiling"] = ceiling / result["push_median_s"]
         result["ready_of_ceiling"] = ceiling / result["ready_median_s"]
+        # The target holds for every step: the slowest one's.
+        result["worst_of_ceiling"] = ceiling / result["ready_worst_s"]
     if args.baseline_steps > 0:
         result.update(torch_baseline(args, torch, case, layers, state, tensors, world))
         if result.get("torch_median_s"):
@@ -482,18 +485,19 @@ def print_table(r):
     out = sys.stderr
     out.write("\nrl-step on %s: %d steps per case, each after a release, a training step of "
               "%.1f GiB and a resume\n" % (r["device_name"], r["steps"], r["train_bytes"] / 2**30))
-    out.write("%-8s %7s %9s %9s %9s %9s %9s %8s %9s %7s  %s\n" % (
+    out.write("%-8s %7s %9s %9s %9s %9s %9s %8s %8s %9s %7s  %s\n" % (
         "case", "tensors", "GB", "first ms", "push ms", "ready ms", "ceil ms", "of ceil",
-        "torch ms", "vs torch", "path"))
+        "slowest", "torch ms", "vs torch", "path"))
     for row in r["rows"]:
         path = ("direct" if row["direct"] else "reads in place" if row["reads_in_place"]
                 else "staged")
-        of = "-" if row.get("of_ceiling") is None else "%.2f" % row["of_ceiling"]
+        of = "-" if row.get("ready_of_ceiling") is None else "%.2f" % row["ready_of_ceiling"]
+        worst = "-" if row.get("worst_of_ceiling") is None else "%.2f" % row["worst_of_ceiling"]
         vs = "-" if row.get("vs_torch") is None else "%.2f" % row["vs_torch"]
-        out.write("%-8s %7d %9.2f %9s %9s %9s %9s %8s %9s %7s  %s\n" % (
+        out.write("%-8s %7d %9.2f %9s %9s %9s %9s %8s %8s %9s %7s  %s\n" % (
             row["case"], row["tensors"], row["model_bytes"] / 1e9, ms(row["first_push_s"]),
             ms(row["push_median_s"]), ms(row["ready_median_s"]), ms(row.get("ceiling_s")), of,
-            ms(row.get("torch_median_s")), vs, path))
+            worst, ms(row.get("torch_median_s")), vs, path))
     out.write("verified: %s (%s)\n" % ("yes" if r["verified"] else "NO", r["verification"]))
     out.flush()
 
