@@ -324,13 +324,25 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
     serves, result = [], {"case": case, "layers": layers, "tensors": len(shapes),
                           "model_bytes": model_bytes, "written_bytes": written,
                           "engine_ranks": world, "family": family}
+    trainer_log = saved_stderr = None
     try:
         for r in range(world):
             serves.append(sharded.Serve(args.ferry, device, case_folder, r, log_dir,
                                         world if world > 1 else 0, family))
         addresses = [s.address for s in serves]
-        sender = ferry.Sender(addresses, progress=False)
+        # The staged reference Sender first: the log level is the library's, set by the Sender
+        # made last.
         reference = ferry.Sender(addresses, progress=False, update__delivery="staged")
+        if log_dir:
+            # The timed Sender's log at debug level (where the trainer's side of a step goes):
+            # this process's stderr goes to trainer.log for the case.
+            trainer_log = open(os.path.join(log_dir, "trainer.log"), "w")
+            sys.stderr.flush()
+            saved_stderr = os.dup(2)
+            os.dup2(trainer_log.fileno(), 2)
+            os.environ["FERRY_LOG_LEVEL"] = "debug"
+        sender = ferry.Sender(addresses, progress=False)
+        os.environ.pop("FERRY_LOG_LEVEL", None)
         version = 1
         t0 = time.perf_counter()
         first = sender.push(state, version, check=False)
@@ -391,6 +403,11 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
     finally:
         for s in serves:
             s.close()
+        if saved_stderr is not None:
+            sys.stderr.flush()
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+            trainer_log.close()
     med = statistics.median
     result.update({"push_s": pushes, "ready_s": readies, "lends": lends,
                    "push_median_s": med(pushes), "push_best_s": min(pushes),
@@ -523,7 +540,8 @@ def main():
     parser.add_argument("--ferry", default=os.environ.get("FERRY_EXE", "ferry"),
                         help="the ferry executable the engines run ($FERRY_EXE or ferry)")
     parser.add_argument("--log-dir", default=None,
-                        help="keep each engine's log here, at debug level, one folder per case")
+                        help="keep each engine's log and the trainer's (its timed Sender's) here, "
+                             "at debug level, one folder per case")
     parser.add_argument("--answer-timeout", type=float, default=300,
                         help="seconds to wait for a child at any point (300)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
