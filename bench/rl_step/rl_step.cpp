@@ -114,7 +114,8 @@ RlStepBenchCommand add_rl_step_bench_command(CLI::App* bench) {
   app->add_option("--device", o->device, "cuda, or cpu (host tensors of tiny models)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   app->add_option("--log-dir", o->log_dir,
-                  "keep every engine's log here, at debug level, one folder per case");
+                  "keep every engine's log and the trainer's Sender's here, at debug level, one "
+                  "folder per case");
   add_script_bench_options(app, o.get(), "rl_step.py");
   Action action = [o]() -> int {
     return run_script_bench(*o, [&](Json& records) { return run_rl_step_bench(*o, records); });

@@ -27,7 +27,7 @@ struct RlStepBenchOptions : ScriptBenchOptions {
   int baseline_steps = 3;       // torch's flattened-bucket IPC steps (0: none)
   int bucket_mib = 512;         // the torch baseline's flattened bucket size
   std::string device = "cuda";  // cuda (cuda:0); cpu: host tensors of tiny models
-  std::string log_dir;          // keep every engine's debug log here, one folder per case
+  std::string log_dir;  // keep every engine's and the trainer's debug log here, one folder per case
 };
 
 struct RlStepBenchCommand {
