@@ -72,6 +72,9 @@ import sharded_push as sharded  # noqa: E402  (ferry serve, the value fill)
 TARGET = 0.70  # [one-pass]: every case, every step, >= 0.7 of D2D (FP8: of its roofline)
 TORCH_TARGET = 3.0  # ... and >= 3x torch's flattened-bucket IPC
 CASES = ("dense", "moe", "moe-fp8", "tp2")
+# Cases run only when named: the tp2 model and engines, the trainer pushing as rank 0 of a
+# 1-rank sharded update (push(rank=0, world=1)): each engine rank is sent only its pieces.
+VARIANTS = {"tp2-pieces": "tp2"}
 BLOCK = 128  # FP8 block edge (models/lowbit)
 
 
@@ -297,7 +300,9 @@ def optimizer_step(torch, tensors, step):
     torch._foreach_add_(tensors, 2.0 ** -7 * (1 + step % 3))
 
 
-def run_case(args, torch, ferry, case, folder, d2d_per_byte):
+def run_case(args, torch, ferry, label, folder, d2d_per_byte):
+    case = VARIANTS.get(label, label)  # the model and engines
+    shard = {"rank": 0, "world": 1} if label == "tp2-pieces" else {}
     layers = args.layers or default_layers(case, args.device)
     shapes = checkpoint_shapes(case, layers, args.device)
     model_bytes = sum(2 * numel(s) for _, s in shapes)
@@ -305,7 +310,7 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
     world = 2 if case == "tp2" else 1
     family = {"dense": "dense", "tp2": "dense", "moe": "moe", "moe-fp8": "lowbit"}[case]
     note("%s: %d layers, %d tensors, %.2f GB bf16 into %d engine rank(s) of family %s"
-         % (case, layers, len(shapes), model_bytes / 1e9, world, family))
+         % (label, layers, len(shapes), model_bytes / 1e9, world, family))
     device = sharded.device_of(args)
     state = {}
     for i, (name, shape) in enumerate(shapes):
@@ -316,12 +321,12 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
     common.sync(torch, args.device)
     Event = torch.cuda.Event if args.device == "cuda" else common.HostEvent
     train_bytes = int(args.train_gib * (1 << 30)) if args.device == "cuda" else 1 << 20
-    log_dir = os.path.join(args.log_dir, case) if args.log_dir else None
+    log_dir = os.path.join(args.log_dir, label) if args.log_dir else None
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
-    case_folder = os.path.join(folder, case)  # its engines' port files
+    case_folder = os.path.join(folder, label)  # its engines' port files
     os.makedirs(case_folder)
-    serves, result = [], {"case": case, "layers": layers, "tensors": len(shapes),
+    serves, result = [], {"case": label, "layers": layers, "tensors": len(shapes),
                           "model_bytes": model_bytes, "written_bytes": written,
                           "engine_ranks": world, "family": family}
     trainer_log = saved_stderr = None
@@ -345,10 +350,10 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
         os.environ.pop("FERRY_LOG_LEVEL", None)
         version = 1
         t0 = time.perf_counter()
-        first = sender.push(state, version, check=False)
+        first = sender.push(state, version, check=False, **shard)
         result["first_push_s"] = time.perf_counter() - t0
         if not first.all_committed:
-            raise RuntimeError("%s: the first push failed: %s" % (case, first))
+            raise RuntimeError("%s: the first push failed: %s" % (label, first))
         result["direct"] = all(x.direct for x in first.receivers)
         result["reads_in_place"] = all(x.reads_in_place for x in first.receivers)
         result["transport"] = first.receivers[0].transport
@@ -377,11 +382,11 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
             poller, box = common.when_done(done)
             version += 1
             t0 = time.perf_counter()
-            report = sender.push(state, version, check=False)  # no synchronize before it
+            report = sender.push(state, version, check=False, **shard)  # no synchronize first
             t1 = time.perf_counter()
             poller.join()
             if not report.all_committed:
-                raise RuntimeError("%s, step %d: the push failed: %s" % (case, step, report))
+                raise RuntimeError("%s, step %d: the push failed: %s" % (label, step, report))
             pushes.append(t1 - t0)
             readies.append(t1 - max(t0, box["t"]))
             timed = [s.fingerprints() for s in serves]
@@ -389,13 +394,13 @@ def run_case(args, torch, ferry, case, folder, d2d_per_byte):
             check = reference.push(state, version, check=False)
             if not check.all_committed:
                 raise RuntimeError("%s, step %d: the staged reference push failed: %s"
-                                   % (case, step, check))
+                                   % (label, step, check))
             staged = [s.fingerprints() for s in serves]
             for r in range(world):
                 if timed[r][1] != staged[r][1] or timed[r][1] == previous[r]:
                     verified = False
                     notes.append("%s, step %d, rank %d: %s" % (
-                        case, step, r, "differs from the staged push of the same values"
+                        label, step, r, "differs from the staged push of the same values"
                         if timed[r][1] != staged[r][1] else "unchanged from the step before"))
             previous = [x[1] for x in staged]
         reference.close()
@@ -461,6 +466,9 @@ def torch_baseline(args, torch, case, layers, state, tensors, world):
     finally:
         for e in engines:
             e.close()
+        if args.device == "cuda":
+            # The buckets the engines mapped stay allocated until torch learns they are gone.
+            torch.cuda.ipc_collect()
     return {"torch_s": runs, "torch_median_s": statistics.median(runs)}
 
 
@@ -552,9 +560,10 @@ def main():
     if args.role == "torch-engine":
         return torch_engine_main(args)
     args.cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in args.cases if c not in CASES]
+    unknown = [c for c in args.cases if c not in CASES and c not in VARIANTS]
     if unknown or not args.cases:
-        parser.error("--cases takes %s; got %s" % (", ".join(CASES), args.cases))
+        parser.error("--cases takes %s; got %s" % (", ".join(CASES + tuple(VARIANTS)),
+                                                  args.cases))
     if args.steps < 1 or args.layers < 0 or args.baseline_steps < 0:
         parser.error("need --steps >= 1, --layers >= 0 and --baseline-steps >= 0")
     torch, ferry = sharded.what_a_run_needs(args, unavailable)

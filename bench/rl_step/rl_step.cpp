@@ -95,7 +95,9 @@ RlStepBenchCommand add_rl_step_bench_command(CLI::App* bench) {
       "the colocated RL step (bench/rl_step.py): engines release, the trainer steps, engines "
       "resume, the trainer pushes; dense, MoE, MoE into FP8, TP=2, vs D2D and torch IPC");
   auto o = std::make_shared<RlStepBenchOptions>();
-  app->add_option("--cases", o->cases, "comma-separated, of dense, moe, moe-fp8, tp2 (all)");
+  app->add_option("--cases", o->cases,
+                  "comma-separated, of dense, moe, moe-fp8, tp2 (all), or tp2-pieces\n(tp2, the "
+                  "trainer pushing as rank 0 of a 1-rank sharded update)");
   app->add_option("--layers", o->layers,
                   "decoder layers (0: 36 for dense and tp2, 16.4 GB; 12 for the MoE cases, "
                   "16.2 GB; 48 is all of Qwen3-30B-A3B)")

@@ -321,6 +321,7 @@ class Session final : public update::BucketSource, public ShardMember {
     if (!hello.hasShard()) {
       offer_direct(delivery_, descs);
       offer_reads();
+      offer_pieces(descs);
     }
     if (hello.hasShard()) {
       join_shard(wants_direct_blocks());
@@ -364,6 +365,7 @@ class Session final : public update::BucketSource, public ShardMember {
     welcome.setKeepSession(keep_);
     welcome.setFingerprintsAtCommit(true);
     welcome.setReadsTensors(reads_offered_);
+    welcome.setTakesPieces(takes_pieces_);
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
     logger("session")->info(
         "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
@@ -540,6 +542,54 @@ class Session final : public update::BucketSource, public ShardMember {
     }
   }
 
+  // Welcome.takesPieces, to a sender of one whole catalog: where direct delivery of whole
+  // tensors is not offered, this receiver assembles sharded updates, and its plan reads only part
+  // of some tensor (a tensor-parallel rank), a 1-rank sharded push would send it only the parts
+  // it reads (ShardedUpdate::needed_piece of whole blocks). Where this session writes or reads
+  // in place, only if every part then lands as one contiguous copy in a device parameter
+  // (block_destinations): a part that would be staged is slower than reading in place.
+  void offer_pieces(std::span<const ferry_tensor_desc_t> descs) {
+    takes_pieces_ = false;
+    if (!settings_.sharded || !destinations_.empty() || delivery_ == "staged" || descs.empty()) {
+      return;
+    }
+    std::map<std::string, update::TensorReads> reads;
+    try {
+      const auto r = update_->reads(descs);
+      for (std::size_t i = 0; i < r.size() && i < descs.size(); ++i) {
+        reads.emplace(descs[i].name, r[i]);
+      }
+    } catch (const Error&) {
+      return;  // the plan cannot say what it reads: whole tensors
+    }
+    std::vector<Holding> pieces;
+    std::vector<update::UpdateEngine::BlockRef> blocks;
+    pieces.reserve(descs.size());
+    bool part = false;
+    for (std::uint32_t i = 0; i < descs.size(); ++i) {
+      Holding whole;
+      whole.tensor = descs[i].name;
+      whole.extents.assign(descs[i].shape, descs[i].shape + descs[i].ndim);
+      whole.offsets.assign(descs[i].ndim, 0);
+      pieces.push_back(ShardedUpdate::needed_piece(reads, whole));
+      const Holding& p = pieces.back();
+      part = part || !p.sent || p.extents != whole.extents;
+      if (p.sent) blocks.push_back({i, p.offsets, p.extents});
+    }
+    if (!part) return;
+    if (reads_offered_ || wants_direct_blocks()) {
+      const auto dests = update_->block_destinations(descs, blocks);
+      for (const auto& d : dests) {
+        if (!d) return;
+      }
+    }
+    takes_pieces_ = true;
+    logger("session")->info(
+        "session with {}: its plan reads only part of some tensors; a 1-rank sharded push would "
+        "send it only those parts",
+        ch_.peer());
+  }
+
   // Whether the receiver takes the writing copies' fingerprints as those of what they wrote
   // (update.direct_verify = "writer"): only then does a piece starting inside a chunk get the
   // chunk hashes of its part after that chunk (the part before is not fingerprinted apart).
@@ -668,7 +718,7 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     // A session that reads in place shared nothing: the memory it writes is this receiver's own,
     // through its update engine (which refuses a released tag).
-    if (!rejoining && !shares_nothing_ && update_->memory_epoch() != epoch_) {
+    if (!rejoining && !link_.shares_nothing() && update_->memory_epoch() != epoch_) {
       fail(FERRY_STATUS_FAILED_PRECONDITION,
            "{}: {}: the receiver's memory was released or resumed since this session "
            "shared it; the session ends (the sender opens a new one)",
@@ -754,11 +804,10 @@ class Session final : public update::BucketSource, public ShardMember {
     // memory while it is kept): its staging slots go, and it shares nothing of this receiver's
     // memory from here, so a release leaves it, and the sender's tensors it mapped, as they are.
     // Before it is idle: the release hook must see it so.
-    if (keep_ && reads_ && !shares_nothing_) {
+    if (keep_ && reads_ && !slots_released_) {
       data_->release_slots();
       slots_released_ = true;
-      shares_nothing_ = true;
-      link_.set_shares_nothing(true);
+      link_.set_shares_nothing();
     }
     // Idle from here (a kept session), then the update lock goes: a release of the
     // receiver's memory, which takes that lock, finds this session idle and suspends or closes
@@ -982,9 +1031,9 @@ class Session final : public update::BucketSource, public ShardMember {
   bool lends_ = false;
   bool reads_offered_ = false;
   bool reads_ = false;
+  bool takes_pieces_ = false;      // Welcome.takesPieces (offer_pieces)
   bool prints_at_commit_ = false;  // Begin.fingerprintsAtCommit
-  bool slots_released_ = false;    // a kept direct session let its staging slots go
-  bool shares_nothing_ = false;    // ... or a kept session that reads in place (the link says so)
+  bool slots_released_ = false;    // a kept direct session, or one that reads, let its slots go
   std::atomic<bool> apply_refused_{false};
   // A rank of a sharded update (Hello.shard): its update, rank, world and holdings.
   std::shared_ptr<ShardedUpdate> sharded_;

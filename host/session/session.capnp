@@ -132,6 +132,13 @@ struct Welcome {
   # whole copy per tensor), the receiver reads the sender's tensors in place; a Begin with
   # readsTensors then sends every bucket's entries by their keys (BucketReady.sources).
   readsTensors @16 :Bool;
+  # To a sender of one whole catalog: this receiver's plan reads only part of some tensors (a
+  # tensor-parallel rank's slices), and a 1-rank sharded push of the same tensors (Hello.shard,
+  # rank 0 of 1, every block whole) would send it only those parts, each into its parameters
+  # where this session would write or read in place. The sender may push that way from its next
+  # push on (docs/sharded.md, "One trainer, tensor-parallel engines"); this session's update
+  # goes as the Welcome says.
+  takesPieces @17 :Bool;
 }
 
 # Either direction: the peer refuses or gives up; the connection closes after it.

@@ -44,9 +44,9 @@ void SessionLink::set_ended() {
   changed_.notify_all();
 }
 
-void SessionLink::set_shares_nothing(bool shares_nothing) {
+void SessionLink::set_shares_nothing() {
   std::lock_guard lock(mutex_);
-  shares_nothing_ = shares_nothing;
+  shares_nothing_ = true;
 }
 
 bool SessionLink::shares_nothing() {

@@ -32,7 +32,7 @@ class SessionLink {
   // A kept session that reads its sender's tensors in place and let its staging slots go holds
   // nothing of this receiver's memory, and its sender maps none: a release neither suspends nor
   // closes it (its next update's Begin finds the memory resumed, or fails naming the released tag).
-  void set_shares_nothing(bool shares_nothing);
+  void set_shares_nothing();
   void set_ended();
 
   // ---- any thread (the release hook)

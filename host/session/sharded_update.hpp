@@ -169,6 +169,11 @@ class ShardedUpdate final : public update::BucketSource {
   void apply_failed(const Error& error) noexcept override;
   update::UpdateEnd end() override;
 
+  // The part of a sent `block` that a plan reading `reads` needs (pieces(); and what a whole
+  // sender's push as rank 0 of 1 would send a session, Welcome.takesPieces).
+  static Holding needed_piece(const std::map<std::string, update::TensorReads>& reads,
+                              const Holding& block);
+
  private:
   friend class ShardedUpdates;
   enum class Phase { joining, welcomed, begun, running, done, failed };
@@ -188,9 +193,6 @@ class ShardedUpdate final : public update::BucketSource {
   // Under mutex_: adds a rank; false (and fails the update) when it does not fit.
   void add(ShardJoin join, std::unique_lock<std::mutex>& lock);
   bool accepting() const;  // under mutex_
-  // The part of a sent `block` that a plan reading `reads` needs (pieces()).
-  static Holding needed_piece(const std::map<std::string, update::TensorReads>& reads,
-                              const Holding& block);
   // Each rank's pieces: of its sent blocks, what a plan reading `reads` needs where the rank
   // sends only that (`sends_needs`), else the blocks whole.
   static std::vector<std::vector<Holding>> pieces_needed(

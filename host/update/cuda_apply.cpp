@@ -64,13 +64,37 @@ struct CudaApplier::Cuda {
   std::array<cudaEvent_t, 2> bounce_free{};
   std::uint64_t* results = nullptr;  // device fingerprint results
   std::size_t results_capacity = 0;
-  // Chunk hashes at commit: page-locked host memory mapped into the device, which the kernel
-  // writes directly (chunk_hashes: one GPU operation, no copy back).
-  std::uint64_t* mapped_hashes = nullptr;
-  std::size_t mapped_capacity = 0;
-  // Fingerprints queued without a wait (queue_fingerprints): mapped host memory as above.
-  std::uint64_t* mapped_prints = nullptr;
-  std::size_t mapped_prints_capacity = 0;
+  // Page-locked host memory mapped into the device, which the kernels write directly (one GPU
+  // operation, no copy back): chunk hashes at commit (chunk_hashes) and fingerprints queued
+  // without a wait (queue_fingerprints).
+  struct MappedWords {
+    std::uint64_t* host = nullptr;
+    std::size_t capacity = 0;
+    // At least `n` words (nothing queued may still write the old ones); the device's pointer.
+    std::uint64_t* reserve(std::size_t n, const char* what) {
+      const auto checked = [what](cudaError_t err, const char* step) {
+        if (err != cudaSuccess) check(err, fmt::format("{} {}", step, what).c_str());
+      };
+      if (capacity < n) {
+        if (host != nullptr) checked(cudaFreeHost(host), "freeing");
+        host = nullptr;
+        capacity = 0;
+        checked(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(std::uint64_t),
+                              cudaHostAllocMapped),
+                "allocating mapped host memory for");
+        capacity = n;
+      }
+      std::uint64_t* device = nullptr;
+      checked(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0),
+              "mapping into the device:");
+      return device;
+    }
+    void free() noexcept {
+      if (host != nullptr) (void)cudaFreeHost(host);
+    }
+  };
+  MappedWords mapped_hashes;
+  MappedWords mapped_prints;
   std::size_t queued_prints = 0;
 
   void free_all() noexcept {
@@ -81,8 +105,8 @@ struct CudaApplier::Cuda {
       if (p != nullptr) (void)cudaFreeHost(p);
     }
     if (results != nullptr) (void)cudaFree(results);
-    if (mapped_hashes != nullptr) (void)cudaFreeHost(mapped_hashes);
-    if (mapped_prints != nullptr) (void)cudaFreeHost(mapped_prints);
+    mapped_hashes.free();
+    mapped_prints.free();
     for (auto e : copied) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
@@ -297,19 +321,8 @@ void CudaApplier::queue_fingerprints(std::span<const std::byte* const> data,
     c.queued_prints = 0;
   }
   if (n == 0) return;
-  if (c.mapped_prints_capacity < n) {
-    // Nothing queued writes the old buffer (the last batch was taken after its wait).
-    if (c.mapped_prints != nullptr) check(cudaFreeHost(c.mapped_prints), "freeing fingerprints");
-    c.mapped_prints = nullptr;
-    c.mapped_prints_capacity = 0;
-    check(cudaHostAlloc(reinterpret_cast<void**>(&c.mapped_prints), n * sizeof(std::uint64_t),
-                        cudaHostAllocMapped),
-          "allocating mapped host memory for fingerprints");
-    c.mapped_prints_capacity = n;
-  }
-  std::uint64_t* device = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), c.mapped_prints, 0),
-        "mapping the fingerprints into the device");
+  // Nothing queued writes the old words (the last batch was taken after its wait).
+  std::uint64_t* device = c.mapped_prints.reserve(n, "fingerprints");
   kernels::fingerprint_many_cuda_async(
       std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()), n),
       bytes.first(n), device, c.apply_stream);
@@ -323,7 +336,7 @@ std::vector<std::uint64_t> CudaApplier::take_queued_fingerprints() {
   c.queued_prints = 0;
   if (n == 0) return {};
   check(cudaStreamSynchronize(c.apply_stream), "computing fingerprints");
-  return std::vector<std::uint64_t>(c.mapped_prints, c.mapped_prints + n);
+  return std::vector<std::uint64_t>(c.mapped_prints.host, c.mapped_prints.host + n);
 }
 
 std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const> data,
@@ -337,25 +350,14 @@ std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* 
   }
   std::vector<std::uint64_t> out(chunks, 0);
   if (chunks == 0) return out;
-  // Every earlier call synchronized the stream, so nothing still writes the old buffer.
-  if (c.mapped_capacity < chunks) {
-    if (c.mapped_hashes != nullptr) check(cudaFreeHost(c.mapped_hashes), "freeing chunk hashes");
-    c.mapped_hashes = nullptr;
-    c.mapped_capacity = 0;
-    check(cudaHostAlloc(reinterpret_cast<void**>(&c.mapped_hashes),
-                        chunks * sizeof(std::uint64_t), cudaHostAllocMapped),
-          "allocating mapped host memory for chunk hashes");
-    c.mapped_capacity = chunks;
-  }
-  std::uint64_t* device = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), c.mapped_hashes, 0),
-        "mapping the chunk hashes into the device");
+  // Every earlier call synchronized the stream, so nothing still writes the old words.
+  std::uint64_t* device = c.mapped_hashes.reserve(chunks, "chunk hashes");
   kernels::fingerprint_chunks_many_cuda_async(
       std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()),
                                    data.size()),
       bytes, first_index, device, c.apply_stream);
   check(cudaStreamSynchronize(c.apply_stream), "computing chunk hashes");
-  std::copy_n(c.mapped_hashes, chunks, out.begin());
+  std::copy_n(c.mapped_hashes.host, chunks, out.begin());
   return out;
 }
 

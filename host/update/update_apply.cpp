@@ -194,10 +194,15 @@ void UpdateEngine::apply_staged(Bucket& b) {
     // memory is fingerprinted on the apply stream right before its plan, and compared once both
     // are done (one wait): a mismatch then fails the update, which the engine, dirty from the
     // plan's writes, rolls back or fences. Any other bucket is verified before anything is written.
-    std::vector<std::size_t> checked;
+    std::vector<std::size_t> checked;  // the entries with a fingerprint, where they lie
+    std::vector<const std::byte*> checked_data;
+    std::vector<std::uint64_t> checked_sizes;
     if (options_.verify_fingerprints) {
       for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-        if (m.tensors[i].fingerprint) checked.push_back(i);
+        if (!m.tensors[i].fingerprint) continue;
+        checked.push_back(i);
+        checked_data.push_back(entries[i].data);
+        checked_sizes.push_back(m.tensors[i].size);
       }
     }
     const auto compare = [&](std::span<const std::uint64_t> actual, const char* what) {
@@ -213,13 +218,7 @@ void UpdateEngine::apply_staged(Bucket& b) {
     const bool verify_as_applied =
         read_in_place && device_bucket && b.entry_fingerprints.empty() && !checked.empty();
     if (verify_as_applied) {
-      std::vector<const std::byte*> data;
-      std::vector<std::uint64_t> sizes;
-      for (std::size_t i : checked) {
-        data.push_back(entries[i].data);
-        sizes.push_back(m.tensors[i].size);
-      }
-      cuda_locked().queue_fingerprints(data, sizes);
+      cuda_locked().queue_fingerprints(checked_data, checked_sizes);
     } else if (!checked.empty()) {
       std::vector<std::uint64_t> actual;
       if (!b.entry_fingerprints.empty()) {
@@ -231,17 +230,11 @@ void UpdateEngine::apply_staged(Bucket& b) {
         }
         for (std::size_t i : checked) actual.push_back(b.entry_fingerprints[i]);
       } else if (device_bucket) {
-        std::vector<const std::byte*> data;
-        std::vector<std::uint64_t> sizes;
-        for (std::size_t i : checked) {
-          data.push_back(entries[i].data);
-          sizes.push_back(m.tensors[i].size);
-        }
-        actual = cuda_locked().fingerprints(data, sizes);
+        actual = cuda_locked().fingerprints(checked_data, checked_sizes);
       } else {
-        for (std::size_t i : checked) {
+        for (std::size_t k = 0; k < checked.size(); ++k) {
           actual.push_back(
-              kernels::fingerprint_cpu(entries[i].data, m.tensors[i].size, options_.threads));
+              kernels::fingerprint_cpu(checked_data[k], checked_sizes[k], options_.threads));
         }
       }
       compare(actual, "received");

@@ -29,6 +29,10 @@ Commands on stdin, one JSON line on stdout per command (other stdout lines are n
   quit          (or end of stdin) exits 0.
   connect HOST:PORT  (trainer) creates the ferry.Sender to the rollout (kept for every step).
 
+A rollout started with `tp=R/S` is tensor-parallel rank R of S of a dense engine: it registers
+only its slices of the model's parameters (tp_slice: the dense family's split, layout "hf") and
+runs no forward pass (its snapshot's logits are empty). `connect` takes several comma-separated
+receivers, and the step's answer lists every receiver's outcome under "receivers".
 A trainer started with `rank=R/S` is rank R of a sharded trainer of S ranks (FSDP style): every
 rank trains the same model on the same batches, and pushes only its dim-0 rows of every tensor
 (rows [R*ceil(n/S), ...), ferry.sharding.Block views into the parameters the optimizer writes)
@@ -36,7 +40,7 @@ with push(..., rank=R, world=S); its snapshot holds its whole state, its answer 
 `rows` {name: [first, end)} and the rank_bytes / needed_bytes of the report.
 The first line is {"ready": ...}; a failure answers {"failure": "..."} (and exits 1 at startup).
 
-Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED [vmm|rank=R/S]
+Usage: rl_model_process.py rollout|trainer dense|moe auto|direct|staged SEED [vmm|rank=R/S|tp=R/S]
 """
 
 import contextlib
@@ -216,18 +220,45 @@ def move_into_arena(torch, model):
     return arena
 
 
-def rollout(torch, transformers, ferry, family, delivery, seed, vmm=False):
+# The dense family's tensor-parallel split of a checkpoint tensor (layout "hf"): column-parallel
+# projections and the vocabulary along dim 0, row-parallel ones along dim 1, the rest whole.
+TP_DIM0 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight",
+           "up_proj.weight", "embed_tokens.weight", "lm_head.weight")
+TP_DIM1 = ("o_proj.weight", "down_proj.weight")
+
+
+def tp_slice(name, t, rank, world):
+    """Tensor-parallel rank `rank` of `world`'s part of checkpoint tensor `name` (a view)."""
+    dim = 0 if name.endswith(TP_DIM0) else 1 if name.endswith(TP_DIM1) else None
+    if dim is None:
+        return t
+    n = t.shape[dim] // world
+    return t.narrow(dim, rank * n, n)
+
+
+def rollout(torch, transformers, ferry, family, delivery, seed, vmm=False, tp=None):
     model, config, redrawn = build_model(torch, transformers, family, seed)
     arena = move_into_arena(torch, model) if vmm else None
     overrides = {} if delivery == "auto" else {"update__delivery": delivery}
+    if tp is None:
+        named = list(model.named_parameters())
+    else:
+        # One tensor-parallel rank: the engine holds its slices only (no forward pass).
+        overrides.update(receiver__model_family="dense", receiver__layout="hf",
+                         receiver__tp_rank=tp[0], receiver__tp_size=tp[1])
+        with torch.no_grad():
+            named = [(n, tp_slice(n, p, *tp).clone()) for n, p in model.named_parameters()]
+        del model
+        model = None
     receiver = ferry.Receiver(**overrides)
-    receiver.register(model.named_parameters())
-    pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
+    receiver.register(named)
+    pointers = {name: p.data_ptr() for name, p in named}
     port = receiver.serve(port=0)
     tokens = fixed_input(torch)
     kv_cache = [torch.empty(KV_CACHE_BYTES, dtype=torch.uint8, device=DEVICE)]
-    say({"ready": True, "port": port, **describe(model, config, redrawn),
-         "names": sorted(pointers)})
+    say({"ready": True, "port": port, "names": sorted(pointers),
+         **({"dtypes": sorted({str(p.dtype) for _, p in named})} if model is None
+            else describe(model, config, redrawn))})
     for line in sys.stdin:
         words = line.split()
         if not words:
@@ -236,7 +267,7 @@ def rollout(torch, transformers, ferry, family, delivery, seed, vmm=False):
             break
         try:
             if words[0] == "lend":
-                before = {n: p.detach().clone() for n, p in model.named_parameters()}
+                before = {n: p.detach().clone() for n, p in named}
                 receiver.release("weights")
                 kv_cache.clear()
                 if DEVICE.startswith("cuda"):
@@ -249,18 +280,17 @@ def rollout(torch, transformers, ferry, family, delivery, seed, vmm=False):
                     arena.map()  # new physical memory at the same addresses
                 else:
                     with torch.no_grad():
-                        for p in model.parameters():
+                        for _, p in named:
                             p.zero_()
                 kv_cache.append(torch.empty(KV_CACHE_BYTES, dtype=torch.uint8, device=DEVICE))
                 receiver.resume("weights")
-                restored = all(torch.equal(p.detach(), before[n])
-                               for n, p in model.named_parameters())
+                restored = all(torch.equal(p.detach(), before[n]) for n, p in named)
                 say({"restored": restored, "health": receiver.health().state,
                      "freed_bytes": freed, "arena_bytes": arena.size if arena else None})
             elif words[0] == "logits":
-                logits = logits_of(torch, model, tokens)
-                save_snapshot(torch, words[1], logits, model.named_parameters())
-                moved = [n for n, p in model.named_parameters() if p.data_ptr() != pointers[n]]
+                logits = torch.empty(0) if model is None else logits_of(torch, model, tokens)
+                save_snapshot(torch, words[1], logits, named)
+                moved = [n for n, p in named if p.data_ptr() != pointers[n]]
                 v = receiver.version
                 say({"version": v.number, "label": v.label, "pointers_unchanged": not moved,
                      "moved": moved[:5], "health": receiver.health().state})
@@ -317,7 +347,7 @@ def trainer(torch, transformers, ferry, family, delivery, seed, shard=None):
             break
         try:
             if words[0] == "connect":
-                sender = ferry.Sender([words[1]], **overrides)
+                sender = ferry.Sender(words[1].split(","), **overrides)
                 say({"connected": words[1]})
             elif words[0] == "logits":
                 save_snapshot(torch, words[1], logits_of(torch, model, tokens),
@@ -356,7 +386,14 @@ def trainer(torch, transformers, ferry, family, delivery, seed, shard=None):
                      "seconds": r.seconds if r else 0.0,
                      "producer_wait_s": getattr(report, "producer_wait_seconds", None),
                      "rows": rows, "rank_bytes": list(r.rank_bytes) if r else [],
-                     "needed_bytes": r.needed_bytes if r else 0})
+                     "needed_bytes": r.needed_bytes if r else 0,
+                     "receivers": [{"committed": bool(x.committed), "error": x.error,
+                                    "transport": x.transport, "direct": bool(x.direct),
+                                    "reads_in_place": bool(x.reads_in_place),
+                                    "reused_session": bool(x.reused_session),
+                                    "rank_bytes": list(x.rank_bytes),
+                                    "needed_bytes": x.needed_bytes}
+                                   for x in report.receivers]})
             else:
                 say({"failure": f"unknown command {words[0]!r}"})
         except Exception as e:
@@ -369,10 +406,14 @@ def trainer(torch, transformers, ferry, family, delivery, seed, shard=None):
 def main():
     role, family, delivery, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     vmm = sys.argv[5:] == ["vmm"]
-    shard = None
-    if sys.argv[5:6] and sys.argv[5].startswith("rank="):
-        rank, world = sys.argv[5][len("rank="):].split("/")
-        shard = (int(rank), int(world))
+    shard = tp = None
+    for word, prefix in ((w, p) for w in sys.argv[5:] for p in ("rank=", "tp=")):
+        if word.startswith(prefix):
+            rank, world = word[len(prefix):].split("/")
+            if prefix == "rank=":
+                shard = (int(rank), int(world))
+            else:
+                tp = (int(rank), int(world))
     try:
         import torch
         import transformers
@@ -383,7 +424,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         if role == "rollout":
-            return rollout(torch, transformers, ferry, family, delivery, seed, vmm)
+            return rollout(torch, transformers, ferry, family, delivery, seed, vmm, tp)
         return trainer(torch, transformers, ferry, family, delivery, seed, shard)
     except Exception as e:
         say({"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})

@@ -163,6 +163,14 @@ def peers(tmp_path):
         p.close()
 
 
+def _with_logs(error, peers):
+    """`error` as an AssertionError carrying the tail of every peer's stderr and stray stdout."""
+    logs = "\n".join(f"--- {p.name} stderr (tail) ---\n{p.log_tail()}" for p in peers)
+    noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
+                      for p in peers if p.noise)
+    return AssertionError(f"{error}\n{logs}\n{noise}")
+
+
 def _bits(t):
     """The tensor's bytes as integers (NaN-safe, exact comparison)."""
     import torch
@@ -278,11 +286,7 @@ def test_trainer_pushes_right_after_the_optimizer_step(peers, tmp_path, family, 
             t_path.unlink()
             r_path.unlink()
     except (PeerError, AssertionError) as e:
-        logs = "\n".join(f"--- {p.name} stderr (tail) ---\n{p.log_tail()}"
-                         for p in (rollout, trainer))
-        noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
-                          for p in (rollout, trainer) if p.noise)
-        raise AssertionError(f"{e}\n{logs}\n{noise}") from None
+        raise _with_logs(e, (rollout, trainer)) from None
 
 
 @pytest.mark.parametrize("family,lend", [("dense", True), ("moe", True), ("dense", "vmm")])
@@ -365,7 +369,85 @@ def test_sharded_trainer_ranks_push_right_after_the_optimizer_step(peers, tmp_pa
             for p in t_paths + [r_path]:
                 p.unlink()
     except (PeerError, AssertionError) as e:
-        logs = "\n".join(f"--- {p.name} stderr (tail) ---\n{p.log_tail()}" for p in everyone)
-        noise = "\n".join(f"--- {p.name} other stdout ---\n" + "\n".join(p.noise[-20:])
-                          for p in everyone if p.noise)
-        raise AssertionError(f"{e}\n{logs}\n{noise}") from None
+        raise _with_logs(e, everyone) from None
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole", "rank-0-of-1"])
+def test_trainer_pushes_into_tensor_parallel_ranks_after_every_lend(peers, tmp_path, pieces):
+    """One trainer (dense Qwen3, AdamW, its kernels delayed as above) pushes its whole
+    state_dict right after optimizer.step() into the two tensor-parallel ranks of one engine
+    (rollout processes with tp=r/2: the dense family's "hf" layout, each registering only its
+    slices). A rank's plan is slices, not one copy per tensor: with the defaults the first push
+    reads the trainer's tensors in place (each rank applies its slices from them), and each
+    rank's Welcome says it takes only parts, so from the second push on the Sender pushes as
+    rank 0 of a 1-rank sharded update: each rank is sent only its parts, written straight into
+    its parameters. `rank-0-of-1` pushes that way from the first step (push(rank=0, world=1)).
+    Before every step after the first both ranks lend their memory (release and resume of
+    "weights"): the pushes still go through the kept sessions (once both are sharded ones).
+    After every push each rank holds exactly its slices of the trainer's weights, bit for bit,
+    written in place, at the pushed version, and a rank sent only its parts moved only those."""
+    torch = _requirements("dense")
+    sys.path.insert(0, str(HERE))
+    from rl_model_process import tp_slice
+    world = 2
+    ranks = [peers(f"rollout tp rank {r}", ["rollout", "dense", "auto", str(1 + r),
+                                            f"tp={r}/{world}"]) for r in range(world)]
+    trainer = peers("trainer", ["trainer", "dense", "auto", "3"] +
+                    (["rank=0/1"] if pieces else []))
+    everyone = ranks + [trainer]
+    try:
+        ready = [r.answer(START_TIMEOUT_S) for r in ranks]
+        ready_t = trainer.answer(START_TIMEOUT_S)
+        assert all(x["names"] == ready_t["names"] for x in ready), "the ranks' names differ"
+        trainer.ask("connect " + ",".join(f"127.0.0.1:{x['port']}" for x in ready))
+        previous = None
+        for step in range(1, STEPS + 1):
+            if step > 1:
+                for r in ranks:
+                    _lend(r, step, True)
+            t_path = tmp_path / f"trainer-step{step}.pt"
+            report = trainer.ask(f"step {step} {t_path}")
+            outcomes = report["receivers"]
+            assert len(outcomes) == world, report
+            as_rank = pieces or step > 1  # the parts alone, as rank 0 of 1
+            for r, x in enumerate(outcomes):
+                assert x["committed"], f"step {step}, rank {r}: {x['error']}"
+                assert x["transport"] == "cuda_ipc", (step, r, x)
+                if as_rank:
+                    assert x["direct"], (
+                        f"step {step}, rank {r}: the rank's parts were not written in place: {x}")
+                    assert x["rank_bytes"] == [x["needed_bytes"]], (step, r, x)
+                    assert 0 < x["needed_bytes"] < ready_t["bytes"], (
+                        f"step {step}, rank {r}: sent {x['needed_bytes']} bytes of a model of "
+                        f"{ready_t['bytes']}: not only its parts")
+                else:
+                    assert x["reads_in_place"], (
+                        f"step {step}, rank {r}: a rank's slices from a whole trainer are read "
+                        f"in place with the defaults: {x}")
+                # The second push of a whole trainer opens its sessions as rank 0 of 1.
+                if step > (1 if pieces else 2):
+                    assert x["reused_session"], (
+                        f"step {step}, rank {r}: the kept session was not reused after the lend")
+            t_state = torch.load(t_path)["state"]
+            if previous is not None:
+                assert any(not torch.equal(_bits(t_state[n]), _bits(previous[n]))
+                           for n in t_state), f"step {step}: the optimizer changed nothing"
+            for r, rank in enumerate(ranks):
+                r_path = tmp_path / f"rank{r}-step{step}.pt"
+                seen = rank.ask(f"logits {r_path}")
+                assert seen["version"] == step, f"step {step}, rank {r}: publishes {seen}"
+                assert seen["pointers_unchanged"], (step, r, seen["moved"])
+                r_state = torch.load(r_path)["state"]
+                wrong = [n for n, t in t_state.items()
+                         if not torch.equal(_bits(r_state[n]), _bits(tp_slice(n, t, r, world)))]
+                stale = [n for n in wrong if previous is not None and torch.equal(
+                    _bits(r_state[n]), _bits(tp_slice(n, previous[n], r, world)))]
+                assert not wrong, (
+                    f"step {step}, rank {r}: after a committed push the rank's slices differ "
+                    f"from the trainer's in {len(wrong)} of {len(t_state)} tensors, "
+                    f"{len(stale)} of them still the previous step's: {wrong[:8]}")
+                r_path.unlink()
+            previous = t_state
+            t_path.unlink()
+    except (PeerError, AssertionError) as e:
+        raise _with_logs(e, everyone) from None

@@ -670,7 +670,10 @@ TEST_F(SessionCudaIpc, ATensorParallelRankReadsTheTensorsInPlaceBitIdentical) {
     ASSERT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, rank, 2));
     DeviceCheckpoint v1(versions_->v1);
     DeviceCheckpoint v2(versions_->v2);
-    session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 1024));
+    // Whole tensors every push (not as rank 0 of 1 from the second on): reads in place.
+    session::SenderOptions whole = sender_options({address_of(serve)}, 1024);
+    whole.parts_as_rank = false;
+    session::Sender sender(config_, registry_, whole);
     auto push = [&](const DeviceCheckpoint& c, std::uint64_t version, bool reused) {
       const auto report = sender.push(c.views(), version);
       expect_committed(report, version, false);

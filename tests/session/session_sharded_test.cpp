@@ -514,6 +514,45 @@ TEST_F(SessionSharded, MegatronSlicesIntoTwoTensorParallelReceiversMoveOnlyWhatE
   }
 }
 
+// One trainer holding every tensor whole into an engine of tensor-parallel size 2: each
+// receiver's Welcome says its plan reads only parts of the tensors, so after the first push
+// (whole tensors, inline) the Sender pushes as rank 0 of a 1-rank sharded update: each receiver
+// is sent exactly its parameters' bytes, and both equal a disk load of their tp_rank.
+TEST_F(SessionSharded, AWholeTrainerSendsTensorParallelReceiversOnlyTheirPartsFromItsSecondPush) {
+  ServeProcess a(receiver_options(versions_->v1_path(), 0, 2));
+  ServeProcess b(receiver_options(versions_->v1_path(), 1, 2));
+  std::vector<session::TensorView> views;
+  for (const auto& t : versions_->v2.tensors) {
+    views.push_back({t.name, t.dtype, t.shape, t.bytes.data(), FERRY_MEMORY_HOST, 0});
+  }
+  config::Config config;
+  registry::Registry registry({});
+  session::Sender sender(config, registry,
+                         rank_options(address_of(a) + "," + address_of(b), 0, /*world=*/0));
+  const auto first = sender.push(views, 2);
+  for (const auto& result : first.receivers) {
+    ASSERT_TRUE(result.committed) << result.error;
+    EXPECT_TRUE(result.takes_pieces) << result.address;
+    EXPECT_TRUE(result.rank_bytes.empty()) << "the first push sends whole tensors";
+  }
+  for (std::uint64_t version = 3; version <= 4; ++version) {
+    const auto report = sender.push(views, version);
+    for (unsigned tp = 0; tp < 2; ++tp) {
+      const auto& result = report.receivers[tp];
+      ASSERT_TRUE(result.committed) << result.error;
+      std::uint64_t params = 0;
+      for (const auto& [name, bytes] : dense_expected_params(versions_->v2, "engine", tp, 2)) {
+        params += bytes.size();
+      }
+      EXPECT_EQ(result.rank_bytes, std::vector<std::uint64_t>{params}) << "version " << version;
+      EXPECT_EQ(result.needed_bytes, params);
+      EXPECT_EQ(result.reused_session, version == 4) << "the switch opens new sessions, once";
+    }
+    EXPECT_EQ(a.fingerprints(), expected_fingerprints(versions_->v2, 0, 2));
+    EXPECT_EQ(b.fingerprints(), expected_fingerprints(versions_->v2, 1, 2));
+  }
+}
+
 // Experts spread over two ranks (expert e on rank e % 2; everything else sent by rank 0, a
 // replica on rank 1) into an engine of expert-parallel size 2: each receiver equals a disk load
 // of the checkpoint with its ep_rank and takes only its own experts (and the rest), once.

@@ -225,6 +225,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
         ch.peer());
   }
   link.keep = w.getKeepSession();
+  link.takes_pieces = !state.sharded() && w.getTakesPieces();
   link.prints_at_commit = w.getFingerprintsAtCommit();
   if (!direct && config.update.delivery == config::Delivery::direct) {
     fail(FERRY_STATUS_INCOMPATIBLE,

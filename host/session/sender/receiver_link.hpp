@@ -42,6 +42,9 @@ struct Link {
   // The receiver reads the tensors in place (Welcome.readsTensors): its plan is not one whole
   // copy per tensor, and it maps what this side lends (SenderDataPath::lend).
   bool reads = false;
+  // A session of one whole catalog whose receiver would take only parts of its tensors from a
+  // 1-rank sharded push (Welcome.takesPieces).
+  bool takes_pieces = false;
   bool writer_prints = false;  // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct

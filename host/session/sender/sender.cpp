@@ -5,6 +5,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -147,6 +148,33 @@ struct Sender::Impl : SenderState {
       link->closed_why = "its rejoin failed";
     }
     track_link(link, false);
+  }
+
+  // After a push of whole tensors (`report`): the next ones go as rank 0 of a 1-rank sharded
+  // update where every receiver takes only parts of the tensors (each is then sent only the
+  // parts its plan reads, straight into its parameters where the session wrote or read in
+  // place); back to whole tensors when such a push fails somewhere. update.delivery "auto" only.
+  void choose_whole_as_rank(const PushReport& report) {
+    if (!options.parts_as_rank || config.update.delivery != config::Delivery::automatic) return;
+    if (whole_as_rank) {
+      if (report.all_committed()) return;
+      whole_as_rank = false;
+      logger("sender")->info(
+          "push of version {} as rank 0 of 1 failed on a receiver: the next push sends whole "
+          "tensors",
+          report.version);
+      return;
+    }
+    const auto& rs = report.receivers;
+    whole_as_rank = !rs.empty() && std::all_of(rs.begin(), rs.end(), [](const auto& r) {
+      return r.committed && r.takes_pieces;
+    });
+    if (whole_as_rank) {
+      logger("sender")->info(
+          "every receiver's plan reads only parts of the tensors (tensor-parallel ranks): from "
+          "the next push on they go as rank 0 of a 1-rank sharded update, each receiver sent "
+          "only its parts");
+    }
   }
 
   // Runs `work(r)` for every receiver r: on this thread for one, else one thread each.
@@ -358,6 +386,9 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     if (i.running) fail(FERRY_STATUS_FAILED_PRECONDITION, "push: another push is running");
     i.shard = shard.value_or(ShardSpec{i.options.shard_rank, i.options.shard_world});
   }
+  // Whole tensors, into receivers that each take only parts of them: as rank 0 of 1.
+  const bool whole = !i.sharded();
+  if (whole && i.whole_as_rank) i.shard = ShardSpec{0, 1};
   if (i.sharded()) {
     check_shard_views(tensors, i.shard);
     for (const auto& t : tensors) {
@@ -488,6 +519,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
   }
   report.seconds = seconds_since(start);
   report.producer_wait_seconds = producer_wait_s;
+  if (whole) i.choose_whole_as_rank(report);
   progress_ends.last.all_committed = report.all_committed();
   logger("sender")->debug(
       "push of version {}: {} tensors, {} bytes: waiting for the producers ({}) {:.3f} ms, checks "

@@ -119,6 +119,10 @@ struct SenderOptions {
   // after a receiver's release, as any sender's (keep_sessions, rejoin_after_release).
   std::uint32_t shard_rank = 0;
   std::uint32_t shard_world = 0;
+  // Pushes of whole tensors go as rank 0 of a 1-rank sharded update once every receiver takes
+  // only parts of them (ReceiverResult::takes_pieces; update.delivery "auto"). false: always
+  // whole (a test of reads in place into a tensor-parallel rank).
+  bool parts_as_rank = true;
 };
 
 // One push of a sharded trainer: this sender is rank `rank` of `world` (docs/sharded.md).
@@ -137,6 +141,9 @@ struct ReceiverResult {
   // receiver takes or re-checks those fingerprints, its update.direct_verify).
   bool writer_fingerprints = false;
   bool reads_in_place = false;  // the receiver read the tensors in place and applied its plan
+  // Of a push of whole tensors: the receiver's plan reads only parts of some (a
+  // tensor-parallel rank), which a 1-rank sharded push sends it alone (Welcome.takesPieces).
+  bool takes_pieces = false;
   bool reused_session = false;  // the push went through the session kept from the previous one
   ferry_status_code_t code = FERRY_STATUS_OK;  // OK when committed; else why (TIMEOUT, ...)
   std::uint64_t bytes = 0;

@@ -59,6 +59,10 @@ struct SenderState {
   // The running push's rank and world (world 0: not sharded); set by push().
   ShardSpec shard;
   bool sharded() const { return shard.world > 0; }
+  // Whole pushes go as rank 0 of a 1-rank sharded update: every receiver of the last whole push
+  // takes only parts of the tensors (ReceiverResult::takes_pieces; docs/sharded.md, "One
+  // trainer, tensor-parallel engines"). Push thread only.
+  bool whole_as_rank = false;
   // A sharded push: every view it declares (the blocks it sends and its replicas), in the
   // Hello's order; set by push() for its duration.
   std::span<const TensorView> declared;

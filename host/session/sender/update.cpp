@@ -115,6 +115,7 @@ void run_update(SenderState& state, Link& link, std::size_t index,
   result.direct = d.direct;
   result.writer_fingerprints = d.writer_prints;
   result.reads_in_place = d.mode == DeliveryMode::read;
+  result.takes_pieces = link.takes_pieces;
   {
     std::lock_guard lock(state.mutex);
     state.results[index].transport = d.data.name();
