@@ -300,6 +300,16 @@ def optimizer_step(torch, tensors, step):
     torch._foreach_add_(tensors, 2.0 ** -7 * (1 + step % 3))
 
 
+def path_of(report):
+    """How a push reached its engine ranks: direct, reads in place or staged (mixed: each's),
+    and "parts" where each rank was sent only the parts it reads (as rank 0 of a 1-rank sharded
+    update: the receivers' rank_bytes are set)."""
+    paths = {"direct" if x.direct else "reads in place" if x.reads_in_place else "staged"
+             for x in report.receivers}
+    path = paths.pop() if len(paths) == 1 else "mixed"
+    return path + (", parts" if any(x.rank_bytes for x in report.receivers) else "")
+
+
 def run_case(args, torch, ferry, label, folder, d2d_per_byte):
     case = VARIANTS.get(label, label)  # the model and engines
     shard = {"rank": 0, "world": 1} if label == "tp2-pieces" else {}
@@ -356,6 +366,7 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
             raise RuntimeError("%s: the first push failed: %s" % (label, first))
         result["direct"] = all(x.direct for x in first.receivers)
         result["reads_in_place"] = all(x.reads_in_place for x in first.receivers)
+        result["first_path"] = path_of(first)
         result["transport"] = first.receivers[0].transport
         previous = [s.fingerprints()[1] for s in serves]
         pushes, readies, lends, notes = [], [], [], []
@@ -388,6 +399,7 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
             if not report.all_committed:
                 raise RuntimeError("%s, step %d: the push failed: %s" % (label, step, report))
             pushes.append(t1 - t0)
+            result["path"] = path_of(report)  # the last step's
             readies.append(t1 - max(t0, box["t"]))
             timed = [s.fingerprints() for s in serves]
             version += 1
@@ -514,8 +526,8 @@ def print_table(r):
         "case", "tensors", "GB", "first ms", "push ms", "ready ms", "ceil ms", "of ceil",
         "slowest", "torch ms", "vs torch", "path"))
     for row in r["rows"]:
-        path = ("direct" if row["direct"] else "reads in place" if row["reads_in_place"]
-                else "staged")
+        path = row["path"] if row["path"] == row["first_path"] else "%s, then %s" % (
+            row["first_path"], row["path"])
         of = "-" if row.get("ready_of_ceiling") is None else "%.2f" % row["ready_of_ceiling"]
         worst = "-" if row.get("worst_of_ceiling") is None else "%.2f" % row["worst_of_ceiling"]
         vs = "-" if row.get("vs_torch") is None else "%.2f" % row["vs_torch"]

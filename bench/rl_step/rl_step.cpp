@@ -18,10 +18,12 @@ namespace {
 constexpr double kTarget = 0.70;      // [one-pass]: of D2D (FP8: of its roofline), every step
 constexpr double kTorchTarget = 3.0;  // ... and this many times torch's flattened-bucket IPC
 
+// The steps' path, and the first push's where it differs (a whole trainer into tensor-parallel
+// ranks: reads in place, then only each rank's parts as rank 0 of 1).
 std::string path_of(const Json& row) {
-  if (row.value("direct", false)) return "direct";
-  if (row.value("reads_in_place", false)) return "reads in place";
-  return "staged";
+  const auto first = row.value("first_path", std::string("?"));
+  const auto steps = row.value("path", first);
+  return steps == first ? steps : first + ", then " + steps;
 }
 
 void print_result(const Json& d) {
