@@ -200,6 +200,10 @@ class SenderDataPath {
   virtual std::vector<std::uint8_t> lend(const void* /*data*/, std::uint64_t /*bytes*/) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "data path '{}' cannot lend tensors", name());
   }
+  // Before a push lends anything: lets go of lent memory that lies in another allocation than
+  // when it was lent (the trainer freed its tensors and made new ones at the same addresses), so
+  // that lend() registers it again and the receiver maps the new memory, not the old.
+  virtual void check_lent() {}
   // A push ended and the path is kept for the next one (a kept session): it lets go of
   // everything of that push's tensors (their registrations), which need not outlive it, but
   // those it lent (lend()), which stay until a push no longer lends them.

@@ -22,6 +22,7 @@
 #include "config/config.hpp"
 #include "registry/registry.hpp"
 #include "session/data_path.hpp"
+#include "session/device_memory.hpp"
 
 namespace ferry::session {
 namespace {
@@ -300,13 +301,15 @@ class PluginInstance {
 
   // Reads in place: the key of a CUDA tensor's memory lent to the receiver, registered once
   // and kept across pushes (marked as lent by push `push`).
+  // Reads in place: the key of a CUDA tensor's memory lent to the receiver, registered once
+  // and kept across pushes (marked as lent by push `push`).
   std::vector<std::uint8_t> lend(const void* data, std::uint64_t size, int device,
                                  std::uint64_t push) {
     const auto range = std::make_pair(reinterpret_cast<std::uintptr_t>(data), size);
     auto it = lent_.find(range);
     if (it == lent_.end()) {
       auto* m = register_range(const_cast<void*>(data), size, FERRY_MEMORY_CUDA, device);
-      Lent lent{m, {}, push};
+      Lent lent{m, {}, push, device_allocation(data)};
       try {
         ferry_blob_t blob = empty_blob();
         throw_if_error(api_->pack_key(transport_, m, &blob), context("pack_key"));
@@ -319,6 +322,38 @@ class PluginInstance {
     }
     it->second.push = push;
     return it->second.key;
+  }
+
+  // A registration stands for the allocation under the tensor when it was made. Where another
+  // allocation lies there now (the trainer freed its tensors and made new ones at the same
+  // addresses), it goes, and with it the receiver's mapping of the old memory (the plugin tells
+  // the peer, whose next import lets it go); the push lends the tensor again. Each allocation
+  // is asked once.
+  void check_lent() {
+    const auto start = Clock::now();
+    std::map<std::uintptr_t, bool> same;  // by allocation base
+    std::size_t stale = 0;
+    for (auto it = lent_.begin(); it != lent_.end();) {
+      const auto& a = it->second.allocation;
+      if (a) {
+        auto [at, added] = same.try_emplace(a->base, false);
+        if (added) at->second = still_allocated(*a);
+        if (!at->second) {
+          if (api_->deregister_memory != nullptr)
+            api_->deregister_memory(transport_, it->second.memory);
+          it = lent_.erase(it);
+          ++stale;
+          continue;
+        }
+      }
+      ++it;
+    }
+    logger("sender")->debug(
+        "lent memory checked: {} allocation(s) in {:.3f} ms; {} lent tensor(s) lie in other "
+        "allocations than when they were lent (freed and made again at the same addresses) and "
+        "are lent again",
+        same.size(), std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
+        stale);
   }
 
   // Lets go of the lent memory that push `push` did not lend (the trainer's tensors moved).
@@ -455,6 +490,7 @@ class PluginInstance {
     ferry_memory_t* memory = nullptr;
     std::vector<std::uint8_t> key;
     std::uint64_t push = 0;
+    std::optional<DeviceAllocation> allocation;  // under it when it was registered
   };
   std::map<std::pair<std::uintptr_t, std::uint64_t>, Lent> lent_;
   bool can_send_ = false;          // send_bucket + recv_bucket exist
@@ -862,6 +898,9 @@ class PluginSenderPath final : public SenderDataPath {
   std::vector<std::uint8_t> lend(const void* data, std::uint64_t bytes) override {
     if (!lends_tensors()) return SenderDataPath::lend(data, bytes);
     return p_.lend(data, bytes, device_, push_);
+  }
+  void check_lent() override {
+    if (lends_tensors()) p_.check_lent();
   }
   ~PluginSenderPath() override {
     for (auto& st : started_) release(st);

@@ -340,6 +340,26 @@ void ferry_transport::disconnect(ferry_peer* peer) noexcept {
   delete peer;
 }
 
+// Before a new import: the imports of registrations the peer revoked go (peer->mutex held). A
+// peer revokes a registration between updates (its memory released, or its tensors moved or
+// freed), so nothing reads or writes it any more; its import here would keep the peer's old
+// memory alive, and a legacy opening of an allocation the peer freed would stand in for the new
+// allocation at the same address. Copies this transport queued finish first.
+void ferry_transport::drop_revoked_imports(ferry_peer& peer) {
+  const auto revoked = peer.link->take_newly_revoked();
+  bool synced = false;
+  for (const std::uint64_t id : revoked) {
+    auto it = peer.imports.find(id);
+    if (it == peer.imports.end()) continue;
+    if (!synced && it->second.va != 0) {
+      check_rt(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (before an unmap)");
+      synced = true;
+    }
+    unmap(it->second);
+    peer.imports.erase(it);
+  }
+}
+
 void ferry_transport::unmap(Imported& imported) noexcept {
   if (imported.va != 0) {
     const Driver& d = Driver::get();
@@ -674,6 +694,7 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
   if (auto it = peer->imports.find(memory_id); it != peer->imports.end()) return it->second;
   ensure_cuda();
   DeviceScope scope(device_);
+  drop_revoked_imports(*peer);
   const std::string& name = peer->link->name();
   const std::int64_t asked_ns = monotonic_ns();
   Frame reply = peer->link->import(peer->link->remote().nonce, memory_id, deadline_ns);
@@ -707,7 +728,14 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
     const std::uint64_t allocation = body.u64();
     std::lock_guard legacy_lock(legacy_mutex_);
     std::erase_if(legacy_, [](const auto& entry) { return entry.second.expired(); });
-    auto& slot = legacy_[fmt::format("{:016x}:{:x}", peer->link->remote().nonce, allocation)];
+    // One opening per allocation and handle: an allocation the peer freed and one it made
+    // since at the same address differ in their handles.
+    std::string name_of = fmt::format("{:016x}:{:x}:", peer->link->remote().nonce, allocation);
+    for (const std::uint8_t b : handle_bytes) {
+      name_of += "0123456789abcdef"[b >> 4];
+      name_of += "0123456789abcdef"[b & 15];
+    }
+    auto& slot = legacy_[name_of];
     auto opening = slot.lock();
     if (!opening) {
       opening = std::make_shared<LegacyOpening>();

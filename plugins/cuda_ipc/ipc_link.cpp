@@ -132,6 +132,11 @@ bool PeerLink::revoked(std::uint64_t memory_id) {
   return box_->revoked.count(memory_id) > 0;
 }
 
+std::vector<std::uint64_t> PeerLink::take_newly_revoked() {
+  std::lock_guard lock(box_->mutex);
+  return std::exchange(box_->newly_revoked, {});
+}
+
 std::optional<BucketReady> PeerLink::take_ready(std::uint32_t index) {
   std::lock_guard lock(box_->mutex);
   if (auto it = box_->ready.find(index); it != box_->ready.end()) {
@@ -351,7 +356,7 @@ bool Endpoint::handle(Incoming& in) {
       case MessageType::Revoked: {
         const std::uint64_t memory_id = r.u64();
         std::lock_guard lock(in.box->mutex);
-        in.box->revoked.insert(memory_id);
+        if (in.box->revoked.insert(memory_id).second) in.box->newly_revoked.push_back(memory_id);
         return true;
       }
       default:

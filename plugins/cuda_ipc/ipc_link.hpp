@@ -43,6 +43,7 @@ struct Mailbox {
   std::map<std::uint32_t, BucketReady> ready;     // by bucket index
   std::multiset<std::uint32_t> released;          // bucket indices given back
   std::set<std::uint64_t> revoked;                // registrations the peer deregistered
+  std::vector<std::uint64_t> newly_revoked;       // ... since the last take_newly_revoked()
   std::string dead;                                // non-empty: why the peer is gone
   std::string aborted;                             // non-empty: abort() reason
   bool incoming_open = false;
@@ -81,6 +82,8 @@ class PeerLink {
   void check_alive();
   // True once the peer said it deregistered its registration `memory_id` (Revoked).
   bool revoked(std::uint64_t memory_id);
+  // The registrations revoked since the last call (their imports here may go).
+  std::vector<std::uint64_t> take_newly_revoked();
 
  private:
   void check_locked();  // mailbox mutex held

@@ -103,6 +103,8 @@ void deliver_direct_prints_at_commit(Delivery& d) {
 // receiver verifies what it read before it writes anything. The acks of bucket k - kSlots bound
 // the buckets announced and not yet applied.
 void deliver_read(Delivery& d) {
+  // While the tensors' fingerprints are computed (the first announcement waits for them).
+  d.data.check_lent();
   for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {
     if (k >= kSlots) d.await_ack();
     d.announce(k, deadline_in(d.options.bucket_timeout));
