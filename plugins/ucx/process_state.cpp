@@ -32,7 +32,22 @@ bool process_gone(std::uint32_t pid) noexcept {
   const auto close = stat.rfind(')');
   if (close == std::string_view::npos || close + 2 >= stat.size()) return true;
   const char state = stat[close + 2];
-  return state == 'Z' || state == 'X';
+  if (state == 'Z' || state == 'X') return true;
+  // A process being killed closes its files before it is a zombie: its kernel flags (field 9,
+  // the sixth after the state) say PF_EXITING from the start of its exit.
+  std::string_view rest = stat.substr(close + 2);
+  for (int field = 0; field < 6; ++field) {
+    const auto space = rest.find(' ');
+    if (space == std::string_view::npos) return false;
+    rest.remove_prefix(space + 1);
+  }
+  unsigned long flags = 0;
+  for (const char c : rest) {
+    if (c < '0' || c > '9') break;
+    flags = flags * 10 + static_cast<unsigned long>(c - '0');
+  }
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING (include/linux/sched.h)
+  return (flags & kExiting) != 0;
 }
 
 }  // namespace ferry::ucx

@@ -8,8 +8,8 @@
 
 namespace ferry::ucx {
 
-// True when process `pid` no longer runs: no such process, reaped while being read, or a zombie
-// nobody reaped yet. Never throws.
+// True when process `pid` no longer runs: no such process, reaped while being read, a zombie
+// nobody reaped yet, or exiting (killed: its files may already be closed). Never throws.
 bool process_gone(std::uint32_t pid) noexcept;
 
 }  // namespace ferry::ucx
