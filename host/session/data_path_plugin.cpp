@@ -301,8 +301,6 @@ class PluginInstance {
 
   // Reads in place: the key of a CUDA tensor's memory lent to the receiver, registered once
   // and kept across pushes (marked as lent by push `push`).
-  // Reads in place: the key of a CUDA tensor's memory lent to the receiver, registered once
-  // and kept across pushes (marked as lent by push `push`).
   std::vector<std::uint8_t> lend(const void* data, std::uint64_t size, int device,
                                  std::uint64_t push) {
     const auto range = std::make_pair(reinterpret_cast<std::uintptr_t>(data), size);

@@ -60,7 +60,6 @@ std::optional<DeviceAllocation> device_allocation(const void* p) {
   if (d.address_range(&base, &bytes, at) != CUDA_SUCCESS) return std::nullopt;
   DeviceAllocation out;
   out.base = static_cast<std::uintptr_t>(base);
-  out.bytes = bytes;
   unsigned long long id = 0;
   if (d.attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, base) != CUDA_SUCCESS) return std::nullopt;
   out.identity = id;

@@ -13,7 +13,6 @@ namespace ferry::session {
 
 struct DeviceAllocation {
   std::uintptr_t base = 0;  // where the allocation (a VMM mapping: its mapped piece) begins
-  std::uint64_t bytes = 0;
   // Unique in this process for as long as the allocation lives (its CUDA buffer id; for VMM
   // memory, with the physical allocation's handle).
   std::uint64_t identity = 0;

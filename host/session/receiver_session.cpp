@@ -562,7 +562,7 @@ class Session final : public update::BucketSource, public ShardMember {
     } catch (const Error&) {
       return;  // the plan cannot say what it reads: whole tensors
     }
-    std::vector<Holding> pieces;
+    std::vector<Holding> pieces;  // (reserved: the blocks' spans point into them)
     std::vector<update::UpdateEngine::BlockRef> blocks;
     pieces.reserve(descs.size());
     bool part = false;
