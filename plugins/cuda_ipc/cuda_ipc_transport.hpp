@@ -169,9 +169,9 @@ struct ferry_transport {
                                     std::int64_t deadline_ns);
   // A put's key decoded and checked: this peer's, not revoked.
   ferry::cuda_ipc::Key checked_key(ferry_peer* peer, const ferry_blob_t& blob, const char* call);
-  // The import of `key`'s memory, whose size must still be the key's.
   // Unmaps the imports of registrations `peer` revoked since the last call (peer.mutex held).
   void drop_revoked_imports(ferry_peer& peer);
+  // The import of `key`'s memory, whose size must still be the key's.
   ferry::cuda_ipc::Imported& import_of(ferry_peer* peer, const ferry::cuda_ipc::Key& key,
                                        std::int64_t deadline_ns, const char* call);
   ferry::cuda_ipc::Imported reserve_vmm(ferry::cuda_ipc::PayloadReader& body,
