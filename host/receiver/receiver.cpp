@@ -4,11 +4,11 @@
 // receiver_layout.cpp, every update runs in receiver_updates.cpp.
 #include "receiver/receiver.hpp"
 
+#include <fmt/format.h>
 #include <ferry/kernels/cpu.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
@@ -54,10 +54,11 @@ VersionInfo Receiver::start(const fs::path& model_path) {
   auto& s = *state_;
   if (!s.config.memory.mirror_path.empty()) {
     if (s.config.memory.weights_policy != config::ReleasePolicy::backup) {
-      logger("receiver")->warn(
-          "memory.mirror_path {} is not used: the host mirror needs memory.weights_policy = "
-          "\"backup\"",
-          s.config.memory.mirror_path);
+      logger("receiver")
+          ->warn(
+              "memory.mirror_path {} is not used: the host mirror needs memory.weights_policy = "
+              "\"backup\"",
+              s.config.memory.mirror_path);
     } else if (s.restore_at_start(model_path)) {
       return version();
     }
@@ -130,13 +131,36 @@ WeightValues Receiver::weights_by_name(const std::string& name, std::size_t trun
         for (std::uint64_t i = 0; i < n; ++i) {
           const std::byte* p = src + i * esize;
           switch (info.dtype) {
-            case FERRY_DTYPE_I8: row[i] = static_cast<double>(*reinterpret_cast<const std::int8_t*>(p)); break;
-            case FERRY_DTYPE_U8: row[i] = static_cast<double>(*reinterpret_cast<const std::uint8_t*>(p)); break;
-            case FERRY_DTYPE_BOOL: row[i] = *reinterpret_cast<const std::uint8_t*>(p) ? 1.0 : 0.0; break;
-            case FERRY_DTYPE_I16: { std::int16_t v; std::memcpy(&v, p, 2); row[i] = v; break; }
-            case FERRY_DTYPE_I32: { std::int32_t v; std::memcpy(&v, p, 4); row[i] = v; break; }
-            case FERRY_DTYPE_I64: { std::int64_t v; std::memcpy(&v, p, 8); row[i] = static_cast<double>(v); break; }
-            default: fail(FERRY_STATUS_UNIMPLEMENTED, "cannot show values of dtype {}", dtype_name(info.dtype));
+            case FERRY_DTYPE_I8:
+              row[i] = static_cast<double>(*reinterpret_cast<const std::int8_t*>(p));
+              break;
+            case FERRY_DTYPE_U8:
+              row[i] = static_cast<double>(*reinterpret_cast<const std::uint8_t*>(p));
+              break;
+            case FERRY_DTYPE_BOOL:
+              row[i] = *reinterpret_cast<const std::uint8_t*>(p) ? 1.0 : 0.0;
+              break;
+            case FERRY_DTYPE_I16: {
+              std::int16_t v;
+              std::memcpy(&v, p, 2);
+              row[i] = v;
+              break;
+            }
+            case FERRY_DTYPE_I32: {
+              std::int32_t v;
+              std::memcpy(&v, p, 4);
+              row[i] = v;
+              break;
+            }
+            case FERRY_DTYPE_I64: {
+              std::int64_t v;
+              std::memcpy(&v, p, 8);
+              row[i] = static_cast<double>(v);
+              break;
+            }
+            default:
+              fail(FERRY_STATUS_UNIMPLEMENTED, "cannot show values of dtype {}",
+                   dtype_name(info.dtype));
           }
         }
       }
@@ -165,8 +189,9 @@ Health Receiver::health() const {
   auto& s = *state_;
   if (s.busy.load()) {
     const char* what = s.activity.load();
-    return Health{false, what, std::string(what) == "loading" ? "loading the first weights"
-                                                               : "an update is being applied"};
+    return Health{false, what,
+                  std::string(what) == "loading" ? "loading the first weights"
+                                                 : "an update is being applied"};
   }
   if (!s.has_layout.load(std::memory_order_acquire)) {
     return Health{false, "empty", "no weights loaded yet"};
@@ -216,16 +241,32 @@ void Receiver::resume(const std::vector<std::string>& tags) {
   }
   ++s.memory_epoch;
   s.store->resume(chosen);
+  if (s.store->released(kWeightsTag)) return;  // what kept sessions share is not back yet
+  std::lock_guard hook_lock(s.release_hook_mutex);
+  try {
+    if (s.resume_hook) s.resume_hook();
+  } catch (...) {
+    // The memory is resumed either way; a sender not told rejoins at its next push.
+  }
 }
 
-std::uint64_t Receiver::memory_epoch() const { return state_->memory_epoch.load(); }
+std::uint64_t Receiver::memory_epoch() const {
+  return state_->memory_epoch.load();
+}
 
 void Receiver::set_release_hook(std::function<void(const std::string& reason)> hook) {
   std::lock_guard lock(state_->release_hook_mutex);
   state_->release_hook = std::move(hook);
 }
 
-EngineControl& Receiver::engine_control() const { return state_->engine_control; }
+void Receiver::set_resume_hook(std::function<void()> hook) {
+  std::lock_guard lock(state_->release_hook_mutex);
+  state_->resume_hook = std::move(hook);
+}
+
+EngineControl& Receiver::engine_control() const {
+  return state_->engine_control;
+}
 
 std::vector<TagState> Receiver::memory_state() const {
   std::vector<TagState> out;
@@ -252,8 +293,12 @@ std::map<std::string, std::uint64_t> Receiver::fingerprints() const {
   return out;
 }
 
-const config::Config& Receiver::receiver_config() const { return state_->config; }
-const registry::Registry& Receiver::plugin_registry() const { return state_->registry; }
+const config::Config& Receiver::receiver_config() const {
+  return state_->config;
+}
+const registry::Registry& Receiver::plugin_registry() const {
+  return state_->registry;
+}
 
 std::vector<ferry_tensor_desc_t> Receiver::layout() const {
   std::vector<ferry_tensor_desc_t> out;
@@ -301,10 +346,13 @@ std::string Receiver::metrics_text() const {
     metric("ferry_bytes_applied_total", "counter", "bucket bytes applied", m.bytes_applied);
     metric("ferry_apply_seconds_total", "counter", "seconds spent applying buckets",
            m.seconds_applying);
-    metric("ferry_plan_cache_hits_total", "counter", "plans served from the cache", m.plan_cache_hits);
-    metric("ferry_fenced", "gauge", "1 while a failed update left partial weights", m.fenced ? 1 : 0);
+    metric("ferry_plan_cache_hits_total", "counter", "plans served from the cache",
+           m.plan_cache_hits);
+    metric("ferry_fenced", "gauge", "1 while a failed update left partial weights",
+           m.fenced ? 1 : 0);
     metric("ferry_mirror_refresh_seconds", "gauge",
-           "seconds the last host mirror refresh took, start to last byte", m.mirror_refresh_seconds);
+           "seconds the last host mirror refresh took, start to last byte",
+           m.mirror_refresh_seconds);
     metric("ferry_mirror_refresh_waits_total", "counter",
            "calls that waited for a running host mirror refresh", m.mirror_refresh_waits);
     metric("ferry_commit_fingerprint_read_bytes", "gauge",
@@ -375,9 +423,9 @@ void Receiver::register_params(const std::vector<EngineParam>& params) {
   try {
     s.create_layout_over_registered(cat, "");
   } catch (const Error& e) {
-    logger("receiver")->info(
-        "{} engine-owned parameters registered; the layout waits for the first session ({})",
-        params.size(), e.what());
+    logger("receiver")
+        ->info("{} engine-owned parameters registered; the layout waits for the first session ({})",
+               params.size(), e.what());
   }
 }
 
@@ -392,6 +440,8 @@ void Receiver::set_engine_order(order::StreamOrder engine_order) {
   s.engine_order = std::move(engine_order);
 }
 
-int Receiver::weights_cuda_device() const { return state_->cuda_device.load(); }
+int Receiver::weights_cuda_device() const {
+  return state_->cuda_device.load();
+}
 
 }  // namespace ferry::receiver

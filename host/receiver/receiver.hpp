@@ -37,7 +37,7 @@ struct VersionInfo {
   // The published update's number: a session's own (the sender's), else the previous one + 1.
   // Only increases (UpdateEngine::begin refuses one not above it); 0 before the first commit.
   std::uint64_t number = 0;
-  std::string label;         // the weight_version string as the control API names it
+  std::string label;  // the weight_version string as the control API names it
 };
 
 struct Health {
@@ -98,8 +98,9 @@ class Receiver {
   // Returns the published version (number 0 when none).
   VersionInfo start(const std::filesystem::path& model_path);
 
-  // Applies one update from buckets already in memory (bucket bytes + manifest bytes each). `expected` maps parameter names to fingerprints the
-  // sender computed; a mismatch aborts the update.
+  // Applies one update from buckets already in memory (bucket bytes + manifest bytes each).
+  // `expected` maps parameter names to fingerprints the sender computed; a mismatch aborts the
+  // update.
   struct Bucket {
     std::vector<std::byte> data;
     std::vector<std::uint8_t> manifest;
@@ -177,14 +178,16 @@ class Receiver {
   // resume may follow at once, so a caller compares it again under the lock before it writes.
   std::uint64_t memory_epoch() const;
   // The handshake of a session: takes the update lock (FAILED_PRECONDITION when another update
-  // runs) and checks `catalog` (the sender's checkpoint tensors: name, dtype, shape) against this
-  // receiver's layout, creating the layout from it when there is none yet (`config_json`: the
-  // checkpoint's config.json text, or empty). INCOMPATIBLE naming the first differing tensor.
-  // `catalog_key`: manifest::catalog_key(catalog) when the caller keeps it (a kept session's
-  // later updates), else computed here.
+  // runs, or still runs after `wait`: a kept session's rejoin waits that long) and checks `catalog`
+  // (the sender's checkpoint tensors: name, dtype, shape) against this receiver's layout, creating
+  // the layout from it when there is none yet (`config_json`: the checkpoint's config.json text, or
+  // empty). INCOMPATIBLE naming the first differing tensor. `catalog_key`:
+  // manifest::catalog_key(catalog) when the caller keeps it (a kept session's later updates), else
+  // computed here.
   std::unique_ptr<StreamingUpdate> open_session(std::span<const ferry_tensor_desc_t> catalog,
                                                 const std::string& config_json,
-                                                const std::string* catalog_key = nullptr);
+                                                const std::string* catalog_key = nullptr,
+                                                std::chrono::milliseconds wait = {});
 
   // get_weights_by_name: `name` is a checkpoint name, mapped through the layout; the first
   // `truncate_size` values; INVALID_ARGUMENT, before any value is read, when that would be more
@@ -208,6 +211,10 @@ class Receiver {
   // receiver (its endpoint's); an empty function removes it, after a running hook returned.
   // Must not call into the receiver.
   void set_release_hook(std::function<void(const std::string& reason)> hook);
+  // Called by resume() with the update lock held, once the weights are resident again (their
+  // backup restored): the session endpoint tells suspended kept sessions, whose senders then
+  // rejoin before their next push. Same rules as the release hook.
+  void set_resume_hook(std::function<void()> hook);
 
   // Fingerprints (docs/fingerprint.md) of every parameter, by parameter name.
   std::map<std::string, std::uint64_t> fingerprints() const;
@@ -235,7 +242,7 @@ class Receiver {
   const config::Config& receiver_config() const;
   const registry::Registry& plugin_registry() const;
 
- // Internal (receiver/receiver_state.hpp).
+  // Internal (receiver/receiver_state.hpp).
   struct State;
 
  private:

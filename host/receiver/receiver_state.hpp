@@ -51,8 +51,8 @@ std::string read_config_json(const std::filesystem::path& checkpoint);
 struct Receiver::State {
   config::Config config;
   const registry::Registry& registry;
-  EngineControl engine_control;  // the engine around the receiver (engine_control.hpp)
-  std::mutex update_mutex;  // one mutating operation at a time
+  EngineControl engine_control;   // the engine around the receiver (engine_control.hpp)
+  std::timed_mutex update_mutex;  // one mutating operation at a time
   std::atomic<bool> busy{false};
   std::atomic<const char*> activity{""};  // "loading" / "updating" while busy
 
@@ -64,15 +64,16 @@ struct Receiver::State {
   // readers (health, version, metrics, memory state) check it (acquire) before touching them.
   std::atomic<bool> has_layout{false};
   std::map<std::string, ferry_tensor_desc_t> catalog;  // checkpoint tensors by name
-  std::vector<std::string> catalog_names;                // owns the names `catalog` points at
+  std::vector<std::string> catalog_names;              // owns the names `catalog` points at
   // manifest::catalog_key of the last session catalog found equal to `catalog` (open_session):
   // a session with the same tensor list skips the check. Cleared whenever `catalog` changes.
   std::string accepted_catalog;
   // Bumped by release() and resume(), under update_mutex (StreamingUpdate::memory_epoch reads it
   // under that lock; Receiver::memory_epoch without it).
   std::atomic<std::uint64_t> memory_epoch{0};
-  std::mutex release_hook_mutex;  // guards release_hook (set from the endpoint's thread)
+  std::mutex release_hook_mutex;  // guards both hooks (set from the endpoint's thread)
   std::function<void(const std::string&)> release_hook;
+  std::function<void()> resume_hook;
   // Stream ordering against the engine (set_engine_order; read under update_mutex). The devices
   // are those of engine-owned CUDA parameters: empty for ferry-owned weights.
   order::StreamOrder engine_order;

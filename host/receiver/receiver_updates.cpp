@@ -4,10 +4,10 @@
 // StreamingUpdate that sessions, NCCL groups and checkpoint-engine run their sources through.
 #include "receiver/receiver_state.hpp"
 
+#include <fmt/format.h>
 #include <ferry/sdk/bucket_packing.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -57,7 +57,8 @@ class DiskSource final : public update::BucketSource {
     bucket.manifest = manifest::decode(bucket.manifest_bytes);
     const auto& staging = staging_[bucket.slot];
     if (bucket.manifest->bucket_bytes > staging.size()) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "the manifest describes {} bucket bytes, more than the {} read",
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "the manifest describes {} bucket bytes, more than the {} read",
            bucket.manifest->bucket_bytes, staging.size());
     }
     bucket.data = staging.first(static_cast<std::size_t>(bucket.manifest->bucket_bytes));
@@ -175,9 +176,10 @@ UpdateReport Receiver::update_from_disk(const fs::path& path,
   progress.begin(fmt::format("update {} from disk", number), total);
   const UpdateReport report =
       run_locked(s, source, number, label.value_or(std::to_string(number)), start);
-  logger("receiver")->info("update {} ('{}') from disk: {} tensors, {:.1f} MiB in {:.3f} s",
-                           report.version.number, report.version.label, report.tensors,
-                           report.bytes / 1048576.0, report.seconds);
+  logger("receiver")
+      ->info("update {} ('{}') from disk: {} tensors, {:.1f} MiB in {:.3f} s",
+             report.version.number, report.version.label, report.tensors, report.bytes / 1048576.0,
+             report.seconds);
   return report;
 }
 
@@ -194,8 +196,7 @@ UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uin
   s.require_weights_resident();
   const auto start = std::chrono::steady_clock::now();
   BusyGuard busy(s.busy, s.activity, "updating");
-  const std::uint64_t number =
-      version_hint != 0 ? version_hint : s.engine->version().number + 1;
+  const std::uint64_t number = version_hint != 0 ? version_hint : s.engine->version().number + 1;
   MemorySource source(buckets, expected);
   return run_locked(s, source, number, label.value_or(std::to_string(number)), start);
 }
@@ -204,10 +205,10 @@ UpdateReport Receiver::apply_update(const std::vector<Bucket>& buckets, std::uin
 
 struct Receiver::StreamingUpdate::Impl {
   State& s;
-  std::unique_lock<std::mutex> lock;
+  std::unique_lock<std::timed_mutex> lock;
   bool ran = false;
 
-  Impl(State& state, std::unique_lock<std::mutex> held) : s(state), lock(std::move(held)) {}
+  Impl(State& state, std::unique_lock<std::timed_mutex> held) : s(state), lock(std::move(held)) {}
 };
 
 Receiver::StreamingUpdate::StreamingUpdate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -258,7 +259,9 @@ std::vector<update::TensorReads> Receiver::StreamingUpdate::reads(
   return impl_->s.engine->reads(tensors);
 }
 
-std::uint64_t Receiver::StreamingUpdate::memory_epoch() const { return impl_->s.memory_epoch; }
+std::uint64_t Receiver::StreamingUpdate::memory_epoch() const {
+  return impl_->s.memory_epoch;
+}
 
 UpdateReport Receiver::StreamingUpdate::run(update::BucketSource& source, std::uint64_t version,
                                             const std::optional<std::string>& label,
@@ -274,10 +277,12 @@ UpdateReport Receiver::StreamingUpdate::run(update::BucketSource& source, std::u
 
 std::unique_ptr<Receiver::StreamingUpdate> Receiver::open_session(
     std::span<const ferry_tensor_desc_t> catalog, const std::string& config_json,
-    const std::string* catalog_key) {
+    const std::string* catalog_key, std::chrono::milliseconds wait) {
   auto& s = *state_;
-  std::unique_lock lock(s.update_mutex, std::try_to_lock);
-  if (!lock.owns_lock()) fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  std::unique_lock lock(s.update_mutex, std::defer_lock);
+  if (!(wait.count() > 0 ? lock.try_lock_for(wait) : lock.try_lock())) {
+    fail(FERRY_STATUS_FAILED_PRECONDITION, "another update is in progress");
+  }
   if (catalog.empty()) fail(FERRY_STATUS_INVALID_ARGUMENT, "the sender's catalog is empty");
   // The same tensor list as the last session's (the usual case: every push of a training run)
   // was checked then; only a different one is built, validated and checked (~1 us per tensor).

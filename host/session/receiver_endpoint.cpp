@@ -2,17 +2,17 @@
 // GET /ferry/session (see session/receiver_endpoint.hpp).
 #include "session/receiver_endpoint.hpp"
 
-#include <ferry/sdk/error.hpp>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <ferry/sdk/error.hpp>
 
 #include <cerrno>
 
+#include <array>
 #include <atomic>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <array>
 #include <thread>
 
 #include "common/log.hpp"
@@ -21,8 +21,8 @@
 #include "receiver/receiver.hpp"
 #include "session/channel.hpp"
 #include "session/receiver_session.hpp"
-#include "session/sharded_update.hpp"
 #include "session/served_ports.hpp"
+#include "session/sharded_update.hpp"
 
 namespace ferry::session {
 namespace {
@@ -45,10 +45,11 @@ constexpr std::size_t kMaxDraining = 64;
 std::string unix_socket_path() {
   const char* dir = std::getenv("XDG_RUNTIME_DIR");
   std::string base = (dir != nullptr && *dir != '\0') ? dir : "/tmp";
-  std::string path = fmt::format("{}/ferry-session-{}-{}.sock", base, ::getpid(),
-                                 g_endpoint_counter.fetch_add(1));
-  if (path.size() >= 100) path = fmt::format("/tmp/ferry-session-{}-{}.sock", ::getpid(),
-                                             g_endpoint_counter.fetch_add(1));
+  std::string path =
+      fmt::format("{}/ferry-session-{}-{}.sock", base, ::getpid(), g_endpoint_counter.fetch_add(1));
+  if (path.size() >= 100)
+    path =
+        fmt::format("/tmp/ferry-session-{}-{}.sock", ::getpid(), g_endpoint_counter.fetch_add(1));
   return path;
 }
 
@@ -85,11 +86,10 @@ struct ReceiverEndpoint::Impl {
     settings.keep_sessions = config.update.keep_sessions;
     settings.bucket_timeout = std::chrono::milliseconds(config.update.bucket_timeout_ms);
     settings.commit_timeout = std::chrono::milliseconds(config.update.commit_timeout_ms);
-    settings.hello_timeout =
-        std::min(settings.bucket_timeout, std::chrono::milliseconds(10000));
+    settings.hello_timeout = std::min(settings.bucket_timeout, std::chrono::milliseconds(10000));
     // Sharded updates: every rank's Hello within the handshake deadline of the first.
-    settings.sharded = std::make_shared<ShardedUpdates>(receiver, settings.hello_timeout,
-                                                        settings.bucket_timeout);
+    settings.sharded =
+        std::make_shared<ShardedUpdates>(receiver, settings.hello_timeout, settings.bucket_timeout);
   }
 
   void reap_finished_locked() {
@@ -166,14 +166,40 @@ struct ReceiverEndpoint::Impl {
     if (!suspending.empty() || !closing.empty()) {
       logger("session")->info(
           "{} kept session(s) suspended and {} closed in {:.3f} ms ({})", suspending.size(),
-          closing.size(),
-          std::chrono::duration<double, std::milli>(Clock::now() - start).count(), reason);
+          closing.size(), std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
+          reason);
     }
     if (left > 0) {
       logger("session")->info(
           "{} kept session(s) left as they are ({}): they read their senders' tensors in place "
           "and share none of this receiver's memory",
           left, reason);
+    }
+  }
+
+  // The receiver's resume hook: every suspended kept session whose sender takes the word is told
+  // its memory is back (Message.resumed); the sender rejoins at once (its Rejoin then waits for
+  // the update lock this hook's caller holds). Nothing is waited for: a sender that does not
+  // rejoin now does at its next push.
+  void tell_resumed() {
+    std::lock_guard lock(connections_mutex);
+    std::size_t told = 0;
+    for (auto& c : connections) {
+      try {
+        told += c.link->tell_resumed([&] {
+          capnp::MallocMessageBuilder m;
+          m.initRoot<wire::Message>().setResumed();
+          c.channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "resumed");
+        });
+      } catch (const Error& e) {
+        // Half a frame may have gone: the session ends (its sender opens a new one).
+        logger("session")->info("{}: resumed not sent ({}); session closed", c.channel->peer(),
+                                e.what());
+        c.channel->shutdown();
+      }
+    }
+    if (told > 0) {
+      logger("session")->info("{} suspended kept session(s) told the memory is back", told);
     }
   }
 
@@ -255,7 +281,9 @@ ReceiverEndpoint::ReceiverEndpoint(receiver::Receiver& receiver, const config::C
                                    const registry::Registry& registry)
     : impl_(std::make_unique<Impl>(receiver, config, registry)) {}
 
-ReceiverEndpoint::~ReceiverEndpoint() { stop(); }
+ReceiverEndpoint::~ReceiverEndpoint() {
+  stop();
+}
 
 void ReceiverEndpoint::start() {
   auto& i = *impl_;
@@ -282,6 +310,7 @@ void ReceiverEndpoint::start() {
   i.accept_thread = std::thread([impl = impl_.get()] { impl->accept_loop(); });
   i.receiver.set_release_hook(
       [impl = impl_.get()](const std::string& reason) { impl->close_kept_sessions(reason); });
+  i.receiver.set_resume_hook([impl = impl_.get()] { impl->tell_resumed(); });
   i.started = true;
   note_served_port(i.control->port());
   logger("session")->info("sessions on {}:{}{}", i.config.receiver.host, i.tcp.port,
@@ -293,6 +322,7 @@ void ReceiverEndpoint::stop() {
   auto& i = *impl_;
   if (!i.started) return;
   i.receiver.set_release_hook({});
+  i.receiver.set_resume_hook({});
   if (i.control) forget_served_port(i.control->port());
   i.stopping = true;
   if (i.accept_thread.joinable()) i.accept_thread.join();
@@ -312,6 +342,8 @@ void ReceiverEndpoint::stop() {
   i.started = false;
 }
 
-int ReceiverEndpoint::port() const { return impl_->control ? impl_->control->port() : -1; }
+int ReceiverEndpoint::port() const {
+  return impl_->control ? impl_->control->port() : -1;
+}
 
 }  // namespace ferry::session

@@ -2,11 +2,11 @@
 // session as a bucket source of the update loop (see session/receiver_session.hpp).
 #include "session/receiver_session.hpp"
 
+#include <kj/exception.h>
 #include <ferry/kernels/cpu.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/manifest.hpp>
-#include <kj/exception.h>
 
 #include "ferry_build_config.h"
 #if FERRY_HAVE_CUDA
@@ -41,20 +41,36 @@ using Which = wire::Message::Which;
 
 const char* message_name(Which which) {
   switch (which) {
-    case Which::HELLO: return "hello";
-    case Which::WELCOME: return "welcome";
-    case Which::REFUSAL: return "refusal";
-    case Which::BEGIN: return "begin";
-    case Which::READY: return "ready";
-    case Which::BUCKET: return "bucket";
-    case Which::ACK: return "ack";
-    case Which::COMMIT: return "commit";
-    case Which::COMMITTED: return "committed";
-    case Which::ABORT: return "abort";
-    case Which::CLOSING: return "closing";
-    case Which::PATH_DROPPED: return "path dropped";
-    case Which::REJOIN: return "rejoin";
-    case Which::REJOINED: return "rejoined";
+    case Which::HELLO:
+      return "hello";
+    case Which::WELCOME:
+      return "welcome";
+    case Which::REFUSAL:
+      return "refusal";
+    case Which::BEGIN:
+      return "begin";
+    case Which::READY:
+      return "ready";
+    case Which::BUCKET:
+      return "bucket";
+    case Which::ACK:
+      return "ack";
+    case Which::COMMIT:
+      return "commit";
+    case Which::COMMITTED:
+      return "committed";
+    case Which::ABORT:
+      return "abort";
+    case Which::CLOSING:
+      return "closing";
+    case Which::PATH_DROPPED:
+      return "path dropped";
+    case Which::REJOIN:
+      return "rejoin";
+    case Which::REJOINED:
+      return "rejoined";
+    case Which::RESUMED:
+      return "resumed";
   }
   return "unknown";
 }
@@ -79,8 +95,7 @@ std::vector<std::uint64_t> device_fingerprints(int device, const update::Bucket&
                                              : bucket.entry_data[i]);
     bytes.push_back(m.tensors[i].size);
   }
-  return fingerprint_device_ranges(device, data, bytes,
-                                   fmt::format("bucket {}", m.bucket_index));
+  return fingerprint_device_ranges(device, data, bytes, fmt::format("bucket {}", m.bucket_index));
 }
 
 // One session connection; during an update it is the update loop's bucket source, or one rank
@@ -167,10 +182,9 @@ class Session final : public update::BucketSource, public ShardMember {
   // The update began (and in-place writes are declared): the receives are posted and the
   // sender is told Ready. From then on a direct-writing sender writes live parameters.
   void begun() override {
-    logger("session")->debug("{}: begin of version {}: Ready {:.3f} ms after the Begin arrived",
-                             ch_.peer(), version_,
-                             std::chrono::duration<double, std::milli>(Clock::now() - begin_start_)
-                                 .count());
+    logger("session")->debug(
+        "{}: begin of version {}: Ready {:.3f} ms after the Begin arrived", ch_.peer(), version_,
+        std::chrono::duration<double, std::milli>(Clock::now() - begin_start_).count());
     for (std::uint32_t s = 0; s < data_->slot_count() && s < bucket_count_; ++s) {
       data_->post(s, s, deadline_in(settings_.bucket_timeout));
     }
@@ -263,8 +277,8 @@ class Session final : public update::BucketSource, public ShardMember {
       d.dtype = static_cast<ferry_dtype_t>(dtype);
       auto shape = t.getShape();
       if (shape.size() > FERRY_MAX_DIMS) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: tensor '{}' has {} dims (at most {})",
-             ch_.peer(), phase, names[i], shape.size(), FERRY_MAX_DIMS);
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: tensor '{}' has {} dims (at most {})", ch_.peer(),
+             phase, names[i], shape.size(), FERRY_MAX_DIMS);
       }
       d.ndim = shape.size();
       for (unsigned k = 0; k < shape.size(); ++k) d.shape[k] = shape[k];
@@ -285,7 +299,8 @@ class Session final : public update::BucketSource, public ShardMember {
     keep_ = settings_.keep_sessions && hello.getKeepSession();
     // A kept rank of sharded updates is suspended by a release too: it rejoins (rejoin()), then
     // joins its next update at the Begin (rejoin_shard()).
-    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease());
+    link_.set_rejoinable(keep_ && hello.getRejoinAfterRelease(),
+                         keep_ && hello.getRejoinAfterRelease() && hello.getRejoinsWhenResumed());
 
     const auto path_start = Clock::now();
     capacity_ = hello.getBucketBytes();
@@ -368,11 +383,11 @@ class Session final : public update::BucketSource, public ShardMember {
     welcome.setTakesPieces(takes_pieces_);
     ch_.send(m, deadline_in(settings_.hello_timeout), "handshake (welcome)");
     logger("session")->info(
-        "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(),
-        sender_, sharded_ ? sharded_->num_params() : update_->num_params(), data_->name(),
-        destinations_.empty() ? std::string()
-                              : fmt::format(", direct delivery offered ({} shared regions)",
-                                            region_keys_.size()));
+        "session with {} ({}): layout accepted, {} parameters, data path {}{}", ch_.peer(), sender_,
+        sharded_ ? sharded_->num_params() : update_->num_params(), data_->name(),
+        destinations_.empty()
+            ? std::string()
+            : fmt::format(", direct delivery offered ({} shared regions)", region_keys_.size()));
   }
 
   // The bytes of each staging slot a data path gets: the Hello's bucket capacity, but for the
@@ -472,10 +487,11 @@ class Session final : public update::BucketSource, public ShardMember {
     const auto ms = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
-    logger("session")->debug("{}: rejoin: lock and checks {:.3f} ms, data path {:.3f} ms, direct "
-                             "offer {:.3f} ms",
-                             ch_.peer(), ms(start, path_start), ms(path_start, offer_start),
-                             ms(offer_start, Clock::now()));
+    logger("session")->debug(
+        "{}: rejoin: lock and checks {:.3f} ms, data path {:.3f} ms, direct "
+        "offer {:.3f} ms",
+        ch_.peer(), ms(start, path_start), ms(path_start, offer_start),
+        ms(offer_start, Clock::now()));
     capnp::MallocMessageBuilder m;
     describe_data_path(m.initRoot<wire::Message>().initRejoined());
     ch_.send(m, deadline_in(settings_.bucket_timeout), phase);
@@ -483,11 +499,11 @@ class Session final : public update::BucketSource, public ShardMember {
     link_.set_idle();
     update_.reset();
     logger("session")->info(
-        "kept session with {} rejoined after the release: data path {}{} in {:.3f} ms",
-        ch_.peer(), data_->name(),
-        destinations_.empty() ? std::string()
-                              : fmt::format(", direct delivery ({} shared regions)",
-                                            region_keys_.size()),
+        "kept session with {} rejoined after the release: data path {}{} in {:.3f} ms", ch_.peer(),
+        data_->name(),
+        destinations_.empty()
+            ? std::string()
+            : fmt::format(", direct delivery ({} shared regions)", region_keys_.size()),
         std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   }
 
@@ -648,9 +664,10 @@ class Session final : public update::BucketSource, public ShardMember {
       const Holding& h = (*pieces_)[k];
       if (!h.sent) continue;
       if (k >= places.size() || !places[k]) {
-        why_not = fmt::format("tensor '{}': the block {} is not one contiguous copy into a "
-                              "device parameter",
-                              h.tensor, block_text(h.offsets, h.extents));
+        why_not = fmt::format(
+            "tensor '{}': the block {} is not one contiguous copy into a "
+            "device parameter",
+            h.tensor, block_text(h.offsets, h.extents));
         break;
       }
       dests.push_back(*places[k]);
@@ -664,8 +681,7 @@ class Session final : public update::BucketSource, public ShardMember {
 
   // Whether this rank's session offers direct delivery where it can (offer_direct_blocks()).
   bool wants_direct_blocks() const {
-    return delivery_ != "staged" && data_->rma_native() &&
-           data_->slot_kind() == FERRY_MEMORY_CUDA;
+    return delivery_ != "staged" && data_->rma_native() && data_->slot_kind() == FERRY_MEMORY_CUDA;
   }
 
   // A kept session between updates: the sender's next Begin, or nullptr when the session ends
@@ -687,8 +703,7 @@ class Session final : public update::BucketSource, public ShardMember {
       }
       if (msg->root().which() != Which::PATH_DROPPED) break;
       if (!link_.suspending()) {
-        logger("session")->warn("kept session with {} ends: 'path dropped' unasked",
-                                ch_.peer());
+        logger("session")->warn("kept session with {} ends: 'path dropped' unasked", ch_.peer());
         return nullptr;
       }
       drop_data_path();
@@ -712,7 +727,11 @@ class Session final : public update::BucketSource, public ShardMember {
   void reopen(const std::string& phase, bool rejoining = false) {
     try {
       if (catalog_key_.empty()) catalog_key_ = manifest::catalog_key(descs_);
-      update_ = receiver_.open_session(descs_, config_json_, &catalog_key_);
+      // A rejoin comes when its sender chooses (the receiver's word that its memory is back):
+      // another sender's update or rejoin may hold the lock for a while; it waits for them.
+      update_ = receiver_.open_session(
+          descs_, config_json_, &catalog_key_,
+          rejoining ? settings_.hello_timeout / 2 : std::chrono::milliseconds{0});
     } catch (const Error& e) {
       fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
     }
@@ -791,9 +810,10 @@ class Session final : public update::BucketSource, public ShardMember {
         "and of what was written in place, publish)",
         ch_.peer(), version_,
         std::chrono::duration<double, std::milli>(Clock::now() - commit_start_).count());
-    logger("receiver")->info("update {} ('{}') from a session: {} buckets, {:.1f} MiB in {:.3f} s",
-                             report.version.number, report.version.label, report.buckets,
-                             report.bytes / 1048576.0, report.seconds);
+    logger("receiver")
+        ->info("update {} ('{}') from a session: {} buckets, {:.1f} MiB in {:.3f} s",
+               report.version.number, report.version.label, report.buckets,
+               report.bytes / 1048576.0, report.seconds);
     capnp::MallocMessageBuilder m;
     auto c = m.initRoot<wire::Message>().initCommitted();
     c.setVersion(report.version.number);
@@ -913,8 +933,8 @@ class Session final : public update::BucketSource, public ShardMember {
     }
     auto b = root.getBegin();
     if (b.getViaPut() && !data_->rma_native()) {
-      fail(FERRY_STATUS_CORRUPT_DATA, "{}: begin: buckets announced by put, but no slot key was given",
-           ch_.peer());
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "{}: begin: buckets announced by put, but no slot key was given", ch_.peer());
     }
     data_->set_via_put(b.getViaPut());
     direct_ = b.getDirect();
@@ -1000,10 +1020,10 @@ class Session final : public update::BucketSource, public ShardMember {
   std::uint64_t capacity_ = 0;
   std::uint64_t version_ = 0;
   std::uint32_t bucket_count_ = 0;
-  std::optional<std::string> label_;  // the Begin's (none: the version number)
-  bool writer_prints_ = false;        // Begin.writerFingerprints
-  std::uint32_t next_ = 0;            // the bucket next() expects
-  std::uint32_t last_slot_ = 0;       // the slot of the bucket next() handed out last
+  std::optional<std::string> label_;          // the Begin's (none: the version number)
+  bool writer_prints_ = false;                // Begin.writerFingerprints
+  std::uint32_t next_ = 0;                    // the bucket next() expects
+  std::uint32_t last_slot_ = 0;               // the slot of the bucket next() handed out last
   std::vector<std::uint64_t> commit_prints_;  // the Commit's writer fingerprints
   std::vector<std::vector<std::uint64_t>> commit_chunks_;  // ... and chunk hashes (may be empty)
   Clock::time_point begin_start_{};
@@ -1041,11 +1061,10 @@ class Session final : public update::BucketSource, public ShardMember {
   std::uint32_t world_ = 0;
   std::shared_ptr<const std::vector<Holding>> holdings_;  // read once, from the Hello
   DeclaredBlocks declared_;
-  bool sends_needs_ = false;     // Hello.shard.sendsNeeds
+  bool sends_needs_ = false;  // Hello.shard.sendsNeeds
   // What the rank sends of each holding (join_shard()); declared_ points into it.
   std::shared_ptr<const std::vector<Holding>> pieces_;
 };
-
 
 bool Session::next(std::uint32_t, update::Bucket& out) {
   const std::uint32_t k = next_;
@@ -1058,7 +1077,8 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
       // Bucket k-2 (applied: the loop waited for it before it started bucket k-1).
       const std::uint32_t freed_slot = (last_slot_ + slots - 1) % slots;
       const std::uint32_t later = k - 2 + slots;
-      if (later < bucket_count_) data_->post(freed_slot, later, deadline_in(settings_.bucket_timeout));
+      if (later < bucket_count_)
+        data_->post(freed_slot, later, deadline_in(settings_.bucket_timeout));
     }
   }
   const std::string phase = k < bucket_count_ ? fmt::format("bucket {}", k) : std::string("commit");
@@ -1110,8 +1130,8 @@ bool Session::next(std::uint32_t, update::Bucket& out) {
              bucket_count_);
       }
       if (root.getCommit().getVersion() != version_) {
-        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began",
-             ch_.peer(), root.getCommit().getVersion(), version_);
+        fail(FERRY_STATUS_CORRUPT_DATA, "{}: commit of version {} but version {} began", ch_.peer(),
+             root.getCommit().getVersion(), version_);
       }
       const auto prints = root.getCommit().getFingerprints();
       const auto chunks = root.getCommit().getChunkHashes();
@@ -1284,8 +1304,7 @@ void serve_session(Channel& channel, receiver::Receiver& receiver,
                            fmt::format("{}: malformed session message ({})", channel.peer(),
                                        e.getDescription().cStr()));
     } catch (const std::exception& e) {
-      session.fail_session(FERRY_STATUS_INTERNAL,
-                           fmt::format("{}: {}", channel.peer(), e.what()));
+      session.fail_session(FERRY_STATUS_INTERNAL, fmt::format("{}: {}", channel.peer(), e.what()));
     }
   }
   link.set_ended();

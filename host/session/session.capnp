@@ -47,6 +47,9 @@ struct Hello {
   # lend its CUDA tensors to the receiver, which then maps them and runs its plan from them
   # (Welcome.readsTensors). Sent only by a sender of one whole catalog (no shard).
   lendsTensors @14 :Bool;
+  # The sender takes `resumed` on a suspended session (it then rejoins at once, between its
+  # pushes, rather than at its next push). A receiver sends it to no other sender.
+  rejoinsWhenResumed @15 :Bool;
 }
 
 # One block a sharded sender holds, in global coordinates.
@@ -264,5 +267,9 @@ struct Message {
     pathDropped @11 :Void;  # sender -> receiver: answer to Closing.suspend
     rejoin @12 :Rejoin;
     rejoined @13 :Rejoined;
+    # receiver -> sender, on a suspended session whose Hello set rejoinsWhenResumed: its memory
+    # is back (resume_memory_occupation). The sender may rejoin now; one that rejoins at its
+    # next push meets this before its Rejoined and skips it.
+    resumed @14 :Void;
   }
 }

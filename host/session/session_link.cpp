@@ -4,9 +4,10 @@
 
 namespace ferry::session {
 
-void SessionLink::set_rejoinable(bool rejoinable) {
+void SessionLink::set_rejoinable(bool rejoinable, bool rejoins_when_resumed) {
   std::lock_guard lock(mutex_);
   rejoinable_ = rejoinable;
+  rejoins_when_resumed_ = rejoins_when_resumed;
 }
 
 void SessionLink::set_idle() {

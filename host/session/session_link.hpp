@@ -6,6 +6,7 @@
 // unless it shares nothing (it reads its sender's tensors in place): that one stays as it is.
 //
 //   idle --start_suspending--> suspending --set_suspended--> suspended --leave_idle--> busy
+//   (suspended: tell_resumed() when the memory is back; the sender then rejoins: leave_idle)
 //   idle --start_closing--> closing --(session ends)--> ended
 #pragma once
 
@@ -18,8 +19,9 @@ namespace ferry::session {
 class SessionLink {
  public:
   // ---- the session's thread
-  // After the handshake: whether the sender rejoins a suspended session (its Hello said so).
-  void set_rejoinable(bool rejoinable);
+  // After the handshake: whether the sender rejoins a suspended session (its Hello said so), and
+  // whether it takes the word that the memory is back (Message.resumed) to rejoin at once.
+  void set_rejoinable(bool rejoinable, bool rejoins_when_resumed = false);
   // Between updates. leave_idle() takes the session back for an update; false once closing or
   // suspending was asked for (the message that woke the session crossed the Closing: it ends).
   void set_idle();
@@ -43,6 +45,17 @@ class SessionLink {
   // Makes an idle session that shares something closing; true when this call did (the caller
   // then sends the Closing). A closing session takes no further update.
   bool start_closing();
+  // The receiver's memory is back: calls `tell` (which sends the sender a `resumed`) when the
+  // session is suspended and its sender takes that word, under the link's lock, so that the
+  // message goes before anything the session's thread sends once it leaves the suspension.
+  // True when it did.
+  template <typename Tell>
+  bool tell_resumed(Tell tell) {
+    std::lock_guard lock(mutex_);
+    if (!suspended_ || !idle_ || !rejoins_when_resumed_ || closing_ || ended_) return false;
+    tell();
+    return true;
+  }
   // Until the session is suspended or ended; false at the deadline.
   bool wait_suspended(std::chrono::steady_clock::time_point deadline);
   // Until the session ended (its data path gone, its sender disconnected); false at the deadline.
@@ -52,6 +65,7 @@ class SessionLink {
   std::mutex mutex_;
   std::condition_variable changed_;
   bool rejoinable_ = false;
+  bool rejoins_when_resumed_ = false;
   bool idle_ = false;
   bool suspending_ = false;
   bool suspended_ = false;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <functional>
 #include <memory>
 
 #include "config/config.hpp"
@@ -26,15 +27,17 @@ class SessionKept : public ::testing::Test {
   static void TearDownTestSuite() { versions_.reset(); }
 
   // An in-process sender of these tests' checkpoints over inline buckets of 512 bytes.
-  static std::unique_ptr<session::Sender> make_sender(const std::vector<std::string>& receivers,
-                                                      bool keep = true) {
+  // `adjust`: what a test sets beyond these options.
+  static std::unique_ptr<session::Sender> make_sender(
+      const std::vector<std::string>& receivers,
+      const std::function<void(session::SenderOptions&)>& adjust = {}) {
     session::SenderOptions options;
     options.receivers = receivers;
     options.transport = "inline";
     options.bucket_bytes = 512;
-    options.keep_sessions = keep;
     options.bucket_timeout = std::chrono::milliseconds(5000);
     options.commit_timeout = std::chrono::milliseconds(5000);
+    if (adjust) adjust(options);
     return std::make_unique<session::Sender>(config_, registry_, options);
   }
 
@@ -137,6 +140,79 @@ TEST_F(SessionKept, ReleaseSuspendsTheKeptSessionAndThePushAfterTheResumeRejoins
   EXPECT_EQ(log.find("did not suspend its kept session"), std::string::npos) << log;
 }
 
+// The receiver tells a suspended session's sender when its memory is back (Message.resumed):
+// the sender's watcher rejoins then, before the next push, which finds the session ready. Three
+// cycles, each waiting for the rejoin in the receiver's log before pushing.
+TEST_F(SessionKept, TheSenderRejoinsWhenTheReceiverResumesBeforeItsNextPush) {
+  ServeProcess serve(receiver());
+  auto sender = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  for (std::uint64_t v = 3; v <= 5; ++v) {
+    const std::size_t rejoins = v - 2;
+    const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
+    ASSERT_EQ(release.status, 200) << release.text;
+    // Released: nothing rejoins (the receiver would refuse it).
+    EXPECT_EQ(count_of(serve.log(), "rejoined after the release"), rejoins - 1) << serve.log();
+    const Reply resume = serve.post("/resume_memory_occupation", json::object(), serve.auth());
+    ASSERT_EQ(resume.status, 200) << resume.text;
+    EXPECT_TRUE(eventually(
+        [&] { return count_of(serve.log(), "rejoined after the release") == rejoins; }, 10))
+        << "no rejoin before push " << v << ": " << serve.log();
+    const auto& checkpoint = v % 2 == 0 ? versions_->v2 : versions_->v1;
+    const auto after = push(*sender, checkpoint, v);
+    ASSERT_TRUE(after.committed) << after.error;
+    EXPECT_TRUE(after.reused_session) << "push " << v;
+    EXPECT_EQ(serve.fingerprints(), expected_fingerprints(checkpoint, 0, 1)) << "push " << v;
+  }
+  const std::string log = serve.log();
+  EXPECT_EQ(count_of(log, "1 suspended kept session(s) told the memory is back"), 3u) << log;
+  EXPECT_EQ(count_of(log, "rejoined after the release"), 3u) << log;
+  EXPECT_EQ(count_of(log, "layout accepted"), 1u) << log;
+}
+
+// A sender that rejoins only at its next push (SenderOptions::rejoin_when_resumed = false, as a
+// sender of an earlier release) is not told of the resume, and its push rejoins as before.
+TEST_F(SessionKept, ASenderThatRejoinsAtItsPushIsNotToldOfTheResume) {
+  ServeProcess serve(receiver());
+  auto owned = make_sender({address_of(serve)},
+                           [](session::SenderOptions& o) { o.rejoin_when_resumed = false; });
+  session::Sender& sender = *owned;
+  ASSERT_TRUE(push(sender, versions_->v2, 2).committed);
+  ASSERT_EQ(serve.post("/release_memory_occupation", json::object(), serve.auth()).status, 200);
+  ASSERT_EQ(serve.post("/resume_memory_occupation", json::object(), serve.auth()).status, 200);
+  // Given the time a told sender takes to rejoin (the test above), nothing comes.
+  EXPECT_FALSE(
+      eventually([&] { return count_of(serve.log(), "rejoined after the release") > 0; }, 1.0))
+      << serve.log();
+  EXPECT_EQ(serve.log().find("told the memory is back"), std::string::npos) << serve.log();
+  const auto after = push(sender, versions_->v1, 3);
+  ASSERT_TRUE(after.committed) << after.error;
+  EXPECT_TRUE(after.reused_session);
+  EXPECT_EQ(count_of(serve.log(), "rejoined after the release"), 1u) << serve.log();
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+}
+
+// Release, resume and push with no pause, twenty times: the sender's watcher rejoining on the
+// receiver's word and the push taking the session back race every way they can (the push's own
+// rejoin then reads the word before its Rejoined); every push commits through the kept session.
+TEST_F(SessionKept, ReleaseResumeAndPushBackToBackEveryPushCommitsThroughTheKeptSession) {
+  ServeProcess serve(receiver());
+  auto sender = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
+  for (std::uint64_t v = 3; v < 23; ++v) {
+    ASSERT_EQ(serve.post("/release_memory_occupation", json::object(), serve.auth()).status, 200);
+    ASSERT_EQ(serve.post("/resume_memory_occupation", json::object(), serve.auth()).status, 200);
+    const auto& checkpoint = v % 2 == 0 ? versions_->v2 : versions_->v1;
+    const auto after = push(*sender, checkpoint, v);
+    ASSERT_TRUE(after.committed) << "push " << v << ": " << after.error;
+    EXPECT_TRUE(after.reused_session) << "push " << v;
+  }
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));  // push 22's
+  const std::string log = serve.log();
+  EXPECT_EQ(count_of(log, "rejoined after the release"), 20u) << log;
+  EXPECT_EQ(count_of(log, "layout accepted"), 1u) << log;
+}
+
 // A push while the memory is released: the rejoin is refused naming why, and nothing changes;
 // after the resume the next push opens a new session, which is kept again.
 TEST_F(SessionKept, APushWhileReleasedIsRefusedAndThePushAfterTheResumeCommits) {
@@ -167,12 +243,9 @@ TEST_F(SessionKept, APushWhileReleasedIsRefusedAndThePushAfterTheResumeCommits) 
 // earlier release): the release closes its kept session and the next push opens a new one.
 TEST_F(SessionKept, ReleaseClosesTheKeptSessionOfASenderThatDoesNotRejoin) {
   ServeProcess serve(receiver());
-  session::SenderOptions options;
-  options.receivers = {address_of(serve)};
-  options.transport = "inline";
-  options.bucket_bytes = 512;
-  options.rejoin_after_release = false;
-  session::Sender sender(config_, registry_, options);
+  auto owned = make_sender({address_of(serve)},
+                           [](session::SenderOptions& o) { o.rejoin_after_release = false; });
+  session::Sender& sender = *owned;
   ASSERT_TRUE(push(sender, versions_->v2, 2).committed);
   const Reply release = serve.post("/release_memory_occupation", json::object(), serve.auth());
   ASSERT_EQ(release.status, 200) << release.text;
@@ -202,7 +275,8 @@ TEST_F(SessionKept, AReceiverKilledBetweenPushesFailsTheNextPushWithItsAddress) 
 
 TEST_F(SessionKept, WithoutKeepSessionsEveryPushOpensItsOwnSession) {
   ServeProcess serve(receiver_options(versions_->v1_path()));
-  auto sender = make_sender({address_of(serve)}, /*keep=*/false);
+  auto sender =
+      make_sender({address_of(serve)}, [](session::SenderOptions& o) { o.keep_sessions = false; });
   ASSERT_TRUE(push(*sender, versions_->v2, 2).committed);
   const auto second = push(*sender, versions_->v1, 3);
   ASSERT_TRUE(second.committed) << second.error;

@@ -2,8 +2,8 @@
 // docs/session-protocol.md).
 #include "session/sender/handshake.hpp"
 
-#include <ferry/sdk/error.hpp>
 #include <unistd.h>
+#include <ferry/sdk/error.hpp>
 
 #include "common/log.hpp"
 
@@ -12,9 +12,12 @@ namespace {
 
 const char* delivery_name(config::Delivery d) {
   switch (d) {
-    case config::Delivery::direct: return "direct";
-    case config::Delivery::staged: return "staged";
-    case config::Delivery::automatic: break;
+    case config::Delivery::direct:
+      return "direct";
+    case config::Delivery::staged:
+      return "staged";
+    case config::Delivery::automatic:
+      break;
   }
   return "auto";
 }
@@ -23,12 +26,11 @@ const char* delivery_name(config::Delivery d) {
 // allows it and every tensor is in CUDA memory the data path puts from. Fills the link's
 // `destinations` and `chunk_bases`. `w`: the Welcome, or a Rejoined.
 template <typename Reader>
-bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
-                   const PushPlan& plan, std::size_t tensor_count, const std::string& peer,
-                   Link& link) {
+bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data, bool cuda_tensors,
+                   std::size_t tensor_count, const std::string& peer, Link& link) {
   auto& destinations = link.destinations;
   if (config.update.delivery == config::Delivery::staged || !w.hasDestinations() ||
-      w.getDestinations().size() != tensor_count || !plan.cuda_tensors ||
+      w.getDestinations().size() != tensor_count || !cuda_tensors ||
       !data.delivers_pieces(FERRY_MEMORY_CUDA)) {
     return false;
   }
@@ -51,9 +53,10 @@ bool choose_direct(const config::Config& config, Reader w, SenderDataPath& data,
     link.chunk_bases.push_back(place);
   }
   data.set_regions(std::move(keys));
-  logger("sender")->info("{}: direct delivery: tensors go straight into the receiver's "
-                         "parameters ({} shared regions)",
-                         peer, w.getRegions().size());
+  logger("sender")->info(
+      "{}: direct delivery: tensors go straight into the receiver's "
+      "parameters ({} shared regions)",
+      peer, w.getRegions().size());
   return true;
 }
 
@@ -69,14 +72,14 @@ bool lends_tensors(const SenderState& state, const PushPlan& plan, const SenderD
 // `slots_used`: false for the rejoin of a direct session, whose slots are only probed (the
 // receiver gives it tiny ones).
 template <typename Reader>
-void connect_path(Reader w, SenderDataPath& data, const PushPlan& plan, const std::string& peer,
+void connect_path(Reader w, SenderDataPath& data, std::uint64_t capacity, const std::string& peer,
                   Clock::time_point deadline, bool slots_used = true) {
   std::vector<std::vector<std::uint8_t>> keys;
   for (auto s : w.getSlots()) {
     keys.emplace_back(s.getRemoteKey().begin(), s.getRemoteKey().end());
-    if (slots_used && s.getCapacity() < plan.capacity) {
+    if (slots_used && s.getCapacity() < capacity) {
       fail(FERRY_STATUS_INCOMPATIBLE, "{}: slot of {} bytes, need {}", peer, s.getCapacity(),
-           plan.capacity);
+           capacity);
     }
   }
   data.connect(std::span<const std::uint8_t>(w.getTransportAddress().begin(),
@@ -139,6 +142,8 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   hello.setDelivery(delivery_name(state.config.update.delivery));
   hello.setKeepSession(state.keep_sessions());
   hello.setRejoinAfterRelease(state.keep_sessions() && options.rejoin_after_release);
+  hello.setRejoinsWhenResumed(state.keep_sessions() && options.rejoin_after_release &&
+                              options.rejoin_when_resumed);
   hello.setLendsTensors(lends_tensors(state, plan, data));
   ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
 }
@@ -157,8 +162,8 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   bool direct = false;  // direct delivery (the Welcome offered it and it was chosen)
   if (transport.name != "inline") {
     try {
-      data = make_plugin_sender_path(state.registry, config, transport.name, plan.capacity,
-                                     kSlots, plan.device);
+      data = make_plugin_sender_path(state.registry, config, transport.name, plan.capacity, kSlots,
+                                     plan.device);
     } catch (const Error& e) {
       if (transport.required) throw;
       logger("sender")->warn("transport '{}' unavailable ({}); using inline", transport.name,
@@ -193,8 +198,7 @@ void open_session(SenderState& state, Link& link, std::size_t index,
          address, state.shard.rank, state.shard.world);
   }
   if (state.sharded()) link.read_needs(w.getNeeds(), state.declared, ch.peer());
-  const std::size_t sent_count =
-      link.trims ? link.sent_count(state.declared) : tensors.size();
+  const std::size_t sent_count = link.trims ? link.sent_count(state.declared) : tensors.size();
   const std::string chosen = text(w.getTransport());
   if (chosen == "inline") {
     if (data) {
@@ -208,9 +212,9 @@ void open_session(SenderState& state, Link& link, std::size_t index,
       fail(FERRY_STATUS_INCOMPATIBLE, "{}: the receiver chose transport '{}'", ch.peer(), chosen);
     }
     const auto connect_start = Clock::now();
-    connect_path(w, *data, plan, ch.peer(), deadline_in(options.connect_timeout));
+    connect_path(w, *data, plan.capacity, ch.peer(), deadline_in(options.connect_timeout));
     connect_s = seconds_since(connect_start);
-    direct = choose_direct(config, w, *data, plan, sent_count, ch.peer(), link);
+    direct = choose_direct(config, w, *data, plan.cuda_tensors, sent_count, ch.peer(), link);
   }
   writer_prints = direct && data->fingerprints_pieces();
   if (!writer_prints && !link.trims) plan.seal();
@@ -240,14 +244,14 @@ void open_session(SenderState& state, Link& link, std::size_t index,
   link.transport = data->name();
   link.remember(tensors, plan);
   link.remember_shard(state.shard, state.declared);
-  logger("sender")->debug("{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
-                          "(connect {:.3f} ms)",
-                          address, create_s * 1e3,
-                          (seconds_since(session_start) - create_s) * 1e3, connect_s * 1e3);
+  logger("sender")->debug(
+      "{}: session opened: data path {:.3f} ms, handshake {:.3f} ms "
+      "(connect {:.3f} ms)",
+      address, create_s * 1e3, (seconds_since(session_start) - create_s) * 1e3, connect_s * 1e3);
 }
 
-void rejoin_session(SenderState& state, Link& link, std::size_t index,
-                    std::span<const TensorView> tensors, const PushPlan& plan, bool prepare) {
+void rejoin_session(SenderState& state, Link& link, std::size_t index, std::size_t sent_count,
+                    bool prepare) {
   const config::Config& config = state.config;
   const SenderOptions& options = state.options;
   const std::string& address = options.receivers[index];
@@ -255,8 +259,8 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
   const auto start = Clock::now();
   link.data = link.transport == "inline"
                   ? make_inline_sender_path(link.capacity(), kSlots)
-                  : make_plugin_sender_path(state.registry, config, link.transport,
-                                            link.capacity(), kSlots, plan.device);
+                  : make_plugin_sender_path(state.registry, config, link.transport, link.capacity(),
+                                            kSlots, link.device());
   SenderDataPath& data = *link.data;
   state.track(&data, true);
   const double create_s = seconds_since(start);
@@ -268,6 +272,10 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
     ch.send(m, deadline_in(options.connect_timeout), "rejoin");
   }
   auto msg = ch.recv(deadline_in(options.connect_timeout), "rejoin (rejoined)");
+  // A `resumed` sent before the receiver read this Rejoin (this push rejoins first) is moot.
+  while (msg->root().which() == wire::Message::RESUMED) {
+    msg = ch.recv(deadline_in(options.connect_timeout), "rejoin (rejoined)");
+  }
   auto root = msg->root();
   throw_if_refused(root, fmt::format("receiver {} refused the rejoin", address));
   if (root.which() == wire::Message::CLOSING) {
@@ -284,12 +292,12 @@ void rejoin_session(SenderState& state, Link& link, std::size_t index,
   }
   const double answered_s = seconds_since(start);
   if (data.name() != "inline") {
-    connect_path(r, data, plan, ch.peer(), deadline_in(options.connect_timeout), !link.direct);
+    connect_path(r, data, link.capacity(), ch.peer(), deadline_in(options.connect_timeout),
+                 !link.direct);
   }
   const double connected_s = seconds_since(start);
-  // A rank that sends only parts of its blocks has a destination per part it sends.
-  const std::size_t sent_count = link.trims ? link.sent_count(state.declared) : tensors.size();
-  const bool direct = choose_direct(config, r, data, plan, sent_count, ch.peer(), link);
+  const bool direct =
+      choose_direct(config, r, data, link.cuda_tensors(), sent_count, ch.peer(), link);
   if (direct != link.direct) {
     fail(FERRY_STATUS_INCOMPATIBLE,
          "{}: rejoin: the receiver {} direct delivery after its release, the session {}", ch.peer(),

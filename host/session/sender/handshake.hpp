@@ -29,13 +29,14 @@ void open_session(SenderState& state, Link& link, std::size_t index,
 
 // Rejoins a kept session the receiver suspended for a release (Link::suspended): a new data path
 // of the session's transport (tracked in `state`), Rejoin with its address, the Rejoined's
-// address, slot keys and regions, connect. The handshake's catalog, layout and delivery stay; a
+// address, slot keys and regions, connect. The handshake's catalog, layout and delivery stay
+// (what the link remembered of its last push: device, bucket capacity, `sent_count` tensors); a
 // receiver that refuses, closes, or would now deliver otherwise fails it (the caller then opens
 // a new session). With `prepare`, a direct session's data path then gets the receiver's shared
-// regions ready for the puts (SenderDataPath::prepare_regions): the push does this while it
-// waits for the tensors' producers.
-void rejoin_session(SenderState& state, Link& link, std::size_t index,
-                    std::span<const TensorView> tensors, const PushPlan& plan,
+// regions ready for the puts (SenderDataPath::prepare_regions). Called by a push before it
+// waits for its tensors' producers, or by the link's watcher between pushes when the receiver
+// says its memory is back (Message.resumed).
+void rejoin_session(SenderState& state, Link& link, std::size_t index, std::size_t sent_count,
                     bool prepare = false);
 
 }  // namespace ferry::session

@@ -2,11 +2,11 @@
 // session/sender/receiver_link.hpp).
 #include "session/sender/receiver_link.hpp"
 
-#include <ferry/sdk/dtype.hpp>
-#include <ferry/sdk/error.hpp>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <ferry/sdk/dtype.hpp>
+#include <ferry/sdk/error.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -70,8 +70,8 @@ bool Link::same_shard(const ShardSpec& shard, std::span<const TensorView> declar
   return true;
 }
 
-void Link::read_needs(capnp::List<wire::Need>::Reader given,
-                      std::span<const TensorView> declared, const std::string& peer) {
+void Link::read_needs(capnp::List<wire::Need>::Reader given, std::span<const TensorView> declared,
+                      const std::string& peer) {
   needs.clear();
   trims = false;
   if (given.size() == 0) return;
@@ -191,7 +191,8 @@ std::vector<TensorView> Link::sent_views(std::span<const TensorView> declared) {
   return out;
 }
 
-bool Link::start_watching(const std::string& peer) {
+bool Link::start_watching(const std::string& peer, std::function<void(Link&)> rejoin) {
+  rejoin_ = std::move(rejoin);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return false;
   try {
@@ -230,11 +231,25 @@ void Link::watch(const std::string& peer) {
       if (n < 0 || fds[1].revents != 0) return;  // taken back (or no way to wait)
       if (fds[0].revents != 0) break;
     }
-    // The receiver spoke between pushes: its Closing (to suspend or to end the session), or its
-    // disconnect.
+    // The receiver spoke between pushes: its Closing (to suspend or to end the session), its
+    // word that the memory of a suspended session is back, or its disconnect.
     closed_why = "the receiver disconnected";
     try {
       auto msg = channel->recv(deadline_in(std::chrono::milliseconds(1000)), "between pushes");
+      if (msg->root().which() == wire::Message::RESUMED) {
+        closed_why.clear();
+        if (!suspended || !rejoin_) continue;  // nothing to rejoin: the next push decides
+        try {
+          rejoin_(*this);
+        } catch (const Error& e) {
+          closed_why = fmt::format("its rejoin after the receiver's resume failed: {}", e.what());
+          break;
+        } catch (...) {
+          closed_why = "its rejoin after the receiver's resume failed";
+          break;
+        }
+        continue;
+      }
       if (msg->root().which() == wire::Message::CLOSING) {
         const auto closing = msg->root().getClosing();
         closed_why = fmt::format("the receiver closed it: {}", text(closing.getReason()));
@@ -246,9 +261,10 @@ void Link::watch(const std::string& peer) {
           m.initRoot<wire::Message>().setPathDropped();
           channel->send(m, deadline_in(std::chrono::milliseconds(1000)), "path dropped");
           suspended = true;
-          logger("sender")->debug("{}: kept session suspended ({}); data path dropped in "
-                                  "{:.3f} ms",
-                                  peer, text(closing.getReason()), seconds_since(start) * 1e3);
+          logger("sender")->debug(
+              "{}: kept session suspended ({}); data path dropped in "
+              "{:.3f} ms",
+              peer, text(closing.getReason()), seconds_since(start) * 1e3);
           closed_why.clear();
           continue;
         }

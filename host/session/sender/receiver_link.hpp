@@ -6,14 +6,16 @@
 // The receiver's Closing (it is about to release that memory) or its disconnect makes the
 // watcher drop the data path, unmapping what it imported, and then close the connection, which
 // the receiver waits for. A Closing with `suspend` makes it drop only the data path and say so
-// (pathDropped): the session stays, `suspended`, and the next push rejoins it (a new data path,
-// no new handshake; handshake.hpp, rejoin_session).
+// (pathDropped): the session stays, `suspended`, and rejoins (a new data path, no new handshake;
+// handshake.hpp, rejoin_session) when the receiver says its memory is back (Message.resumed, on
+// the watcher's thread), or at the latest at the next push.
 //
 // Threading: one push thread at a time owns a Link; between pushes only its watcher touches it,
 // and the owner reads `closed` and `closed_why` only after stop_watching().
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -34,7 +36,7 @@ struct Link {
   std::unique_ptr<Channel> channel;
   std::unique_ptr<SenderDataPath> data;
   std::string transport;  // the data path's (the Welcome's choice): "inline" or a plugin's name
-  bool keep = false;    // the receiver keeps the session (Welcome.keepSession)
+  bool keep = false;      // the receiver keeps the session (Welcome.keepSession)
   // Set by the watcher, read after stop_watching(): the receiver released its memory and the
   // data path is gone (null); the session rejoins before its next Begin.
   bool suspended = false;
@@ -45,7 +47,7 @@ struct Link {
   // A session of one whole catalog whose receiver would take only parts of its tensors from a
   // 1-rank sharded push (Welcome.takesPieces).
   bool takes_pieces = false;
-  bool writer_prints = false;  // direct, and the copies fingerprint what they write
+  bool writer_prints = false;     // direct, and the copies fingerprint what they write
   bool prints_at_commit = false;  // the receiver takes those with the Commit (Welcome)
   std::vector<std::pair<std::uint32_t, std::uint64_t>> destinations;  // per tensor, direct
   // Per tensor, direct, where the receiver takes its chunk hashes with the Commit: the chunk
@@ -103,8 +105,13 @@ struct Link {
   // pieces left out. A piece of rows views the block's memory; a piece of columns is a
   // contiguous copy in `gathered`.
   std::vector<TensorView> sent_views(std::span<const TensorView> declared);
-  // The bucket capacity of the handshake (the receiver's slots).
+  // The bucket capacity of the handshake (the receiver's slots), the device of its tensors and
+  // whether they are CUDA memory (what remember() kept of the plan).
   std::uint64_t capacity() const { return capacity_; }
+  int device() const { return device_; }
+  bool cuda_tensors() const { return cuda_tensors_; }
+  // Kept after a commit: how many tensors the session sends (its destinations, for a rejoin).
+  std::size_t sent_tensors = 0;
 
   // After a commit, before the session is kept: the data path lets go of the push's tensors.
   void forget_push() noexcept {
@@ -112,7 +119,9 @@ struct Link {
   }
 
   // Starts the watcher; false when no thread or eventfd could be had (then not kept).
-  bool start_watching(const std::string& peer);
+  // `rejoin`: what the watcher calls on a suspended session when the receiver says its memory is
+  // back (Message.resumed); it throws when the rejoin failed (the session then ends).
+  bool start_watching(const std::string& peer, std::function<void(Link&)> rejoin = {});
   // Tells the watcher to let go; stop_watching() joins it. A push asks first thing, so the
   // watcher's wake-up overlaps the push's checks.
   void ask_to_stop() noexcept;
@@ -121,6 +130,7 @@ struct Link {
 
  private:
   void watch(const std::string& peer);
+  std::function<void(Link&)> rejoin_;
 
   struct Described {
     std::string name;

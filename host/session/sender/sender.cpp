@@ -60,9 +60,9 @@ std::optional<Error> pending_refusal(Channel& ch, const std::string& address) {
       auto root = msg->root();
       if (root.which() != wire::Message::REFUSAL) continue;
       auto r = root.getRefusal();
-      return Error(static_cast<ferry_status_code_t>(r.getCode()),
-                   fmt::format("receiver {} refused the update: {}", address,
-                               text(r.getMessage())));
+      return Error(
+          static_cast<ferry_status_code_t>(r.getCode()),
+          fmt::format("receiver {} refused the update: {}", address, text(r.getMessage())));
     }
   } catch (...) {
   }
@@ -133,7 +133,7 @@ struct Sender::Impl : SenderState {
     track_link(link, true);
     try {
       throw_if_aborted();
-      rejoin_session(*this, *link, index, tensors, plan, true);
+      rejoin_session(*this, *link, index, sent_count(*link, tensors), true);
     } catch (const Error& e) {
       logger("sender")->info("{}: kept session closed ({}); opening a new one",
                              options.receivers[index], e.what());
@@ -148,6 +148,30 @@ struct Sender::Impl : SenderState {
       link->closed_why = "its rejoin failed";
     }
     track_link(link, false);
+  }
+
+  // How many tensors `link` sends of this push's (a rank that sends only parts of its blocks has
+  // a destination per part it sends).
+  std::size_t sent_count(const Link& link, std::span<const TensorView> tensors) const {
+    return link.trims ? link.sent_count(declared) : tensors.size();
+  }
+
+  // On a kept session's watcher, between pushes: the receiver says the memory of this
+  // suspended session is back, so it rejoins now, and its transport maps the resumed memory,
+  // while the trainer still computes; the next push finds it rejoined. Throws when it failed
+  // (the watcher then ends the session, and the next push opens a new one). A push that starts
+  // meanwhile waits for it (stop_watching).
+  void rejoin_when_resumed(std::size_t index, Link& link) {
+    track_link(&link, true);
+    struct Untrack {
+      Impl& impl;
+      Link& link;
+      ~Untrack() { impl.track_link(&link, false); }
+    } untrack{*this, link};
+    const auto start = Clock::now();
+    rejoin_session(*this, link, index, link.sent_tensors, true);
+    logger("sender")->debug("{}: rejoined between pushes, when the receiver resumed ({:.3f} ms)",
+                            options.receivers[index], seconds_since(start) * 1e3);
   }
 
   // After a push of whole tensors (`report`): the next ones go as rank 0 of a 1-rank sharded
@@ -232,7 +256,7 @@ struct Sender::Impl : SenderState {
           result.reused_session = true;
           if (link->suspended) {
             // The receiver released its memory since the last push: a new data path only.
-            rejoin_session(*this, *link, index, tensors, plan);
+            rejoin_session(*this, *link, index, sent_count(*link, tensors));
             track(true);
           }
           update_start = Clock::now();
@@ -307,7 +331,9 @@ struct Sender::Impl : SenderState {
     if (link && result.committed && link->keep && keep_sessions()) {
       // Kept for the next push; meanwhile its watcher answers the receiver.
       link->forget_push();
-      if (link->start_watching(address)) {
+      link->sent_tensors = sent_count(*link, tensors);
+      if (link->start_watching(address,
+                               [this, index](Link& l) { rejoin_when_resumed(index, l); })) {
         links[index] = std::move(link);
       }
     }
@@ -320,8 +346,8 @@ struct Sender::Impl : SenderState {
       const auto ms = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double, std::milli>(b - a).count();
       };
-      logger("sender")->debug("{}: {:.3f} ms before the update ({}), {:.3f} ms after it",
-                              address, ms(start, update_start),
+      logger("sender")->debug("{}: {:.3f} ms before the update ({}), {:.3f} ms after it", address,
+                              ms(start, update_start),
                               result.reused_session ? "kept session" : "new session",
                               ms(update_end, Clock::now()));
     }
@@ -452,9 +478,8 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
       if (i.links[r]->suspended) suspended.push_back(r);
     }
     if (!suspended.empty()) {
-      i.for_each_receiver(suspended, [&](std::size_t r) {
-        i.rejoin_early(r, tensors, plan, catalog_same(r));
-      });
+      i.for_each_receiver(
+          suspended, [&](std::size_t r) { i.rejoin_early(r, tensors, plan, catalog_same(r)); });
     }
   }
 

@@ -78,7 +78,7 @@ struct SenderOptions {
   // plugin's name; empty: the config's update.transport.
   std::string transport;
   std::uint64_t bucket_bytes = 256ull << 20;
-  std::string token;                   // bearer token of the receivers' control APIs, if any
+  std::string token;  // bearer token of the receivers' control APIs, if any
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds bucket_timeout{60000};  // per bucket: data + apply + ack
   std::chrono::milliseconds commit_timeout{60000};
@@ -110,6 +110,10 @@ struct SenderOptions {
   // Rejoin a kept session after the receiver's release (above); false: the receiver closes it
   // instead and the next push opens a new one (what a sender of an earlier release does).
   bool rejoin_after_release = true;
+  // ...as soon as the receiver says its memory is back (its resume), on the kept session's
+  // watcher thread, so the rejoin and the mapping of the resumed memory are done before the
+  // next push; false: the next push rejoins (before it waits for its tensors' producers).
+  bool rejoin_when_resumed = true;
   // Test hook: the protocol version the handshake claims; 0: this build's. The tests claim
   // another to see a receiver refuse it.
   std::uint32_t claimed_protocol_version = 0;
@@ -134,7 +138,7 @@ struct ShardSpec {
 struct ReceiverResult {
   std::string address;  // as given in SenderOptions::receivers
   bool committed = false;
-  std::string error;    // why not committed ("" when committed); names the phase
+  std::string error;      // why not committed ("" when committed); names the phase
   std::string transport;  // the data path used ("inline", "ucx"), once negotiated
   bool direct = false;    // direct delivery: tensors were written straight into parameters
   // Direct delivery whose copies fingerprinted what they wrote (one read of the data; the
