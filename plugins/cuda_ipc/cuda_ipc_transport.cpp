@@ -36,8 +36,7 @@ Options parse_options(const ferry_option_t* options, std::size_t count) {
       out.socket_dir = value;
     } else if (key == "copy_lanes") {
       if (value != "1" && value != "2") {
-        fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc: copy_lanes is '{}', expected 1 or 2",
-             value);
+        fail(FERRY_STATUS_INVALID_ARGUMENT, "cuda_ipc: copy_lanes is '{}', expected 1 or 2", value);
       }
       out.copy_lanes = value == "1" ? 1 : 2;
     } else {
@@ -91,8 +90,10 @@ std::pair<std::uint64_t*, std::size_t> take_pinned_prints(std::size_t n) {
       cudaHostAlloc(&host, entries * sizeof(std::uint64_t), cudaHostAllocPortable);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    fail(FERRY_STATUS_OUT_OF_MEMORY, "cuda_ipc: cudaHostAlloc of {} bytes (fingerprint "
-         "read-back): {}", entries * sizeof(std::uint64_t), cudaGetErrorString(err));
+    fail(FERRY_STATUS_OUT_OF_MEMORY,
+         "cuda_ipc: cudaHostAlloc of {} bytes (fingerprint "
+         "read-back): {}",
+         entries * sizeof(std::uint64_t), cudaGetErrorString(err));
   }
   return {static_cast<std::uint64_t*>(host), entries};
 }
@@ -155,7 +156,6 @@ auto background(Work work) -> std::future<decltype(work())> {
   return result;
 }
 
-
 // A deadline of 0 or less means the caller gave none: still never wait forever.
 constexpr std::int64_t kDefaultWaitNs = 300'000'000'000;
 std::int64_t effective(std::int64_t deadline_ns) {
@@ -164,9 +164,12 @@ std::int64_t effective(std::int64_t deadline_ns) {
 
 const char* kind_name(ferry_request::Kind kind) {
   switch (kind) {
-    case ferry_request::Kind::Flush: return "flush";
-    case ferry_request::Kind::Send: return "send_bucket";
-    case ferry_request::Kind::Recv: return "recv_bucket";
+    case ferry_request::Kind::Flush:
+      return "flush";
+    case ferry_request::Kind::Send:
+      return "send_bucket";
+    case ferry_request::Kind::Recv:
+      return "recv_bucket";
   }
   return "request";
 }
@@ -179,7 +182,9 @@ using ferry::Error;
 using ferry::fail;
 
 ferry_transport::ferry_transport(const ferry_transport_create_args_t& args, Options options)
-    : role_(args.role), device_(args.device), nonce_(random_nonce()),
+    : role_(args.role),
+      device_(args.device),
+      nonce_(random_nonce()),
       copy_lanes_(options.copy_lanes) {
   endpoint_ = std::make_unique<Endpoint>(options.socket_dir, nonce_,
                                          [this](std::uint64_t id) { return answer_import(id); });
@@ -402,8 +407,7 @@ ferry_memory* ferry_transport::register_memory(const ferry_memory_desc_t& desc) 
     if (cudaPointerGetAttributes(&attr, desc.base) == cudaSuccess) {
       if (attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeUnregistered) {
         fail(FERRY_STATUS_INVALID_ARGUMENT,
-             "cuda_ipc register_memory: {} was declared CUDA memory but is host memory",
-             desc.base);
+             "cuda_ipc register_memory: {} was declared CUDA memory but is host memory", desc.base);
       }
       if (attr.type == cudaMemoryTypeDevice && attr.device != device_) {
         fail(FERRY_STATUS_INVALID_ARGUMENT,
@@ -484,12 +488,11 @@ void ferry_transport::resolve_share(ferry_memory& m) {
            static_cast<void*>(m.base), m.size, allocation, allocation_size);
     }
     m.base_offset = base - allocation;
-    const cudaError_t err =
-        cudaIpcGetMemHandle(&m.ipc, reinterpret_cast<void*>(allocation));
+    const cudaError_t err = cudaIpcGetMemHandle(&m.ipc, reinterpret_cast<void*>(allocation));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       m.not_shareable = fmt::format("cudaIpcGetMemHandle refused the allocation at {:#x}: {}",
-                                     allocation, cudaGetErrorName(err));
+                                    allocation, cudaGetErrorName(err));
     }
   }
   m.resolved = true;
@@ -512,8 +515,7 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
     std::lock_guard lock(memory_mutex_);
     if (!memory->early_export.valid()) {
       try {
-        memory->early_export =
-            background([this, memory] { return export_chunks(*memory); });
+        memory->early_export = background([this, memory] { return export_chunks(*memory); });
       } catch (const std::system_error&) {
         // No thread to be had: the import answer exports them.
       }
@@ -616,7 +618,7 @@ std::vector<UniqueFd> ferry_transport::export_chunks(const ferry_memory& m) {
 }
 
 Imported ferry_transport::reserve_vmm(PayloadReader& body, std::vector<UniqueFd>& fds,
-                                  const std::string& peer) {
+                                      const std::string& peer) {
   const Driver& d = Driver::get();
   const std::uint32_t count = body.u32();
   if (count == 0 || count != fds.size()) {
@@ -654,7 +656,8 @@ std::uint8_t* ferry_transport::mapped(ferry_peer* peer, Imported& imported, std:
                                       std::uint64_t bytes) {
   std::uint8_t* const at = imported.base + offset;
   if (imported.va == 0 || bytes == 0) return at;
-  const std::uint64_t begin = static_cast<std::uint64_t>(at - reinterpret_cast<std::uint8_t*>(imported.va));
+  const std::uint64_t begin =
+      static_cast<std::uint64_t>(at - reinterpret_cast<std::uint8_t*>(imported.va));
   const std::uint64_t end = begin + bytes;
   std::lock_guard lock(peer->mutex);
   bool all = true;
@@ -688,8 +691,7 @@ void ferry_transport::map_chunk_locked(Imported& imported, Imported::Chunk& c) {
 }
 
 Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
-                                  std::optional<ShareKind> expected,
-                                  std::int64_t deadline_ns) {
+                                  std::optional<ShareKind> expected, std::int64_t deadline_ns) {
   std::lock_guard lock(peer->mutex);
   if (auto it = peer->imports.find(memory_id); it != peer->imports.end()) return it->second;
   ensure_cuda();
@@ -751,11 +753,12 @@ Imported& ferry_transport::import(ferry_peer* peer, std::uint64_t memory_id,
          static_cast<int>(kind));
   }
   imported.size = size;
-  ferry::sdk::log(FERRY_LOG_DEBUG, "cuda_ipc",
-             fmt::format("imported {}'s memory {} ({} bytes, {} fds): asked and answered in "
-                         "{:.3f} ms, reserved in {:.3f} ms (its chunks are mapped as copies reach them)",
-                         name, memory_id, size, reply.fds.size(), (answered_ns - asked_ns) / 1e6,
-                         (monotonic_ns() - answered_ns) / 1e6));
+  ferry::sdk::log(
+      FERRY_LOG_DEBUG, "cuda_ipc",
+      fmt::format("imported {}'s memory {} ({} bytes, {} fds): asked and answered in "
+                  "{:.3f} ms, reserved in {:.3f} ms (its chunks are mapped as copies reach them)",
+                  name, memory_id, size, reply.fds.size(), (answered_ns - asked_ns) / 1e6,
+                  (monotonic_ns() - answered_ns) / 1e6));
   return peer->imports.emplace(memory_id, std::move(imported)).first->second;
 }
 
@@ -836,11 +839,11 @@ void ferry_transport::prepare_puts(ferry_peer* peer, std::span<const ferry_blob_
     (void)mapped(peer, imported, 0, imported.size);
     bytes += imported.size;
   }
-  ferry::sdk::log(FERRY_LOG_DEBUG, "cuda_ipc",
-                  fmt::format("{}'s {} memories ({} bytes) imported and mapped for the puts to "
-                              "come in {:.3f} ms",
-                              peer->link->name(), keys.size(), bytes,
-                              (monotonic_ns() - start_ns) / 1e6));
+  ferry::sdk::log(
+      FERRY_LOG_DEBUG, "cuda_ipc",
+      fmt::format("{}'s {} memories ({} bytes) imported and mapped for the puts to "
+                  "come in {:.3f} ms",
+                  peer->link->name(), keys.size(), bytes, (monotonic_ns() - start_ns) / 1e6));
 }
 
 // The peer's registered memory mapped here for the host's kernels to read (plugin ABI 1.10): a
@@ -882,11 +885,11 @@ void ferry_transport::put_many(ferry_peer* peer, std::span<const ferry_put_args_
   std::vector<PendingCopy> copies;
   copies.reserve(puts.size());
   std::vector<std::uint64_t*> empty_prints;  // written once every put passed its checks
-  const ferry_blob_t* key_blob = nullptr;     // the key decoded last (pointer and size)
+  const ferry_blob_t* key_blob = nullptr;    // the key decoded last (pointer and size)
   std::size_t key_size = 0;
   Key key{};
-  Imported* imported = nullptr;  // key's import, once a put needed it
-  bool all_mapped = false;       // every chunk of *imported is mapped
+  Imported* imported = nullptr;         // key's import, once a put needed it
+  bool all_mapped = false;              // every chunk of *imported is mapped
   const ferry_memory* local = nullptr;  // the local registration checked last
   for (const auto& args : puts) {
     if (args.remote_key == nullptr || (args.remote_key->data == nullptr && args.remote_key->size)) {
@@ -975,7 +978,8 @@ void ferry_transport::issue_pending_locked() {
       outs.push_back(c.fingerprint_out);
       chunk_bases.push_back(c.chunk_index_base);
       const std::uint64_t chunks = fingerprinted_copy_chunks(&print_ops.back(), 1);
-      if (c.chunk_hashes_out != nullptr) chunk_outs.push_back({c.chunk_hashes_out, print_chunks, chunks});
+      if (c.chunk_hashes_out != nullptr)
+        chunk_outs.push_back({c.chunk_hashes_out, print_chunks, chunks});
       print_chunks += chunks;
     } else if (c.device_source) {
       ops.push_back({c.src, c.dst, c.bytes});
@@ -1016,6 +1020,7 @@ void ferry_transport::issue_pending_locked() {
     const unsigned l = next_lane_;
     next_lane_ = (next_lane_ + 1) % copy_lanes_;
     cudaStream_t lane = lanes_[l];
+    const std::int64_t t_issue = monotonic_ns();
     if (stream_own_work_ || copy_lanes_ == 1 || overlaps) {
       check_rt(cudaEventRecord(stream_tail_, stream_), "cudaEventRecord");
       check_rt(cudaStreamWaitEvent(lane, stream_tail_, 0), "cudaStreamWaitEvent");
@@ -1033,16 +1038,21 @@ void ferry_transport::issue_pending_locked() {
         (fingerprinted_copy_staging_bytes(n) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t);
     // and, where a put asked for them, every chunk hash of the launch.
     const std::uint64_t hash_words = chunk_outs.empty() ? 0 : print_chunks;
+    const std::int64_t t_pin0 = monotonic_ns();
     std::tie(batch.host, batch.capacity) = take_pinned_prints(n + table_words + hash_words);
+    batch.pinned_ms = (monotonic_ns() - t_pin0) / 1e6;
     if (hash_words > 0) batch.chunk_hashes = batch.host + n + table_words;
     std::uint64_t* device_prints = nullptr;
     try {
       check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
                                lane),
                "cudaMallocAsync (fingerprints)");
+      const std::int64_t t_l0 = monotonic_ns();
+      batch.malloc_ms = (t_l0 - t_pin0) / 1e6 - batch.pinned_ms;
       check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n, lane,
                                          chunk_bases.data(), batch.chunk_hashes),
                "the fingerprinting copy kernel into the peer's memory");
+      batch.launch_ms = (monotonic_ns() - t_l0) / 1e6;
       check_rt(cudaMemcpyAsync(batch.host, device_prints, n * sizeof(std::uint64_t),
                                cudaMemcpyDeviceToHost, lane),
                "cudaMemcpyAsync (fingerprint read-back)");
@@ -1060,6 +1070,7 @@ void ferry_transport::issue_pending_locked() {
     }
     check_rt(cudaEventRecord(lane_done_[l], lane), "cudaEventRecord");
     check_rt(cudaStreamWaitEvent(stream_, lane_done_[l], 0), "cudaStreamWaitEvent");
+    batch.issue_ms = (monotonic_ns() - t_issue) / 1e6;
     batch.outs = std::move(outs);
     batch.chunk_outs = std::move(chunk_outs);
     batch.issued = issued_ticket_;
@@ -1108,13 +1119,15 @@ void ferry_transport::log_launch_locked(PrintBatch& batch) noexcept {
     try {
       ferry::sdk::log(
           FERRY_LOG_DEBUG, "cuda_ipc",
-          fmt::format("fingerprinting copy on lane {}: {} copies, {} bytes in {:.3f} ms ({:.0f} "
-                      "GB/s){}",
-                      batch.lane, batch.outs.size(), batch.bytes, ran_ms,
+          fmt::format("fingerprinting copy on lane {} (issued in {:.3f} ms: page-locked array "
+                      "{:.3f}, allocation {:.3f}, launch {:.3f}): {} copies, {} bytes in {:.3f} ms "
+                      "({:.0f} GB/s){}",
+                      batch.lane, batch.issue_ms, batch.pinned_ms, batch.malloc_ms, batch.launch_ms,
+                      batch.outs.size(), batch.bytes, ran_ms,
                       ran_ms > 0 ? batch.bytes / (ran_ms * 1e6) : 0.0,
-                      after_ms >= 0 ? fmt::format(", began {:.3f} ms after the previous launch",
-                                                  after_ms)
-                                    : std::string()));
+                      after_ms >= 0
+                          ? fmt::format(", began {:.3f} ms after the previous launch", after_ms)
+                          : std::string()));
     } catch (...) {
     }
   }
@@ -1272,8 +1285,8 @@ bool ferry_transport::progress(ferry_request* r, std::int64_t deadline_ns) {
           if (!event_done()) return false;
         }
         // Our copy is complete: the sender may reuse its slot.
-        link.send(Frame{MessageType::BucketReleased, PayloadWriter().u32(r->bucket_index).take(),
-                        {}});
+        link.send(
+            Frame{MessageType::BucketReleased, PayloadWriter().u32(r->bucket_index).take(), {}});
         break;
       }
     }

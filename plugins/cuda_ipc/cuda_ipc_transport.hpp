@@ -21,9 +21,9 @@
 #include <ferry/plugin.h>
 
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <future>
-#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,7 +59,7 @@ struct LegacyOpening {
 struct Imported {
   std::uint8_t* base = nullptr;  // the registered base in this address space
   std::uint64_t size = 0;
-  CUdeviceptr va = 0;            // VMM: the reservation (0 for legacy)
+  CUdeviceptr va = 0;  // VMM: the reservation (0 for legacy)
   std::uint64_t span = 0;
   struct Chunk {
     std::uint64_t offset = 0;  // from va
@@ -68,7 +68,7 @@ struct Imported {
     bool mapped = false;
   };
   std::vector<Chunk> chunks;  // VMM, in address order
-  bool all_mapped = false;    // every chunk is mapped (they stay so while imported); the peer's mutex
+  bool all_mapped = false;  // every chunk is mapped (they stay so while imported); the peer's mutex
   std::shared_ptr<LegacyOpening> legacy;
 };
 
@@ -77,7 +77,7 @@ struct Imported {
 struct ferry_memory {
   struct Chunk {
     CUmemGenericAllocationHandle handle = 0;  // retained; released on deregister
-    std::uint64_t offset = 0;                  // from the span start
+    std::uint64_t offset = 0;                 // from the span start
     std::uint64_t size = 0;
   };
   std::uint64_t id = 0;
@@ -88,7 +88,7 @@ struct ferry_memory {
   std::string not_shareable;  // non-empty: why pack_key refuses (still usable as a local range)
   // False until resolve_share() found the fields below (CUDA memory, on first need).
   bool resolved = true;
-  std::vector<Chunk> chunks;  // VMM
+  std::vector<Chunk> chunks;      // VMM
   std::uint64_t base_offset = 0;  // VMM: base - span start; legacy: base - allocation base
   cudaIpcMemHandle_t ipc{};       // legacy
   // VMM: every chunk exported as an fd ahead of the first import (pack_key starts it on a thread
@@ -99,14 +99,14 @@ struct ferry_memory {
 
 struct ferry_peer {
   std::unique_ptr<ferry::cuda_ipc::PeerLink> link;
-  std::mutex mutex;  // guards imports
+  std::mutex mutex;                                            // guards imports
   std::map<std::uint64_t, ferry::cuda_ipc::Imported> imports;  // by the peer's memory id
 };
 
 struct ferry_request {
   enum class Kind { Flush, Send, Recv };  // (a put has none: it is deferred to its flush)
   Kind kind = Kind::Flush;
-  ferry_peer* peer = nullptr;  // NULL once the peer was disconnected
+  ferry_peer* peer = nullptr;   // NULL once the peer was disconnected
   cudaEvent_t event = nullptr;  // Flush: recorded after every put it covers
   std::uint64_t covers = 0;     // Flush: issued_ticket_ when its event was recorded
   std::uint32_t bucket_index = 0;
@@ -175,13 +175,13 @@ struct ferry_transport {
   ferry::cuda_ipc::Imported& import_of(ferry_peer* peer, const ferry::cuda_ipc::Key& key,
                                        std::int64_t deadline_ns, const char* call);
   ferry::cuda_ipc::Imported reserve_vmm(ferry::cuda_ipc::PayloadReader& body,
-                                    std::vector<ferry::cuda_ipc::UniqueFd>& fds,
-                                    const std::string& peer);
+                                        std::vector<ferry::cuda_ipc::UniqueFd>& fds,
+                                        const std::string& peer);
   void unmap(ferry::cuda_ipc::Imported& imported) noexcept;
   // The address of bytes [offset, offset + bytes) of an import (offset from its registered
   // base, in range), mapping the chunks they lie in where not mapped yet.
-  std::uint8_t* mapped(ferry_peer* peer, ferry::cuda_ipc::Imported& imported,
-                       std::uint64_t offset, std::uint64_t bytes);
+  std::uint8_t* mapped(ferry_peer* peer, ferry::cuda_ipc::Imported& imported, std::uint64_t offset,
+                       std::uint64_t bytes);
   void map_chunk_locked(ferry::cuda_ipc::Imported& imported,
                         ferry::cuda_ipc::Imported::Chunk& chunk);  // peer->mutex held
   ferry::cuda_ipc::Endpoint::ImportAnswer answer_import(std::uint64_t memory_id);
@@ -219,7 +219,7 @@ struct ferry_transport {
   cudaEvent_t lane_done_[2] = {nullptr, nullptr};
   cudaEvent_t stream_tail_ = nullptr;
   unsigned next_lane_ = 0;
-  bool stream_own_work_ = false;   // copies on stream_ since a lane last waited for it
+  bool stream_own_work_ = false;  // copies on stream_ since a lane last waited for it
   // The destinations [lo, hi) of the last lane launch, sorted and merged: a launch runs beside
   // it unless one of its own destinations overlaps one of these (a bounding box would order
   // every launch into an engine's parameters, which a caching allocator interleaves).
@@ -234,7 +234,7 @@ struct ferry_transport {
     const std::uint8_t* src = nullptr;
     std::uint64_t bytes = 0;
     bool device_source = false;  // the local side is CUDA memory (else host: a copy call)
-    std::uint64_t* fingerprint_out = nullptr;  // ferry_put_args_t.fingerprint_out
+    std::uint64_t* fingerprint_out = nullptr;   // ferry_put_args_t.fingerprint_out
     std::uint64_t* chunk_hashes_out = nullptr;  // ferry_put_args_t.chunk_hashes_out (ABI 1.7)
     std::uint64_t chunk_index_base = 0;
   };
@@ -262,6 +262,9 @@ struct ferry_transport {
     cudaEvent_t ended = nullptr;
     std::uint64_t bytes = 0;
     unsigned lane = 0;
+    // Host time of its issue (the debug log): all of it, taking the page-locked array, the
+    // stream-ordered allocation of the fingerprints, the launch.
+    double issue_ms = 0, pinned_ms = 0, malloc_ms = 0, launch_ms = 0;
   };
   std::deque<PrintBatch> print_batches_;  // oldest first; arrays from a process-wide pool
   std::vector<cudaEvent_t> free_timing_events_;
