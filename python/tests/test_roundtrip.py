@@ -198,16 +198,33 @@ def test_a_push_of_the_same_torch_tensors_reuses_their_views_and_follows_every_c
             with pytest.raises(ferry.InvalidArgumentError, match="'a'"):
                 sender.push(source, version=4)
             caplog.clear()
+            # The same pointer, shape, strides and dtype, negated lazily: never the old view, and
+            # refused (its memory holds the values before the negation), naming the tensor.
+            source["a"] = a._neg_view()
+            with pytest.raises(ferry.InvalidArgumentError, match="'a'.*negative bit"):
+                sender.push(source, version=4)
+            caplog.clear()
+            # A parameter whose storage is swapped (an offload/reload): the new storage is read.
+            b = torch.nn.Parameter(torch.ones(6, device=device), requires_grad=False)
             source["a"] = a
-            source["c"] = np.full(3, 5, np.float32)  # not a torch tensor: the push goes by DLPack
-            unknown = sender.push(source, version=4, check=False)
-            assert exported_by() == "DLPack"
-            assert not unknown.all_committed  # "c" is no parameter of the receiver
-            del source["c"]
+            source["b"] = b
+            sender.push(source, version=4)
+            landed()
+            assert exported_by() == "plain views"
+            b.data = torch.full((6,), 9.0, device=device)
             sender.push(source, version=5)
             landed()
             assert exported_by() == "plain views"
-        assert receiver.version.number == 5
+            source["a"] = a
+            source["c"] = np.full(3, 5, np.float32)  # not a torch tensor: the push goes by DLPack
+            unknown = sender.push(source, version=6, check=False)
+            assert exported_by() == "DLPack"
+            assert not unknown.all_committed  # "c" is no parameter of the receiver
+            del source["c"]
+            sender.push(source, version=7)
+            landed()
+            assert exported_by() == "plain views"
+        assert receiver.version.number == 7
 
 
 def test_one_push_reaches_two_receivers(ferry_module, receiver_process, tmp_path):
