@@ -964,7 +964,8 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsKeptShardedSessionsAndTheRanksRejoinDirect
 // The push after a resume rejoins the kept session and maps the resumed memory while the
 // trainer's kernels still run: the producer stream is busy for seconds (a slow "optimizer
 // step"), and the receiver logs the rejoin while it still is, which it could not if the push
-// waited for the stream first. The bytes that step writes are the ones published.
+// waited for the stream first. The bytes that step writes are the ones published. (A sender
+// told of the resume rejoins before its push: this one is not, so its push rejoins.)
 TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
   DeviceTensors tensors(16, (16ull << 20) / 4);  // 256 MiB
   DeviceTensors next(16, (16ull << 20) / 4);
@@ -973,7 +974,9 @@ TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
   auto options = gpu_receiver();
   options.log_level = "info";  // its sessions' lines
   ServeProcess serve(options);
-  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 64ull << 20));
+  auto rejoins_at_push = sender_options({address_of(serve)}, 64ull << 20);
+  rejoins_at_push.rejoin_when_resumed = false;
+  session::Sender sender(config_, registry_, rejoins_at_push);
   expect_committed(sender.push(tensors.views(), 1), 1, true);
   ASSERT_EQ(serve.post("/release_memory_occupation", nlohmann::json::object(), serve.auth()).status,
             200);
