@@ -170,6 +170,35 @@ TEST_F(SessionKept, TheSenderRejoinsWhenTheReceiverResumesBeforeItsNextPush) {
   EXPECT_EQ(count_of(log, "layout accepted"), 1u) << log;
 }
 
+// Two senders with kept sessions on one receiver, both told of the resume at once: their rejoins
+// meet at the receiver's update lock, the second waits for the first rather than being refused,
+// and both next pushes go through their kept sessions.
+TEST_F(SessionKept, TwoSendersToldOfTheResumeBothRejoin) {
+  ServeProcess serve(receiver());
+  auto a = make_sender({address_of(serve)});
+  auto b = make_sender({address_of(serve)});
+  ASSERT_TRUE(push(*a, versions_->v2, 2).committed);
+  ASSERT_TRUE(push(*b, versions_->v1, 3).committed);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    ASSERT_EQ(serve.post("/release_memory_occupation", json::object(), serve.auth()).status, 200);
+    ASSERT_EQ(serve.post("/resume_memory_occupation", json::object(), serve.auth()).status, 200);
+    const std::size_t rejoins = 2 * (cycle + 1);
+    EXPECT_TRUE(eventually(
+        [&] { return count_of(serve.log(), "rejoined after the release") == rejoins; }, 10))
+        << serve.log();
+  }
+  const auto from_a = push(*a, versions_->v1, 4);
+  ASSERT_TRUE(from_a.committed) << from_a.error;
+  EXPECT_TRUE(from_a.reused_session);
+  const auto from_b = push(*b, versions_->v2, 5);
+  ASSERT_TRUE(from_b.committed) << from_b.error;
+  EXPECT_TRUE(from_b.reused_session);
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v2, 0, 1));
+  const std::string log = serve.log();
+  EXPECT_EQ(log.find("another update is in progress"), std::string::npos) << log;
+  EXPECT_EQ(count_of(log, "2 suspended kept session(s) told the memory is back"), 3u) << log;
+}
+
 // A sender that rejoins only at its next push (SenderOptions::rejoin_when_resumed = false, as a
 // sender of an earlier release) is not told of the resume, and its push rejoins as before.
 TEST_F(SessionKept, ASenderThatRejoinsAtItsPushIsNotToldOfTheResume) {
