@@ -341,7 +341,7 @@ class PlainViews:
         self.devices = sorted({entry[5] for entry in signature if entry[5] >= 0})
         self._keep = []
         pointers = []
-        for name, data, shape, strides, dtype, device, _ in signature:
+        for name, data, shape, strides, dtype, device in signature:
             struct = Tensor()
             struct.struct_size = _TENSOR_SIZE
             struct.name = name.encode()
@@ -372,6 +372,7 @@ class ExportCache:
 
     def __init__(self):
         self._signature = None
+        self._quick = None  # the signature less the device (the one-pass check's)
         self._views = None
         self._host = False  # the cached views describe host tensors
 
@@ -386,14 +387,16 @@ class ExportCache:
         # MoE trainer's 4719 tensors are pushed every step). What the full check below also
         # rejects cannot come back unseen: a sparse or meta tensor changes the data pointer (or
         # has none), a conjugate view is complex (no ferry dtype), and the negative bit is here.
-        if (self._signature is not None and len(items) == len(self._signature)
+        # (The device is the data pointer's: CUDA's unified addresses never repeat across
+        # devices and host memory.)
+        if (self._quick is not None and len(items) == len(self._quick)
                 and not (self._host and torch.cuda.is_initialized())):
             try:
-                quick = [(name, t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(),
-                          t.is_neg()) if type(t) in kinds else None for name, t in items]
+                quick = [(name, t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_neg())
+                         if type(t) in kinds else None for name, t in items]
             except (AttributeError, RuntimeError, TypeError):
                 quick = None
-            if quick == self._signature:
+            if quick == self._quick:
                 for device in self._views.devices:
                     producers.add_torch_device(device)
                 return self._views
@@ -407,12 +410,13 @@ class ExportCache:
             if ((device < 0 and not host_ok) or t.layout is not strided or t.is_meta
                     or t.is_neg() or t.is_conj()):
                 return None
-            signature.append((name, t.data_ptr(), t.shape, t.stride(), t.dtype, device, False))
+            signature.append((name, t.data_ptr(), t.shape, t.stride(), t.dtype, device))
         if signature != self._signature:
             if any(_ferry_dtype(torch, entry[4]) is None for entry in signature):
                 return None  # DLPack's path names the dtype ferry does not take
             self._views = PlainViews(signature, torch)
             self._signature = signature
+            self._quick = [entry[:5] + (False,) for entry in signature]
             self._host = any(entry[5] < 0 for entry in signature)
         for device in self._views.devices:
             producers.add_torch_device(device)

@@ -93,10 +93,17 @@ def _read_report(handle):
 def _sharded_items(named_tensors, rank, world):
     """(name, tensor) pairs for the views, one Block or None per pair, and the rank and world
     (None, None: not a sharded push)."""
-    items, blocks = [], []
+    pairs = named_items(named_tensors)
     sharded = rank is not None or world is not None
+    if not sharded and all(type(item) is tuple and len(item) == 2 for item in pairs):
+        # The usual push: no value is a block or a DTensor (one look at the values' types; a
+        # MoE trainer pushes thousands of tensors every step).
+        kinds = {type(value) for _, value in pairs}
+        if not any(k.__name__ == "DTensor" or issubclass(k, Block) for k in kinds):
+            return pairs, [None] * len(pairs), None, None
+    items, blocks = [], []
     mesh_rank = None
-    for item in named_items(named_tensors):
+    for item in pairs:
         if not isinstance(item, tuple) or len(item) != 2:
             raise TypeError(f"expected (name, tensor) pairs, got {type(item).__name__}")
         name, value = item
