@@ -290,7 +290,7 @@ class Session final : public update::BucketSource, public ShardMember {
       read_shard(hello.getShard(), phase);
     } else {
       try {
-        update_ = receiver_.open_session(descs, config_json_);
+        update_ = receiver_.open_session(descs, config_json_, nullptr, lock_wait());
       } catch (const Error& e) {
         fail(e.code(), "{}: layout check refused: {}", ch_.peer(), e.what());
       }
@@ -721,17 +721,19 @@ class Session final : public update::BucketSource, public ShardMember {
     return msg;
   }
 
+  // How long a handshake, a kept session's Begin or a rejoin waits for the update lock before it
+  // is refused (`another update is in progress`). Senders rejoin when the receiver resumes, each
+  // on its own thread (taking the lock for a few milliseconds), right when trainers push: a
+  // brief holder is waited for, a running update longer than this is not.
+  std::chrono::milliseconds lock_wait() const { return settings_.hello_timeout / 2; }
+
   // A later update of a kept session takes the update lock again and checks that the memory
   // shared in the handshake or the last rejoin is still what the receiver's parameters live in.
   // (A rejoin shares the memory again: no check.)
   void reopen(const std::string& phase, bool rejoining = false) {
     try {
       if (catalog_key_.empty()) catalog_key_ = manifest::catalog_key(descs_);
-      // A rejoin comes when its sender chooses (the receiver's word that its memory is back):
-      // another sender's update or rejoin may hold the lock for a while; it waits for them.
-      update_ = receiver_.open_session(
-          descs_, config_json_, &catalog_key_,
-          rejoining ? settings_.hello_timeout / 2 : std::chrono::milliseconds{0});
+      update_ = receiver_.open_session(descs_, config_json_, &catalog_key_, lock_wait());
     } catch (const Error& e) {
       fail(e.code(), "{}: {}: {}", ch_.peer(), phase, e.what());
     }

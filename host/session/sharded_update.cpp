@@ -347,7 +347,9 @@ void ShardedUpdate::work() {
       catalog.push_back(d);
     }
     try {
-      update = receiver_.open_session(catalog, config_json);
+      // Waits for a brief holder of the lock, as a session's handshake does (another
+      // sender's rejoin when the receiver resumed).
+      update = receiver_.open_session(catalog, config_json, nullptr, join_timeout_ / 2);
     } catch (const Error& e) {
       fail(e.code(), "layout check refused: {}", e.what());
     }
