@@ -241,7 +241,12 @@ void Receiver::resume(const std::vector<std::string>& tags) {
   }
   ++s.memory_epoch;
   s.store->resume(chosen);
-  if (s.store->released(kWeightsTag)) return;  // what kept sessions share is not back yet
+  bool weights_back = true;  // (a store without weights has nothing a session shares)
+  try {
+    weights_back = !s.store->released(kWeightsTag);
+  } catch (const Error&) {
+  }
+  if (!weights_back) return;  // what kept sessions share is not back yet
   std::lock_guard hook_lock(s.release_hook_mutex);
   try {
     if (s.resume_hook) s.resume_hook();
