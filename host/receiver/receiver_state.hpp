@@ -52,7 +52,7 @@ struct Receiver::State {
   config::Config config;
   const registry::Registry& registry;
   EngineControl engine_control;   // the engine around the receiver (engine_control.hpp)
-  std::timed_mutex update_mutex;  // one mutating operation at a time
+  std::mutex update_mutex;        // one mutating operation at a time
   std::atomic<bool> busy{false};
   std::atomic<const char*> activity{""};  // "loading" / "updating" while busy
 
