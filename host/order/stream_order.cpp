@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "ferry_build_config.h"
 #if FERRY_HAVE_CUDA
@@ -117,61 +120,147 @@ EventPool& events() {
 
 bool special_stream(std::uintptr_t handle) { return handle <= 2; }
 
-void wait_stream_on(int device, cudaStream_t stream, std::string_view what) {
+// What a Pending waits for: events it recorded on streams (given back to the pool afterwards),
+// devices to synchronise, or the caller's events.
+struct Marks {
+  std::vector<std::pair<int, cudaEvent_t>> recorded;
+  std::vector<int> devices;         // sync_devices
+  std::vector<cudaEvent_t> events;  // the caller's (Wait::events)
+};
+
+// Records an event on `stream` (of `device`): what is queued there until now.
+void record_on(Marks& marks, int device, cudaStream_t stream, std::string_view what) {
   check(cudaSetDevice(device), what, "cudaSetDevice");
   cudaEvent_t e = events().take(device, what);
-  cudaError_t r = cudaEventRecord(e, stream);
-  if (r == cudaSuccess) r = cudaEventSynchronize(e);
-  events().give(device, e);
+  const cudaError_t r = cudaEventRecord(e, stream);
   if (r != cudaSuccess) {
-    fail(FERRY_STATUS_IO, "{}: waiting for the work queued on stream {} (device {}): {}", what,
+    events().give(device, e);
+    fail(FERRY_STATUS_IO, "{}: marking the work queued on stream {} (device {}): {}", what,
          static_cast<const void*>(stream), device, cudaGetErrorString(r));
   }
+  marks.recorded.emplace_back(device, e);
 }
 
 }  // namespace
 
-void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {
-  if (order.wait == Wait::none) return;
+struct Pending::Impl {
+  std::string what;
+  Marks marks;
+  std::mutex mutex;
+  bool done = false;
+  std::exception_ptr failure;
+  double waited_s = 0;
+
+  void give_back() {
+    for (const auto& [device, e] : marks.recorded) events().give(device, e);
+    marks.recorded.clear();
+  }
+
+  void wait_marks() {
+    KeepDevice keep;
+    for (const int d : marks.devices) {
+      check(cudaSetDevice(d), what, "cudaSetDevice");
+      check(cudaDeviceSynchronize(), what, "cudaDeviceSynchronize");
+    }
+    for (const auto& [device, e] : marks.recorded) {
+      const cudaError_t r = cudaEventSynchronize(e);
+      if (r != cudaSuccess) {
+        fail(FERRY_STATUS_IO, "{}: waiting for the work queued on a stream of device {}: {}", what,
+             device, cudaGetErrorString(r));
+      }
+    }
+    for (const cudaEvent_t e : marks.events) {
+      const cudaError_t r = cudaEventSynchronize(e);
+      if (r != cudaSuccess) {
+        fail(FERRY_STATUS_IO, "{}: waiting for event {}: {}", what, static_cast<const void*>(e),
+             cudaGetErrorString(r));
+      }
+    }
+  }
+};
+
+Pending::Pending(const StreamOrder& order, std::span<const int> devices, std::string what)
+    : impl_(std::make_unique<Impl>()) {
+  auto& i = *impl_;
+  i.what = std::move(what);
   const std::set<int> unique(devices.begin(), devices.end());
-  if (order.wait == Wait::sync_devices && unique.empty()) return;
-  KeepDevice keep;
   switch (order.wait) {
-    case Wait::sync_devices:
-      for (const int d : unique) {
-        check(cudaSetDevice(d), what, "cudaSetDevice");
-        check(cudaDeviceSynchronize(), what, "cudaDeviceSynchronize");
-      }
+    case Wait::none:
       break;
-    case Wait::streams:
-      for (const auto handle : order.handles) {
-        auto* stream = reinterpret_cast<cudaStream_t>(handle);
-        if (special_stream(handle)) {
-          // Memory on no device (page-locked host buffers a device-to-host copy fills): the
-          // calling thread's current device, where there is one.
-          int current = 0;
-          if (unique.empty() && cudaGetDevice(&current) == cudaSuccess) {
-            wait_stream_on(current, stream, what);
-          }
-          for (const int d : unique) wait_stream_on(d, stream, what);
-          continue;
-        }
-        int device = 0;
-        check(cudaStreamGetDevice(stream, &device), what, "cudaStreamGetDevice");
-        wait_stream_on(device, stream, what);
-      }
+    case Wait::sync_devices:
+      i.marks.devices.assign(unique.begin(), unique.end());
       break;
     case Wait::events:
       for (const auto handle : order.handles) {
-        const cudaError_t r = cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(handle));
-        if (r != cudaSuccess) {
-          fail(FERRY_STATUS_IO, "{}: waiting for event {}: {}", what,
-               reinterpret_cast<const void*>(handle), cudaGetErrorString(r));
-        }
+        i.marks.events.push_back(reinterpret_cast<cudaEvent_t>(handle));
       }
       break;
-    case Wait::none: break;
+    case Wait::streams: {
+      KeepDevice keep;
+      try {
+        for (const auto handle : order.handles) {
+          auto* stream = reinterpret_cast<cudaStream_t>(handle);
+          if (special_stream(handle)) {
+            // Memory on no device (page-locked host buffers a device-to-host copy fills): the
+            // calling thread's current device, where there is one. (The per-thread default
+            // stream is this thread's: marked here, on the caller's thread.)
+            int current = 0;
+            if (unique.empty() && cudaGetDevice(&current) == cudaSuccess) {
+              record_on(i.marks, current, stream, i.what);
+            }
+            for (const int d : unique) record_on(i.marks, d, stream, i.what);
+            continue;
+          }
+          int device = 0;
+          check(cudaStreamGetDevice(stream, &device), i.what, "cudaStreamGetDevice");
+          record_on(i.marks, device, stream, i.what);
+        }
+      } catch (...) {
+        i.give_back();
+        throw;
+      }
+      break;
+    }
   }
+}
+
+Pending::~Pending() {
+  if (impl_) impl_->give_back();
+}
+
+void Pending::wait() {
+  auto& i = *impl_;
+  std::lock_guard lock(i.mutex);
+  if (i.failure) std::rethrow_exception(i.failure);
+  if (i.done) return;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    i.wait_marks();
+  } catch (...) {
+    i.failure = std::current_exception();
+    i.give_back();
+    throw;
+  }
+  i.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  i.done = true;
+  i.give_back();
+}
+
+double Pending::waited_seconds() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->waited_s;
+}
+
+bool Pending::waited() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->done;
+}
+
+void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {
+  if (order.wait == Wait::none) return;
+  if (order.wait == Wait::sync_devices && devices.empty()) return;
+  Pending pending(order, devices, std::string(what));
+  pending.wait();
 }
 
 std::uintptr_t consumer_stream(int device) {
@@ -197,12 +286,27 @@ std::uintptr_t consumer_stream(int device) {
 
 #else  // no CUDA in this build
 
-void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {
+struct Pending::Impl {};
+
+Pending::Pending(const StreamOrder& order, std::span<const int> devices, std::string what) {
   if (order.wait == Wait::none) return;
   if (order.wait == Wait::sync_devices && devices.empty()) return;
   fail(FERRY_STATUS_UNIMPLEMENTED,
        "{}: stream order '{}' needs CUDA, and this build has none (-Dcuda=disabled)", what,
        wait_name(order.wait));
+}
+
+Pending::~Pending() = default;
+void Pending::wait() {}
+double Pending::waited_seconds() const {
+  return 0;
+}
+bool Pending::waited() const {
+  return true;
+}
+
+void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {
+  Pending(order, devices, std::string(what)).wait();
 }
 
 std::uintptr_t consumer_stream(int device) {

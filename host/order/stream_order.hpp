@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,6 +53,32 @@ StreamOrder checked_order(std::uint32_t wait, const void* const* handles, std::s
 // be read or written (duplicates allowed); `what` names the operation for errors ("push of version
 // 7"). IO naming the CUDA error and the handle when a wait fails.
 void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what);
+
+// The same wait, taken later: what is queued on the streams is marked (an event recorded on
+// each) when the Pending is made, on the caller's thread, and wait() blocks until that work,
+// the devices' work (sync_devices) or the events are done. A push marks its producers' work
+// when called and waits only when it is about to read a tensor, so that what it does before
+// (its sessions' Begin round trips, copies queued but not launched) overlaps the producer's
+// kernels. Construction throws what wait() would for a bad order (IO for a failed record,
+// UNIMPLEMENTED without CUDA).
+// Threading: wait() from any thread, once: the first call waits, concurrent ones block until
+// it is done, later ones return at once or rethrow its failure.
+class Pending {
+ public:
+  Pending(const StreamOrder& order, std::span<const int> devices, std::string what);
+  ~Pending();
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+
+  void wait();
+  // How long wait() blocked (0 before it).
+  double waited_seconds() const;
+  bool waited() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // A stream ferry owns on `device` (created on first use, alive as long as the process) for the
 // DLPack protocol: a consumer passes it to a producer's __dlpack__(stream=...), the producer orders

@@ -961,6 +961,39 @@ TEST_F(SessionCudaIpc, ReleaseSuspendsKeptShardedSessionsAndTheRanksRejoinDirect
       << log;
 }
 
+// Version 2 of `tensors` pushed on a thread while a producer stream runs a `wait_ms` kernel and
+// then writes `next` into them (a slow "optimizer step"): whether `serve` logged `line` and, at
+// that moment, whether the producer was still busy.
+struct PushedWhileProducing {
+  session::PushReport report;
+  bool logged = false;
+  bool producer_busy = false;
+};
+
+PushedWhileProducing push_while_producing(session::Sender& sender, DeviceTensors& tensors,
+                                          const DeviceTensors& next, unsigned wait_ms,
+                                          ServeProcess& serve, const std::string& line) {
+  PushedWhileProducing out;
+  cudaStream_t producer = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(tensors.queue_update_from(next, wait_ms, producer), cudaSuccess);
+  order::StreamOrder producers;
+  producers.wait = order::Wait::streams;
+  producers.handles = {reinterpret_cast<std::uintptr_t>(producer)};
+  std::thread pushing(
+      [&] { out.report = sender.push(tensors.views(), 2, std::nullopt, producers); });
+  out.logged = eventually(
+      [&] {
+        if (serve.log().find(line) == std::string::npos) return false;
+        out.producer_busy = cudaStreamQuery(producer) == cudaErrorNotReady;
+        return true;
+      },
+      60);
+  pushing.join();
+  EXPECT_EQ(cudaStreamDestroy(producer), cudaSuccess);
+  return out;
+}
+
 // The push after a resume rejoins the kept session and maps the resumed memory while the
 // trainer's kernels still run: the producer stream is busy for seconds (a slow "optimizer
 // step"), and the receiver logs the rejoin while it still is, which it could not if the push
@@ -982,29 +1015,38 @@ TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
             200);
   ASSERT_EQ(serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
             200);
-  cudaStream_t producer = nullptr;
-  ASSERT_CUDA(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-  ASSERT_CUDA(tensors.queue_update_from(next, 5000, producer));
-  order::StreamOrder producers;
-  producers.wait = order::Wait::streams;
-  producers.handles = {reinterpret_cast<std::uintptr_t>(producer)};
-  session::PushReport report;
-  std::thread pushing([&] { report = sender.push(tensors.views(), 2, std::nullopt, producers); });
-  bool producer_busy_at_rejoin = false;
-  const bool rejoined = eventually(
-      [&] {
-        if (serve.log().find("rejoined after the release") == std::string::npos) return false;
-        producer_busy_at_rejoin = cudaStreamQuery(producer) == cudaErrorNotReady;
-        return true;
-      },
-      60);
-  pushing.join();
-  ASSERT_CUDA(cudaStreamDestroy(producer));
-  EXPECT_TRUE(rejoined) << serve.log();
-  EXPECT_TRUE(producer_busy_at_rejoin) << "the push rejoined only after its producers were done";
-  expect_committed(report, 2, true);
-  EXPECT_TRUE(report.receivers[0].reused_session);
-  EXPECT_GT(report.producer_wait_seconds, 1.0) << "the push did not wait for the producer";
+  const auto pushed = push_while_producing(sender, tensors, next, 5000, serve,
+                                           "rejoined after the release");
+  EXPECT_TRUE(pushed.logged) << serve.log();
+  EXPECT_TRUE(pushed.producer_busy) << "the push rejoined only after its producers were done";
+  expect_committed(pushed.report, 2, true);
+  EXPECT_TRUE(pushed.report.receivers[0].reused_session);
+  EXPECT_GT(pushed.report.producer_wait_seconds, 1.0) << "the push did not wait for the producer";
+  EXPECT_EQ(serve.fingerprints(), tensors.expected()) << "bytes read before the producer wrote";
+}
+
+// A kept session's update begins while the trainer's kernels still run: the push marks the
+// producer's work and waits for it only before its copies launch, so the receiver logs the
+// Begin (and answers Ready) while the producer stream is still busy (a 2 s "optimizer step",
+// within the receiver's 5 s bucket deadline, which runs from its Ready). The bytes that step
+// writes are the ones published, through the copies queued during the wait.
+TEST_F(SessionCudaIpc, AKeptSessionBeginsItsUpdateWhileItsProducersStillRun) {
+  DeviceTensors tensors(16, (16ull << 20) / 4);  // 256 MiB
+  DeviceTensors next(16, (16ull << 20) / 4);
+  tensors.fill(1);
+  next.fill(9);
+  auto options = gpu_receiver();
+  options.log_level = "debug";  // its sessions' Begin lines
+  ServeProcess serve(options);
+  session::Sender sender(config_, registry_, sender_options({address_of(serve)}, 64ull << 20));
+  expect_committed(sender.push(tensors.views(), 1), 1, true);
+  const auto pushed = push_while_producing(sender, tensors, next, 2000, serve,
+                                           "begin of version 2: Ready");
+  EXPECT_TRUE(pushed.logged) << serve.log();
+  EXPECT_TRUE(pushed.producer_busy) << "the update began only after its producers were done";
+  expect_committed(pushed.report, 2, true);
+  EXPECT_TRUE(pushed.report.receivers[0].reused_session);
+  EXPECT_GT(pushed.report.producer_wait_seconds, 1.0) << "the push did not wait for the producer";
   EXPECT_EQ(serve.fingerprints(), tensors.expected()) << "bytes read before the producer wrote";
 }
 

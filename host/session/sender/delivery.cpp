@@ -121,6 +121,8 @@ std::string Delivery::group_name(std::size_t g) const {
 }
 
 void Delivery::start_group(std::size_t g, Clock::time_point deadline, bool launch) {
+  // Copies queued and not launched read nothing yet (data.defers_pieces()).
+  if (launch || !data.defers_pieces()) plan.await_producers();
   const auto deliver_start = Clock::now();
   std::vector<TensorPiece> pieces;
   for (std::uint32_t k = groups[g].first; k < groups[g].second; ++k) {

@@ -17,6 +17,7 @@ namespace ferry::session {
 // tensor by tensor from their own memory where the data path can (a device transport and CUDA
 // tensors), else packed into the local slot and delivered whole; then announced.
 void deliver_staged(Delivery& d) {
+  d.plan.await_producers();
   SenderDataPath& data = d.data;
   for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {
     const std::string phase = fmt::format("bucket {}", k);
@@ -105,6 +106,7 @@ void deliver_direct_prints_at_commit(Delivery& d) {
 void deliver_read(Delivery& d) {
   // While the tensors' fingerprints are computed (the first announcement waits for them).
   d.data.check_lent();
+  d.plan.await_producers();  // (the announcements wait for the fingerprints, which wait too)
   for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {
     if (k >= kSlots) d.await_ack();
     d.announce(k, deadline_in(d.options.bucket_timeout));

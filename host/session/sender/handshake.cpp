@@ -143,7 +143,8 @@ void send_hello(const SenderState& state, Channel& ch, std::span<const TensorVie
   hello.setKeepSession(state.keep_sessions());
   hello.setRejoinAfterRelease(state.keep_sessions() && options.rejoin_after_release);
   hello.setRejoinsWhenResumed(state.keep_sessions() && options.rejoin_after_release &&
-                              options.rejoin_when_resumed);
+                              options.rejoin_when_resumed &&
+                              state.config.update.rejoin_when_resumed);
   hello.setLendsTensors(lends_tensors(state, plan, data));
   ch.send(m, deadline_in(options.connect_timeout), "handshake (hello)");
 }

@@ -146,6 +146,7 @@ void PlanSealing::wait() {
 }
 
 void PlanSealing::run() {
+  plan_.await_producers();
   const auto start = Clock::now();
   const std::vector<std::uint64_t> prints = fingerprint_tensors(tensors_, threads_);
   const auto count = static_cast<std::uint32_t>(plan_.buckets.size());

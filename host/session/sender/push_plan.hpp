@@ -36,6 +36,13 @@ struct PushPlan {
   // fingerprint what they write needs none): each bucket's `fingerprints` and `manifest` may be
   // read only after wait_sealed(), which rethrows the fingerprinting's failure.
   std::function<void()> seal;  // starts the work unless started; any thread
+  // Waits, once, for the work that produces the tensors (order::Pending): nothing reads a
+  // tensor's bytes (fingerprints, gathering, packing, launching copies, a receiver told where
+  // to read) before it returned. Any thread; empty: nothing to wait for.
+  std::function<void()> before_reads;
+  void await_producers() const {
+    if (before_reads) before_reads();
+  }
   std::shared_future<void> sealed;
   void wait_sealed() const {
     seal();

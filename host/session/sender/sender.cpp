@@ -363,9 +363,11 @@ struct Sender::Impl : SenderState {
       run_update(*this, link, index, tensors, plan, version, label, result, began);
       return;
     }
+    plan.await_producers();  // the column parts are gathered from the tensors
     const std::vector<TensorView> views = link.sent_views(declared);
     PushPlan own = plan_buckets(views, check_tensors(views, true), options.bucket_bytes);
     own.device = plan.device;
+    own.before_reads = plan.before_reads;
     PlanSealing sealing(own, views, version, label, options.threads);
     run_update(*this, link, index, views, own, version, label, result, began);
   }
@@ -485,16 +487,16 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
 
   // Nothing reads a tensor before the work that produced it is done (docs/architecture.md, "Stream
   // ordering"): a trainer calls push() right after its optimizer step, whose kernels may still
-  // be queued. Every read below (fingerprints, packing, the transports' copies) comes after this.
-  const auto wait_start = Clock::now();
-  {
-    std::vector<int> devices;
-    for (const auto& t : tensors) {
-      if (t.memory_kind == FERRY_MEMORY_CUDA) devices.push_back(t.device);
-    }
-    order::wait(producers, devices, fmt::format("push of version {}", version));
+  // be queued. That work is marked here and waited for by the first read (plan.before_reads:
+  // fingerprints, gathering, packing, the copies' launch), so that the sessions' Begin round
+  // trips and the queueing of their first copies overlap the producer's kernels.
+  std::vector<int> producer_devices;
+  for (const auto& t : tensors) {
+    if (t.memory_kind == FERRY_MEMORY_CUDA) producer_devices.push_back(t.device);
   }
-  const double producer_wait_s = seconds_since(wait_start);
+  order::Pending producers_done(producers, producer_devices,
+                                fmt::format("push of version {}", version));
+  plan.before_reads = [&producers_done] { producers_done.wait(); };
 
   // Fingerprints and manifests, side by side with the sessions' set-up (PushPlan::seal), on a
   // thread joined before `plan` goes.
@@ -543,6 +545,7 @@ PushReport Sender::push(std::span<const TensorView> tensors, std::uint64_t versi
     report.receivers = i.results;
   }
   report.seconds = seconds_since(start);
+  const double producer_wait_s = producers_done.waited_seconds();
   report.producer_wait_seconds = producer_wait_s;
   if (whole) i.choose_whole_as_rank(report);
   progress_ends.last.all_committed = report.all_committed();
