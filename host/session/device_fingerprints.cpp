@@ -7,6 +7,7 @@
 #include "ferry_build_config.h"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <ferry/sdk/cuda_scratch.hpp>
 
 #include <ferry/kernels/cuda.hpp>
 #endif
@@ -54,7 +55,8 @@ std::vector<std::uint64_t> fingerprint_device_ranges(int device,
     check(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventRecord(produced, cudaStreamLegacy), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream, produced, 0), "cudaStreamWaitEvent");
-    check(cudaMallocAsync(reinterpret_cast<void**>(&results), n * sizeof(std::uint64_t), stream),
+    check(ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&results),
+                                          n * sizeof(std::uint64_t), stream),
           "cudaMallocAsync");
     kernels::fingerprint_many_cuda_async(data.first(n), bytes.first(n), results, stream);
     check(cudaMemcpyAsync(values.data(), results, n * sizeof(std::uint64_t),

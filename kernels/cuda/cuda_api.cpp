@@ -4,6 +4,7 @@
 
 #include "launch.hpp"
 
+#include <ferry/sdk/cuda_scratch.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
@@ -229,8 +230,8 @@ void fingerprint_chunks_many_cuda_async(std::span<const void* const> data,
 
 std::uint64_t fingerprint_cuda(const void* data, std::uint64_t bytes, cudaStream_t stream) {
   std::uint64_t* device_result = nullptr;
-  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&device_result), sizeof(std::uint64_t),
-                             stream),
+  check_cuda(ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&device_result),
+                                             sizeof(std::uint64_t), stream),
              "fingerprint_cuda: allocating the result");
   std::uint64_t value = 0;
   cudaError_t err = cudaSuccess;

@@ -8,6 +8,7 @@
 // the cuda_ipc plugin's fingerprinting copy uses too.
 #include "launch.hpp"
 
+#include "ferry/sdk/cuda_scratch.hpp"
 #include "ferry/sdk/fingerprint_cuda.cuh"
 
 #include <cstdint>
@@ -145,7 +146,8 @@ cudaError_t launch(const FingerprintRange* ranges, std::size_t num_ranges,
   unsigned char* scratch = nullptr;
   cudaError_t err = cudaSuccess;
   if (hash_bytes + table_bytes > 0) {
-    err = cudaMallocAsync(reinterpret_cast<void**>(&scratch), hash_bytes + table_bytes, stream);
+    err = ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&scratch),
+                                          hash_bytes + table_bytes, stream);
     if (err != cudaSuccess) return err;
   }
   batch.hashes = device_chunk_hashes != nullptr ? device_chunk_hashes

@@ -8,6 +8,7 @@
 #include "ferry/kernels/fp8_block.hpp"
 
 #include <ferry/plugin.h>
+#include <ferry/sdk/cuda_scratch.hpp>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -251,7 +252,8 @@ cudaError_t launch_fp8(const Fp8Job* host_jobs, std::size_t num_jobs, std::uint6
   if (num_jobs == 0 || total_tiles == 0) return cudaSuccess;
   Fp8Job* table = nullptr;
   const std::size_t bytes = num_jobs * sizeof(Fp8Job);
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&table), bytes, stream);
+  cudaError_t err =
+      ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&table), bytes, stream);
   if (err != cudaSuccess) return err;
   err = cudaMemcpyAsync(table, host_jobs, bytes, cudaMemcpyHostToDevice, stream);
   if (err == cudaSuccess) {

@@ -7,6 +7,7 @@
 #include "ferry/kernels/float_bits.hpp"
 
 #include <ferry/plugin.h>
+#include <ferry/sdk/cuda_scratch.hpp>
 
 #include <cstdint>
 
@@ -167,7 +168,8 @@ cudaError_t launch_scatter(const DeviceOp* host_ops, std::size_t num_ops,
   if (num_ops == 0 || total_units == 0) return cudaSuccess;
   DeviceOp* table = nullptr;
   const std::size_t table_bytes = num_ops * sizeof(DeviceOp);
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&table), table_bytes, stream);
+  cudaError_t err =
+      ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&table), table_bytes, stream);
   if (err != cudaSuccess) return err;
   // From pageable memory this returns once the bytes are staged, so the caller may free them.
   err = cudaMemcpyAsync(table, host_ops, table_bytes, cudaMemcpyHostToDevice, stream);

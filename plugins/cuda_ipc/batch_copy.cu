@@ -7,6 +7,7 @@
 // like kernels/cuda/fingerprint.cu.
 #include "batch_copy.hpp"
 
+#include "ferry/sdk/cuda_scratch.hpp"
 #include "ferry/sdk/fingerprint_cuda.cuh"
 
 namespace ferry::cuda_ipc {
@@ -196,7 +197,7 @@ cudaError_t launch_fingerprinted_copy(const CopyOp* ops, std::size_t n,
   // One scratch allocation: the op table, then a hash per chunk.
   const std::size_t table_bytes = fingerprinted_copy_staging_bytes(n);
   unsigned char* scratch = nullptr;
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&scratch),
+  cudaError_t err = ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&scratch),
                                     table_bytes + chunks * sizeof(std::uint64_t), stream);
   if (err != cudaSuccess) return err;
   batch.ops = reinterpret_cast<const HashedOp*>(scratch);

@@ -4,6 +4,7 @@
 
 #include "batch_copy.hpp"
 
+#include <ferry/sdk/cuda_scratch.hpp>
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 #include <ferry/sdk/xxh64.hpp>
@@ -1044,9 +1045,9 @@ void ferry_transport::issue_pending_locked() {
     if (hash_words > 0) batch.chunk_hashes = batch.host + n + table_words;
     std::uint64_t* device_prints = nullptr;
     try {
-      check_rt(cudaMallocAsync(reinterpret_cast<void**>(&device_prints), n * sizeof(std::uint64_t),
-                               lane),
-               "cudaMallocAsync (fingerprints)");
+      check_rt(ferry::sdk::scratch_alloc_async(reinterpret_cast<void**>(&device_prints),
+                                               n * sizeof(std::uint64_t), lane),
+               "allocating the fingerprints (scratch pool)");
       const std::int64_t t_l0 = monotonic_ns();
       batch.malloc_ms = (t_l0 - t_pin0) / 1e6 - batch.pinned_ms;
       check_rt(launch_fingerprinted_copy(print_ops.data(), n, device_prints, batch.host + n, lane,
