@@ -58,6 +58,7 @@ Usage: rl_step.py [--cases dense,moe,moe-fp8,tp2] [--layers 0] [--steps 5] [--tr
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -339,7 +340,7 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
     serves, result = [], {"case": label, "layers": layers, "tensors": len(shapes),
                           "model_bytes": model_bytes, "written_bytes": written,
                           "engine_ranks": world, "family": family}
-    trainer_log = saved_stderr = None
+    trainer_log = saved_stderr = py_handler = None
     try:
         for r in range(world):
             serves.append(sharded.Serve(args.ferry, device, case_folder, r, log_dir,
@@ -347,7 +348,11 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
         addresses = [s.address for s in serves]
         # The staged reference Sender first: the log level is the library's, set by the Sender
         # made last.
-        reference = ferry.Sender(addresses, progress=False, update__delivery="staged")
+        # It rejoins the engines' kept sessions at its own push, after the timed one: a trainer
+        # has one Sender, whose rejoin after a resume would otherwise share the engine and the
+        # driver with this one's.
+        reference = ferry.Sender(addresses, progress=False, update__delivery="staged",
+                                 update__rejoin_when_resumed=False)
         if log_dir:
             # The timed Sender's log at debug level (where the trainer's side of a step goes):
             # this process's stderr goes to trainer.log for the case.
@@ -356,6 +361,11 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
             saved_stderr = os.dup(2)
             os.dup2(trainer_log.fileno(), 2)
             os.environ["FERRY_LOG_LEVEL"] = "debug"
+            # ferry's Python side too (each push's export and call times).
+            py_handler = logging.StreamHandler(sys.stderr)
+            py_handler.setFormatter(logging.Formatter("[%(asctime)s] [%(name)s] %(message)s"))
+            logging.getLogger("ferry").addHandler(py_handler)
+            logging.getLogger("ferry").setLevel(logging.DEBUG)
         sender = ferry.Sender(addresses, progress=False)
         os.environ.pop("FERRY_LOG_LEVEL", None)
         version = 1
@@ -387,20 +397,26 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
                 post(s.address, "resume_memory_occupation")
             lends.append({"release_s": released - t_lend, "resume_s": time.perf_counter() - trained,
                           "total_s": time.perf_counter() - t_lend})
-            done = Event(enable_timing=True)
+            # When the optimizer's kernels end: the host's clock at the start event (the stream
+            # is idle: the step above synchronised) plus the GPU's time to the end event. No
+            # thread polls the event during the push: one would take the GIL from the push's
+            # Python side every few microseconds.
+            began, done = Event(enable_timing=True), Event(enable_timing=True)
+            began.record()
+            t_began = time.perf_counter()
             optimizer_step(torch, tensors, step)
             done.record()
-            poller, box = common.when_done(done)
             version += 1
             t0 = time.perf_counter()
             report = sender.push(state, version, check=False, **shard)  # no synchronize first
             t1 = time.perf_counter()
-            poller.join()
+            done.synchronize()
+            kernels_done = t_began + began.elapsed_time(done) / 1e3
             if not report.all_committed:
                 raise RuntimeError("%s, step %d: the push failed: %s" % (label, step, report))
             pushes.append(t1 - t0)
             result["path"] = path_of(report)  # the last step's
-            readies.append(t1 - max(t0, box["t"]))
+            readies.append(t1 - max(t0, kernels_done))
             timed = [s.fingerprints() for s in serves]
             version += 1
             check = reference.push(state, version, check=False)
@@ -420,6 +436,9 @@ def run_case(args, torch, ferry, label, folder, d2d_per_byte):
     finally:
         for s in serves:
             s.close()
+        if py_handler is not None:
+            logging.getLogger("ferry").removeHandler(py_handler)
+            logging.getLogger("ferry").setLevel(logging.NOTSET)
         if saved_stderr is not None:
             sys.stderr.flush()
             os.dup2(saved_stderr, 2)

@@ -259,6 +259,8 @@ const std::vector<Key>& keys() {
                   [](Config& c) -> auto& { return c.update.verify_fingerprints; }),
       boolean_key("update.keep_sessions",
                   [](Config& c) -> auto& { return c.update.keep_sessions; }),
+      boolean_key("update.rejoin_when_resumed",
+                  [](Config& c) -> auto& { return c.update.rejoin_when_resumed; }),
       choice_key("update.delivery", +[](Config& c) -> Delivery& { return c.update.delivery; },
                  kDeliveries),
       choice_key("update.direct_verify",

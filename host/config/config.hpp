@@ -88,6 +88,9 @@ struct UpdateConfig {
   // Both sides: a session is kept after its commit for the sender's next push of the same
   // tensors (the sender asks, the receiver agrees; docs/session-protocol.md, "Kept sessions").
   bool keep_sessions = true;
+  // Sender side: a kept session the receiver suspended for a release rejoins when the receiver
+  // says it resumed (on the sender's thread that watches it), not at the next push.
+  bool rejoin_when_resumed = true;
   std::uint64_t bucket_timeout_ms = 60000;
   std::uint64_t commit_timeout_ms = 60000;
   // Receiver side: tensors /update_weights_from_tensor staged for an update that no call

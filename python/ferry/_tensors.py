@@ -376,6 +376,20 @@ class ExportCache:
         self._views = None
         self._host = False  # the cached views describe host tensors
 
+    def _same(self, items, kinds):
+        """Whether `items` describe the tensors of the cached views. Compared as it goes, with no
+        list built: the objects it makes are freed at once, so it never sets off Python's
+        garbage collector (a pass over a trainer's heap costs tens of milliseconds)."""
+        try:
+            for (name, t), (q_name, q_ptr, q_shape, q_strides, q_dtype) in zip(items, self._quick):
+                if (type(t) not in kinds or t.data_ptr() != q_ptr or name != q_name
+                        or t.dtype != q_dtype or t.shape != q_shape or t.stride() != q_strides
+                        or t.is_neg()):
+                    return False
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+        return True
+
     def views(self, items, producers):
         """PlainViews of `items` ((name, tensor) pairs), recording in `producers` what the push
         waits for; None when an item is not one this path takes."""
@@ -390,16 +404,11 @@ class ExportCache:
         # (The device is the data pointer's: CUDA's unified addresses never repeat across
         # devices and host memory.)
         if (self._quick is not None and len(items) == len(self._quick)
-                and not (self._host and torch.cuda.is_initialized())):
-            try:
-                quick = [(name, t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_neg())
-                         if type(t) in kinds else None for name, t in items]
-            except (AttributeError, RuntimeError, TypeError):
-                quick = None
-            if quick == self._quick:
-                for device in self._views.devices:
-                    producers.add_torch_device(device)
-                return self._views
+                and not (self._host and torch.cuda.is_initialized())
+                and self._same(items, kinds)):
+            for device in self._views.devices:
+                producers.add_torch_device(device)
+            return self._views
         strided = torch.strided
         host_ok = not torch.cuda.is_initialized()
         signature = []
@@ -416,7 +425,7 @@ class ExportCache:
                 return None  # DLPack's path names the dtype ferry does not take
             self._views = PlainViews(signature, torch)
             self._signature = signature
-            self._quick = [entry[:5] + (False,) for entry in signature]
+            self._quick = [entry[:5] for entry in signature]
             self._host = any(entry[5] < 0 for entry in signature)
         for device in self._views.devices:
             producers.add_torch_device(device)

@@ -81,6 +81,7 @@ TEST(ConfigDefaults, MatchTheDocumentedValues) {
   EXPECT_EQ(c.update.apply_threads, 0u);
   EXPECT_TRUE(c.update.verify_fingerprints);
   EXPECT_TRUE(c.update.keep_sessions);
+  EXPECT_TRUE(c.update.rejoin_when_resumed);
   EXPECT_EQ(c.update.delivery, fc::Delivery::automatic);
   EXPECT_EQ(c.update.direct_verify, fc::DirectVerify::writer);
   EXPECT_EQ(c.update.bucket_timeout_ms, 60000u);
@@ -362,6 +363,8 @@ TEST(ConfigOverride, BooleanKey) {
   EXPECT_FALSE(c.update.verify_fingerprints);
   fc::apply_override(c, "update.keep_sessions=false");
   EXPECT_FALSE(c.update.keep_sessions);
+  fc::apply_override(c, "update.rejoin_when_resumed=false");
+  EXPECT_FALSE(c.update.rejoin_when_resumed);
   fc::apply_override(c, "update.verify_fingerprints=true");
   EXPECT_TRUE(c.update.verify_fingerprints);
 }

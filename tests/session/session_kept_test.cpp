@@ -30,7 +30,8 @@ class SessionKept : public ::testing::Test {
   // `adjust`: what a test sets beyond these options.
   static std::unique_ptr<session::Sender> make_sender(
       const std::vector<std::string>& receivers,
-      const std::function<void(session::SenderOptions&)>& adjust = {}) {
+      const std::function<void(session::SenderOptions&)>& adjust = {},
+      const config::Config& config = config_) {
     session::SenderOptions options;
     options.receivers = receivers;
     options.transport = "inline";
@@ -38,7 +39,7 @@ class SessionKept : public ::testing::Test {
     options.bucket_timeout = std::chrono::milliseconds(5000);
     options.commit_timeout = std::chrono::milliseconds(5000);
     if (adjust) adjust(options);
-    return std::make_unique<session::Sender>(config_, registry_, options);
+    return std::make_unique<session::Sender>(config, registry_, options);
   }
 
   static session::ReceiverResult push(session::Sender& sender, const Checkpoint& checkpoint,
@@ -200,13 +201,33 @@ TEST_F(SessionKept, TwoSendersToldOfTheResumeBothRejoin) {
 }
 
 // A sender that rejoins only at its next push (SenderOptions::rejoin_when_resumed = false, as a
-// sender of an earlier release) is not told of the resume, and its push rejoins as before.
+// sender of an earlier release, or the configuration's update.rejoin_when_resumed = false) is
+// not told of the resume, and its push rejoins as before.
+void expect_told_nothing_and_rejoined_at_the_push(ServeProcess& serve, session::Sender& sender,
+                                                  const TwoVersions& versions);
+
 TEST_F(SessionKept, ASenderThatRejoinsAtItsPushIsNotToldOfTheResume) {
   ServeProcess serve(receiver());
   auto owned = make_sender({address_of(serve)},
                            [](session::SenderOptions& o) { o.rejoin_when_resumed = false; });
-  session::Sender& sender = *owned;
-  ASSERT_TRUE(push(sender, versions_->v2, 2).committed);
+  expect_told_nothing_and_rejoined_at_the_push(serve, *owned, *versions_);
+}
+
+TEST_F(SessionKept, ASenderConfiguredToRejoinAtItsPushIsNotToldOfTheResume) {
+  ServeProcess serve(receiver());
+  config::Config config = config_;
+  config::apply_override(config, "update.rejoin_when_resumed=false");
+  auto owned = make_sender({address_of(serve)}, {}, config);
+  expect_told_nothing_and_rejoined_at_the_push(serve, *owned, *versions_);
+}
+
+void expect_told_nothing_and_rejoined_at_the_push(ServeProcess& serve, session::Sender& sender,
+                                                  const TwoVersions& versions) {
+  auto push = [&](const Checkpoint& checkpoint, std::uint64_t version) {
+    const auto views = views_of(checkpoint);
+    return sender.push(views, version).receivers.at(0);
+  };
+  ASSERT_TRUE(push(versions.v2, 2).committed);
   ASSERT_EQ(serve.post("/release_memory_occupation", json::object(), serve.auth()).status, 200);
   ASSERT_EQ(serve.post("/resume_memory_occupation", json::object(), serve.auth()).status, 200);
   // Given the time a told sender takes to rejoin (the test above), nothing comes.
@@ -214,11 +235,11 @@ TEST_F(SessionKept, ASenderThatRejoinsAtItsPushIsNotToldOfTheResume) {
       eventually([&] { return count_of(serve.log(), "rejoined after the release") > 0; }, 1.0))
       << serve.log();
   EXPECT_EQ(serve.log().find("told the memory is back"), std::string::npos) << serve.log();
-  const auto after = push(sender, versions_->v1, 3);
+  const auto after = push(versions.v1, 3);
   ASSERT_TRUE(after.committed) << after.error;
   EXPECT_TRUE(after.reused_session);
   EXPECT_EQ(count_of(serve.log(), "rejoined after the release"), 1u) << serve.log();
-  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions_->v1, 0, 1));
+  EXPECT_EQ(serve.fingerprints(), expected_fingerprints(versions.v1, 0, 1));
 }
 
 // Release, resume and push with no pause, twenty times: the sender's watcher rejoining on the
