@@ -52,11 +52,12 @@ void push_views(ferry_sender_t* sender, const ferry_push_args_t* args,
   if (a.num_tensors == 0) {
     ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no tensors (num_tensors is 0)", kFn);
   }
-  const auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
+  auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
   std::vector<ferry::session::TensorView> views;
   views.reserve(inputs.size());
-  for (const auto& in : inputs) {
-    views.push_back({in.name, in.dtype, in.shape, in.data, in.memory_kind, in.device});
+  for (auto& in : inputs) {
+    views.push_back(
+        {std::move(in.name), in.dtype, std::move(in.shape), in.data, in.memory_kind, in.device});
   }
   std::optional<ferry::session::ShardSpec> spec;
   if (shard != nullptr) {

@@ -494,7 +494,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // A trainer pushes right after its optimizer step, whose kernels are still queued: a kernel on
-// the producer's stream waits 300 ms on the GPU, then writes the tensors' new values. Named as the
+// the producer's stream waits 300 ms (1 s before the first push) on the GPU, then writes the
+// tensors' new values. Named as the
 // producer's stream, an event after it, or (the default) by synchronising the device, the push
 // reads the final bytes, in both delivery modes, first and kept session alike.
 class SessionCudaIpcStreamOrder
@@ -514,7 +515,10 @@ TEST_P(SessionCudaIpcStreamOrder, APushRightAfterTheProducersKernelSendsItsFinal
   for (std::uint64_t version = 1; version <= 3; ++version) {
     SCOPED_TRACE(fmt::format("version {}", version));
     next.fill(100 + version);
-    ASSERT_CUDA(tensors.queue_update_from(next, 300, producer));
+    // The first push's handshake (~0.2-0.3 s: a new session, the receiver's memory imported)
+    // runs beside the producer's kernel now that the push waits only before its first read: a
+    // longer kernel leaves it a wait to measure.
+    ASSERT_CUDA(tensors.queue_update_from(next, version == 1 ? 1000 : 300, producer));
     order::StreamOrder producers;
     producers.wait = wait;
     cudaEvent_t event = nullptr;
@@ -996,9 +1000,11 @@ PushedWhileProducing push_while_producing(session::Sender& sender, DeviceTensors
 
 // The push after a resume rejoins the kept session and maps the resumed memory while the
 // trainer's kernels still run: the producer stream is busy for seconds (a slow "optimizer
-// step"), and the receiver logs the rejoin while it still is, which it could not if the push
-// waited for the stream first. The bytes that step writes are the ones published. (A sender
-// told of the resume rejoins before its push: this one is not, so its push rejoins.)
+// step", within the receiver's 5 s bucket deadline, which runs from the Ready: the Begin does
+// not wait for the kernels either), and the receiver logs the rejoin while it still is, which it
+// could not if the push waited for the stream first. The bytes that step writes are the ones
+// published. (A sender told of the resume rejoins before its push: this one is not, so its push
+// rejoins.)
 TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
   DeviceTensors tensors(16, (16ull << 20) / 4);  // 256 MiB
   DeviceTensors next(16, (16ull << 20) / 4);
@@ -1015,7 +1021,7 @@ TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
             200);
   ASSERT_EQ(serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
             200);
-  const auto pushed = push_while_producing(sender, tensors, next, 5000, serve,
+  const auto pushed = push_while_producing(sender, tensors, next, 2500, serve,
                                            "rejoined after the release");
   EXPECT_TRUE(pushed.logged) << serve.log();
   EXPECT_TRUE(pushed.producer_busy) << "the push rejoined only after its producers were done";
