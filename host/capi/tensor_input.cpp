@@ -71,9 +71,10 @@ RawTensor from_dlpack(const DLTensor& dl, const Where& where) {
     case kDLCUDA:
     case kDLCUDAManaged: raw.memory_kind = FERRY_MEMORY_CUDA; break;
     default:
-      fail(FERRY_STATUS_INVALID_ARGUMENT,
-           "{}: DLPack device type {} is not supported (ferry reads CPU, CUDA host and CUDA memory)",
-           where.text(), static_cast<int>(dl.device.device_type));
+      fail(
+          FERRY_STATUS_INVALID_ARGUMENT,
+          "{}: DLPack device type {} is not supported (ferry reads CPU, CUDA host and CUDA memory)",
+          where.text(), static_cast<int>(dl.device.device_type));
   }
   raw.device = dl.device.device_id;
   return raw;
@@ -146,8 +147,7 @@ TensorInput read_tensor(const ferry_tensor_t* tensor, std::size_t index, const c
          raw.ndim, FERRY_MAX_DIMS);
   }
   if (raw.ndim > 0 && raw.shape == nullptr) {
-    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shape is NULL with ndim {}", where.text(),
-         raw.ndim);
+    fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: shape is NULL with ndim {}", where.text(), raw.ndim);
   }
   TensorInput out;
   out.name = t.name;

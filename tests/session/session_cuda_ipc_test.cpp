@@ -1021,8 +1021,8 @@ TEST_F(SessionCudaIpc, ThePushAfterAResumeRejoinsWhileItsProducersStillRun) {
             200);
   ASSERT_EQ(serve.post("/resume_memory_occupation", nlohmann::json::object(), serve.auth()).status,
             200);
-  const auto pushed = push_while_producing(sender, tensors, next, 2500, serve,
-                                           "rejoined after the release");
+  const auto pushed =
+      push_while_producing(sender, tensors, next, 2500, serve, "rejoined after the release");
   EXPECT_TRUE(pushed.logged) << serve.log();
   EXPECT_TRUE(pushed.producer_busy) << "the push rejoined only after its producers were done";
   expect_committed(pushed.report, 2, true);
