@@ -22,7 +22,7 @@ std::string dims_string(const std::int64_t* dims, std::uint32_t ndim) {
 }
 
 // Which tensor a message is about, formatted only for a message: a push of thousands of tensors
-// formats nothing (three formatted strings a tensor cost ~8 ms per 4719 tensors on an H100 host).
+// formats no string per tensor (it formatted three each before).
 struct Where {
   const char* function;
   std::size_t index;

@@ -251,11 +251,6 @@ double Pending::waited_seconds() const {
   return impl_->waited_s;
 }
 
-bool Pending::waited() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->done;
-}
-
 void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {
   if (order.wait == Wait::none) return;
   if (order.wait == Wait::sync_devices && devices.empty()) return;
@@ -300,9 +295,6 @@ Pending::~Pending() = default;
 void Pending::wait() {}
 double Pending::waited_seconds() const {
   return 0;
-}
-bool Pending::waited() const {
-  return true;
 }
 
 void wait(const StreamOrder& order, std::span<const int> devices, std::string_view what) {

@@ -73,7 +73,6 @@ class Pending {
   void wait();
   // How long wait() blocked (0 before it).
   double waited_seconds() const;
-  bool waited() const;
 
  private:
   struct Impl;
