@@ -1251,6 +1251,7 @@ void Session::map_sources(capnp::List<capnp::Data>::Reader sources, update::Buck
   out.data = {};
   out.slot = 0;
   out.in_place = false;
+  out.readable_until_commit = true;  // the sender lends its tensors until the Committed
 }
 
 void Session::verify_read(update::Bucket& bucket) {

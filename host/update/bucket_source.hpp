@@ -47,6 +47,11 @@ struct Bucket {
   // returned), instead of `data` plus the entry's offset; `data` is then empty. The engine
   // verifies and applies the entries from there.
   std::vector<const std::byte*> entry_data;
+  // Source-defined, for device memory read in place: the entries stay readable (and their bytes
+  // final) until the update commits or aborts, not only until applied() (a session's sender
+  // lends its tensors until the Commit). The engine then queues the bucket's kernels and checks
+  // without waiting for them; the commit waits once for all.
+  bool readable_until_commit = false;
   // Source-defined: which staging slot holds the bytes, and the bucket's index.
   std::uint32_t slot = 0;
   std::uint32_t index = 0;

@@ -94,8 +94,10 @@ struct CudaApplier::Cuda {
     }
   };
   MappedWords mapped_hashes;
-  MappedWords mapped_prints;
-  std::size_t queued_prints = 0;
+  // One batch of queued fingerprints per bucket read in place since the last take; kept (and
+  // reused) across updates.
+  std::vector<MappedWords> mapped_prints;
+  std::vector<std::size_t> queued_prints;  // the words of each batch queued
 
   void free_all() noexcept {
     for (auto* p : slot) {
@@ -106,7 +108,7 @@ struct CudaApplier::Cuda {
     }
     if (results != nullptr) (void)cudaFree(results);
     mapped_hashes.free();
-    mapped_prints.free();
+    for (auto& words : mapped_prints) words.free();
     for (auto e : copied) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
@@ -206,8 +208,8 @@ std::shared_ptr<const void> CudaApplier::prepare(std::span<const ferry_plan_op_t
 }
 
 void CudaApplier::apply(const std::shared_ptr<const void>& prepared,
-                        std::span<const std::byte> bucket, bool bucket_on_device,
-                        const Fp8Ops& fp8) {
+                        std::span<const std::byte> bucket, bool bucket_on_device, const Fp8Ops& fp8,
+                        bool wait) {
   const auto* plan = static_cast<const kernels::PreparedScatter*>(prepared.get());
   if (plan == nullptr && fp8.ops.empty()) return;
   if (plan != nullptr && plan->bucket_bytes() > bucket.size()) {
@@ -229,7 +231,7 @@ void CudaApplier::apply(const std::shared_ptr<const void>& prepared,
   };
   if (bucket_on_device && reinterpret_cast<std::uintptr_t>(bucket.data()) % 16 == 0) {
     launch(bucket.data());
-    check(cudaStreamSynchronize(c.apply_stream), "applying a device bucket");
+    if (wait) check(cudaStreamSynchronize(c.apply_stream), "applying a device bucket");
     return;
   }
   const int s = c.next_slot;
@@ -315,28 +317,42 @@ void CudaApplier::queue_fingerprints(std::span<const std::byte* const> data,
   DeviceScope scope(cuda_->device);
   auto& c = *cuda_;
   const std::size_t n = std::min(data.size(), bytes.size());
-  if (c.queued_prints > 0) {
-    // A batch nobody took (its bucket failed before): dropped once its kernels are done.
-    check(cudaStreamSynchronize(c.apply_stream), "waiting for fingerprints not taken");
-    c.queued_prints = 0;
-  }
   if (n == 0) return;
-  // Nothing queued writes the old words (the last batch was taken after its wait).
-  std::uint64_t* device = c.mapped_prints.reserve(n, "fingerprints");
+  const std::size_t batch = c.queued_prints.size();
+  if (c.mapped_prints.size() <= batch) c.mapped_prints.emplace_back();
+  // Nothing queued writes this batch's old words (every batch was taken or dropped after a wait).
+  std::uint64_t* device = c.mapped_prints[batch].reserve(n, "fingerprints");
   kernels::fingerprint_many_cuda_async(
       std::span<const void* const>(reinterpret_cast<const void* const*>(data.data()), n),
       bytes.first(n), device, c.apply_stream);
-  c.queued_prints = n;
+  c.queued_prints.push_back(n);
 }
 
-std::vector<std::uint64_t> CudaApplier::take_queued_fingerprints() {
+std::vector<std::vector<std::uint64_t>> CudaApplier::take_queued_fingerprints() {
   DeviceScope scope(cuda_->device);
   auto& c = *cuda_;
-  const std::size_t n = c.queued_prints;
-  c.queued_prints = 0;
-  if (n == 0) return {};
+  if (c.queued_prints.empty()) return {};
+  std::vector<std::size_t> queued;
+  queued.swap(c.queued_prints);
   check(cudaStreamSynchronize(c.apply_stream), "computing fingerprints");
-  return std::vector<std::uint64_t>(c.mapped_prints.host, c.mapped_prints.host + n);
+  std::vector<std::vector<std::uint64_t>> out;
+  out.reserve(queued.size());
+  for (std::size_t b = 0; b < queued.size(); ++b) {
+    const std::uint64_t* words = c.mapped_prints[b].host;
+    out.emplace_back(words, words + queued[b]);
+  }
+  return out;
+}
+
+void CudaApplier::drop_queued_fingerprints() noexcept {
+  if (cuda_->queued_prints.empty()) return;
+  // Their kernels may still write the batches: none is reused before they are done.
+  int previous = -1;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(cuda_->device);
+  (void)cudaStreamSynchronize(cuda_->apply_stream);
+  if (previous >= 0) (void)cudaSetDevice(previous);
+  cuda_->queued_prints.clear();
 }
 
 std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const> data,

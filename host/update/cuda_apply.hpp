@@ -60,9 +60,11 @@ class CudaApplier {
   };
 
   // Applies a prepared plan (may be null when only `fp8` has ops) and the FP8 ops to `bucket`
-  // (host or device memory, see the pipeline above).
+  // (host or device memory, see the pipeline above). `wait` false: a device bucket's kernels are
+  // queued and not waited for (a bucket read in place, whose source stays valid until the
+  // commit's synchronize()).
   void apply(const std::shared_ptr<const void>& prepared, std::span<const std::byte> bucket,
-             bool bucket_on_device, const Fp8Ops& fp8 = {});
+             bool bucket_on_device, const Fp8Ops& fp8 = {}, bool wait = true);
 
   // Waits for every enqueued copy and scatter; throws INTERNAL naming the failed work.
   void synchronize();
@@ -73,13 +75,15 @@ class CudaApplier {
   // enqueued before, with one wait at the end.
   std::vector<std::uint64_t> fingerprints(std::span<const std::byte* const> data,
                                           std::span<const std::uint64_t> bytes);
-  // The same fingerprints queued on the apply stream without a wait (bucket read in place: its
-  // plan is queued right after, and one wait covers both); the kernels write them into mapped
-  // host memory. take_queued_fingerprints() waits for the stream and returns them (empty when
-  // none were queued). One batch at a time (a batch not taken is dropped by the next).
+  // The same fingerprints queued on the apply stream without a wait, as one batch (a bucket
+  // read in place: its plan is queued right after, and the next buckets' after it); the kernels
+  // write them into mapped host memory. take_queued_fingerprints() waits for the stream once and
+  // returns every batch queued since the last take, in order (empty when none were);
+  // drop_queued_fingerprints() waits and forgets them (an update that failed).
   void queue_fingerprints(std::span<const std::byte* const> data,
                           std::span<const std::uint64_t> bytes);
-  std::vector<std::uint64_t> take_queued_fingerprints();
+  std::vector<std::vector<std::uint64_t>> take_queued_fingerprints();
+  void drop_queued_fingerprints() noexcept;
   // The chunk hashes of each device range, numbered from first_index[i]
   // (kernels::fingerprint_chunks_many_cuda_async), the ranges' one after the other; the same
   // ordering and wait.

@@ -26,7 +26,7 @@ std::shared_ptr<const void> CudaApplier::prepare(std::span<const ferry_plan_op_t
   no_cuda();
 }
 void CudaApplier::apply(const std::shared_ptr<const void>&, std::span<const std::byte>, bool,
-                        const Fp8Ops&) {
+                        const Fp8Ops&, bool) {
   no_cuda();
 }
 void CudaApplier::synchronize() {}
@@ -39,9 +39,10 @@ void CudaApplier::queue_fingerprints(std::span<const std::byte* const>,
                                      std::span<const std::uint64_t>) {
   no_cuda();
 }
-std::vector<std::uint64_t> CudaApplier::take_queued_fingerprints() {
+std::vector<std::vector<std::uint64_t>> CudaApplier::take_queued_fingerprints() {
   return {};
 }
+void CudaApplier::drop_queued_fingerprints() noexcept {}
 std::vector<std::uint64_t> CudaApplier::chunk_hashes(std::span<const std::byte* const>,
                                                      std::span<const std::uint64_t>,
                                                      std::span<const std::uint64_t>) {

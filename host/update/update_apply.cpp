@@ -192,8 +192,12 @@ void UpdateEngine::apply_staged(Bucket& b) {
     const bool device_bucket = bucket_kind == FERRY_MEMORY_CUDA;
     // The entries' fingerprints against the manifest's. A bucket read in place from device
     // memory is fingerprinted on the apply stream right before its plan, and compared once both
-    // are done (one wait): a mismatch then fails the update, which the engine, dirty from the
-    // plan's writes, rolls back or fences. Any other bucket is verified before anything is written.
+    // are done: at once (one wait), or, where the source keeps the bytes readable until the
+    // commit (Bucket::readable_until_commit), at the commit, after its one wait for every
+    // bucket's kernels, so that the next buckets' kernels queue behind these with no gap
+    // (verify_read_in_place_locked). A mismatch fails the update, which the engine, dirty from
+    // the plans' writes, rolls back or fences. Any other bucket is verified before anything is
+    // written.
     std::vector<std::size_t> checked;  // the entries with a fingerprint, where they lie
     std::vector<const std::byte*> checked_data;
     std::vector<std::uint64_t> checked_sizes;
@@ -218,7 +222,16 @@ void UpdateEngine::apply_staged(Bucket& b) {
     const bool verify_as_applied =
         read_in_place && device_bucket && b.entry_fingerprints.empty() && !checked.empty();
     if (verify_as_applied) {
+      ReadCheck check;
+      check.manifest_bytes = b.manifest_bytes;
+      check.entries.reserve(checked.size());
+      check.expected.reserve(checked.size());
+      for (std::size_t i : checked) {
+        check.entries.push_back(static_cast<std::uint32_t>(i));
+        check.expected.push_back(*m.tensors[i].fingerprint);
+      }
       cuda_locked().queue_fingerprints(checked_data, checked_sizes);
+      read_checks_.push_back(std::move(check));
     } else if (!checked.empty()) {
       std::vector<std::uint64_t> actual;
       if (!b.entry_fingerprints.empty()) {
@@ -309,9 +322,10 @@ void UpdateEngine::apply_staged(Bucket& b) {
       if (!exec->device_fp8_ops.empty()) {
         fp8 = {exec->device_fp8_ops, entries, cached->attachment_key, views};
       }
-      cuda_locked().apply(exec->prepared, bucket, device_bucket, fp8);
+      cuda_locked().apply(exec->prepared, bucket, device_bucket, fp8,
+                          !(read_in_place && b.readable_until_commit));
     }
-    if (verify_as_applied) compare(cuda_locked().take_queued_fingerprints(), "read in place");
+    if (verify_as_applied && !b.readable_until_commit) verify_read_in_place_locked();
     for (const auto& op : *ops) record_written(op);
     ++buckets_this_update_;
     const double seconds =

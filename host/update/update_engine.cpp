@@ -162,6 +162,7 @@ void UpdateEngine::begin(std::uint64_t version, std::string label) {
   store_.begin_writes(layout_tags_, fmt::format("update {}", version));
   for (std::size_t i = 0; i < targets_.size(); ++i) written_[i].reset(targets_[i].view.elements);
   in_place_.clear();
+  read_checks_.clear();
   expected_.clear();
   buckets_this_update_ = 0;
   current_bucket_.reset();
@@ -282,6 +283,7 @@ void UpdateEngine::commit() {
   Clock::time_point checked_at;
   try {
     synchronize_device_locked();  // every scatter of the update has finished (or failed)
+    verify_read_in_place_locked();
     const auto& layout = plans_.layout();
     std::vector<std::string> missing;
     for (std::size_t i = 0; i < targets_.size(); ++i) {
@@ -488,7 +490,9 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
     if (const std::string error = cuda_->drain(); !error.empty()) {
       logger("update")->error("device work of the failed update also failed: {}", error);
     }
+    cuda_->drop_queued_fingerprints();
   }
+  read_checks_.clear();
   bool dirty = false;
   std::uint64_t version = 0;
   WeightVersion published;
@@ -536,6 +540,31 @@ void UpdateEngine::fail_locked(const std::string& where, const std::string& why)
     metrics_.updates_aborted += 1;
   }
   finish_locked();
+}
+
+void UpdateEngine::verify_read_in_place_locked() {
+  if (read_checks_.empty()) return;
+  const auto actual = cuda_locked().take_queued_fingerprints();
+  if (actual.size() != read_checks_.size()) {
+    fail(FERRY_STATUS_INTERNAL, "{} batches of fingerprints for the {} buckets read in place",
+         actual.size(), read_checks_.size());
+  }
+  for (std::size_t b = 0; b < read_checks_.size(); ++b) {
+    const auto& check = read_checks_[b];
+    if (actual[b].size() != check.expected.size()) {
+      fail(FERRY_STATUS_INTERNAL, "{} fingerprints for the {} entries read in place",
+           actual[b].size(), check.expected.size());
+    }
+    for (std::size_t k = 0; k < check.expected.size(); ++k) {
+      if (actual[b][k] == check.expected[k]) continue;
+      const auto m = manifest::decode(check.manifest_bytes);
+      fail(FERRY_STATUS_CORRUPT_DATA,
+           "bucket {}: tensor '{}': fingerprint of the read in place bytes {:016x} differs from "
+           "the sender's {:016x}",
+           m.bucket_index, m.tensors.at(check.entries[k]).name, actual[b][k], check.expected[k]);
+    }
+  }
+  read_checks_.clear();
 }
 
 void UpdateEngine::finish_locked() noexcept {

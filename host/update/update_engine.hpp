@@ -333,6 +333,17 @@ class UpdateEngine {
     std::vector<std::uint64_t> chunk_hashes;  // attach_direct_fingerprints' (may be empty)
   };
   std::vector<InPlaceWrite> in_place_;
+  // Buckets read in place from device memory this update: their fingerprints are queued on the
+  // apply stream before their plans (CudaApplier::queue_fingerprints, one batch each, in this
+  // order) and compared at commit, after the one wait for every bucket's kernels.
+  struct ReadCheck {
+    std::vector<std::uint8_t> manifest_bytes;  // decoded again only to name a mismatch
+    std::vector<std::uint32_t> entries;        // the entries fingerprinted
+    std::vector<std::uint64_t> expected;       // the sender's fingerprints of them
+  };
+  std::vector<ReadCheck> read_checks_;
+  // Compares read_checks_ with the fingerprints the kernels computed (after a synchronize).
+  void verify_read_in_place_locked();
   // What the running commit reads to fingerprint: chunks where pieces meet, pieces without a
   // trusted writer fingerprint, parameters fingerprinted whole (the debug log and the metric).
   struct CommitReads {

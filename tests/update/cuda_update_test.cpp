@@ -202,9 +202,12 @@ TEST_F(CudaUpdate, FailedUpdateRollsTheDeviceWeightsBackFromTheMirror) {
 
 // Reads in place from device memory ([one-pass]): each entry lies in device memory of its own
 // (the sender's tensors as the receiver maps them), each bucket is fingerprinted on the apply
-// stream right before its plan and compared once both are done; the weights equal the CPU twin's.
-// An entry whose bytes are not the manifest's fails the update after its plan wrote, naming the
-// tensor, and the engine rolls the weights back from the mirror.
+// stream right before its plan and compared once both are done: at once, or, for a source that
+// keeps the bytes readable until the commit (a session), at the commit, nothing waited for
+// before; the weights equal the CPU twin's either way. An entry whose bytes are not the
+// manifest's (in the first bucket) fails the update after its plan wrote, naming the tensor: at
+// that bucket, or at the commit once every later bucket's plan wrote too; the engine rolls the
+// weights back from the mirror.
 TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied) {
   IdentityPlans cpu_plans(layout);
   IdentityPlans cuda_plans(layout);
@@ -213,9 +216,13 @@ TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied
   UpdateEngine cpu_engine(cpu_store, cpu_plans);
   UpdateEngine cuda_engine(cuda_store, cuda_plans, at_commit);
   std::vector<void*> memory;
-  // Version `version`'s buckets read in place; with `corrupt`, the first entry of the last
-  // bucket has one byte changed. Returns the error of the failing bucket (or none).
-  auto read_in_place = [&](std::uint64_t version, bool corrupt) -> std::optional<Error> {
+  // Version `version`'s buckets read in place; with `corrupt`, the first entry of the first
+  // bucket has one byte changed. Returns the error of the failing call (or none) and the
+  // buckets applied before it.
+  std::size_t applied = 0;
+  auto read_in_place = [&](std::uint64_t version, bool corrupt,
+                           bool until_commit) -> std::optional<Error> {
+    applied = 0;
     const auto buckets = buckets_for(layout, version);
     cuda_engine.begin(version, "read");
     for (std::size_t k = 0; k < buckets.size(); ++k) {
@@ -223,6 +230,7 @@ TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied
       Bucket bucket;
       bucket.manifest_bytes = b.encoded();
       bucket.kind = FERRY_MEMORY_CUDA;
+      bucket.readable_until_commit = until_commit;
       for (std::size_t i = 0; i < b.manifest.tensors.size(); ++i) {
         const auto& e = b.manifest.tensors[i];
         void* d = nullptr;
@@ -231,7 +239,7 @@ TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied
         auto* first = static_cast<std::byte*>(d) + 16 * (k + 1);  // not where a bucket would be
         std::vector<std::byte> bytes(b.bytes.begin() + e.offset,
                                      b.bytes.begin() + e.offset + e.size);
-        if (corrupt && k + 1 == buckets.size() && i == 0) bytes.at(0) ^= std::byte{1};
+        if (corrupt && k == 0 && i == 0) bytes.at(0) ^= std::byte{1};
         EXPECT_EQ(cudaMemcpy(first, bytes.data(), e.size, cudaMemcpyHostToDevice), cudaSuccess);
         bucket.entry_data.push_back(first);
       }
@@ -240,15 +248,20 @@ TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied
       } catch (const Error& error) {
         return error;
       }
+      ++applied;
     }
-    cuda_engine.commit();
+    try {
+      cuda_engine.commit();
+    } catch (const Error& error) {
+      return error;
+    }
     return std::nullopt;
   };
   apply(cpu_engine, 1, buckets_for(layout, 1), Source::pageable);
   apply(cuda_engine, 1, buckets_for(layout, 1), Source::pageable);
   for (std::uint64_t version = 2; version <= 3; ++version) {
     apply(cpu_engine, version, buckets_for(layout, version), Source::pageable);
-    const auto error = read_in_place(version, false);
+    const auto error = read_in_place(version, false, version == 3);
     ASSERT_FALSE(error) << error->what();
     for (const auto& p : layout) {
       ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name))
@@ -256,19 +269,25 @@ TEST_F(CudaUpdate, BucketsReadInPlaceFromDeviceMemoryAreVerifiedAsTheyAreApplied
     }
     EXPECT_EQ(cuda_engine.fingerprints(), cpu_engine.fingerprints());
   }
-  const auto last = buckets_for(layout, 4).back();
-  const auto error = read_in_place(4, true);
-  ASSERT_TRUE(error);
-  EXPECT_EQ(error->code(), FERRY_STATUS_CORRUPT_DATA) << error->what();
-  EXPECT_NE(std::string(error->what()).find(last.manifest.tensors[0].name), std::string::npos)
-      << error->what();
-  EXPECT_NE(std::string(error->what()).find("read in place"), std::string::npos) << error->what();
-  EXPECT_EQ(cuda_engine.version().number, 3u);
-  EXPECT_TRUE(cuda_engine.health().ready) << cuda_engine.health().reason;
-  EXPECT_EQ(cuda_engine.metrics().rollbacks, 1u);
-  for (const auto& p : layout) {
-    ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name)) << p.name;
+  const auto v4 = buckets_for(layout, 4);
+  ASSERT_GT(v4.size(), 1u);
+  for (const bool until_commit : {true, false}) {
+    SCOPED_TRACE(until_commit ? "compared at the commit" : "compared at the bucket");
+    const auto error = read_in_place(4, true, until_commit);
+    ASSERT_TRUE(error);
+    EXPECT_EQ(applied, until_commit ? v4.size() : 0u);
+    EXPECT_EQ(error->code(), FERRY_STATUS_CORRUPT_DATA) << error->what();
+    EXPECT_NE(std::string(error->what()).find(v4.front().manifest.tensors[0].name),
+              std::string::npos)
+        << error->what();
+    EXPECT_NE(std::string(error->what()).find("read in place"), std::string::npos) << error->what();
+    EXPECT_EQ(cuda_engine.version().number, 3u);
+    EXPECT_TRUE(cuda_engine.health().ready) << cuda_engine.health().reason;
+    for (const auto& p : layout) {
+      ASSERT_EQ(read_param(cuda_store, p.name), read_param(cpu_store, p.name)) << p.name;
+    }
   }
+  EXPECT_EQ(cuda_engine.metrics().rollbacks, 2u);
   for (void* d : memory) EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 

@@ -101,8 +101,8 @@ void deliver_direct_prints_at_commit(Delivery& d) {
 // Read in place: the receiver maps each bucket's tensors (their keys go with its announcement)
 // and applies its plan from them; nothing is written here. The manifests carry the tensors'
 // fingerprints (the plan's, computed after the wait for their producers), against which the
-// receiver verifies what it read before it writes anything. The acks of bucket k - kSlots bound
-// the buckets announced and not yet applied.
+// receiver verifies what it read before it commits (the tensors stay lent until the Committed).
+// The acks of bucket k - kSlots bound the buckets announced and not yet applied.
 void deliver_read(Delivery& d) {
   // While the tensors' fingerprints are computed (the first announcement waits for them).
   d.data.check_lent();
