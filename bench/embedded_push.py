@@ -21,8 +21,11 @@ Timed on the wall clock, per push:
   push     from push() called to its return (it returns after the receiver committed). No
            synchronize comes first, so this includes waiting for the optimizer's kernels still
            queued on torch's stream (a correct push orders itself after them).
-  ready    from the later of push() called and the optimizer's kernels done (a thread polls a
-           CUDA event recorded after optimizer.step()) to its return: the push's own cost.
+  ready    from the later of push() called and the optimizer's kernels done to its return: the
+           push's own cost. The kernels' end is the host's clock at a CUDA event recorded on the
+           idle stream before optimizer.step() plus the device's time from it to an event after
+           (no thread polls an event during the push: one would take the GIL from the push's
+           Python side every few microseconds).
 The first push (it opens the session) is reported apart; steps 2..N give the median and best.
 The ceiling, in the same run: one flat device-to-device copy_ of a uint8 buffer of the payload's
 bytes on the same GPU, CUDA events, median of --ceiling-repeat (10). Ratios: ceiling / push.
@@ -400,20 +403,6 @@ class Rollout(Child):
 
 # ---- the trainer (this process) ---------------------------------------------------------------
 
-def when_done(event):
-    """A thread that notes time.perf_counter() when `event` (a torch.cuda.Event) completes."""
-    box = {}
-
-    def poll():
-        while not event.query():
-            time.sleep(20e-6)  # lets the pushing thread have the GIL
-        box["t"] = time.perf_counter()
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    return thread, box
-
-
 class HostEvent:
     """torch.cuda.Event's interface on the wall clock (the CPU check)."""
 
@@ -551,10 +540,11 @@ def trainer_main(args, torch, transformers, ferry):
                               "total_s": time.perf_counter() - t_lend})
             started = Event(enable_timing=True)
             done = Event(enable_timing=True)
+            sync(torch, args.device)  # the stream is idle: `started` completes when recorded
             started.record()
+            t_started = time.perf_counter()
             optimizer.step()
             done.record()
-            poller, box = when_done(done)
             t0 = time.perf_counter()
             if sender is not None:
                 report = sender.push(model.state_dict(), version=step, check=False)  # no sync
@@ -562,11 +552,10 @@ def trainer_main(args, torch, transformers, ferry):
                 buckets, answer = sglang_update(torch, url, model.state_dict(), step, bucket_bytes,
                                                 args.answer_timeout)
             t1 = time.perf_counter()
-            poller.join(timeout=args.answer_timeout)
             done.synchronize()
             opt_gpu.append(started.elapsed_time(done) / 1e3)
             pushes.append(t1 - t0)
-            finished = box.get("t", t0)
+            finished = t_started + opt_gpu[-1]
             if finished > t1:
                 early.append(step)  # it cannot have read what the optimizer wrote
             readies.append(max(0.0, t1 - max(t0, finished)))
@@ -624,18 +613,21 @@ def trainer_main(args, torch, transformers, ferry):
             # Torch's flat-bucket CUDA IPC of the same tensors (SGLang's own receive of the calls
             # verl and slime make), in the same run, without lending: the baseline.
             for step in range(args.steps + 1, args.steps + 1 + args.baseline_steps):
-                done = Event(enable_timing=True)
+                started, done = Event(enable_timing=True), Event(enable_timing=True)
+                sync(torch, args.device)
+                started.record()
+                t_started = time.perf_counter()
                 optimizer.step()
                 done.record()
-                poller, box = when_done(done)
                 t0 = time.perf_counter()
                 buckets = flattened_buckets(torch, model.state_dict(), bucket_bytes)
                 for b in buckets:
                     rollout.ask("torch_receive " + serialize(b), args.answer_timeout)
                 t1 = time.perf_counter()
-                poller.join(timeout=args.answer_timeout)
+                done.synchronize()
+                finished = t_started + started.elapsed_time(done) / 1e3
                 torch_runs.append(t1 - t0)
-                torch_ready.append(max(0.0, t1 - max(t0, box.get("t", t0))))
+                torch_ready.append(max(0.0, t1 - max(t0, finished)))
                 del buckets
                 note("torch baseline step %d: %.2f ms (%.2f ms after the optimizer's kernels)"
                      % (step, torch_runs[-1] * 1e3, torch_ready[-1] * 1e3))
@@ -709,7 +701,8 @@ def trainer_main(args, torch, transformers, ferry):
         "ferry_library": str(ferry.library_path()),
         "returned_before_optimizer": early,
         "timing": "time.perf_counter around push(); ready: from the later of push() called and "
-                  "a CUDA event after optimizer.step() completing (polled by a thread); D2D: "
+                  "the optimizer's kernels done (CUDA events around optimizer.step() on an idle "
+                  "stream); D2D: "
                   "torch.cuda.Event around one copy_",
     }
     result["path"] = args.path

@@ -98,7 +98,7 @@ def dims(case, device):
             return dict(vocab=4096, hidden=256, inter=768, heads=4, kv=2, hd=64, experts=0)
         return dict(vocab=151936, hidden=4096, inter=12288, heads=32, kv=8, hd=128, experts=0)
     if device == "cpu":
-        return dict(vocab=4096, hidden=64, inter=16, heads=4, kv=2, hd=16, experts=128)
+        return dict(vocab=4096, hidden=256, inter=128, heads=4, kv=2, hd=64, experts=8)
     return dict(vocab=151936, hidden=2048, inter=768, heads=32, kv=4, hd=128, experts=128)
 
 
