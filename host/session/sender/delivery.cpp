@@ -158,7 +158,7 @@ void Delivery::announce(std::uint32_t k, Clock::time_point deadline) {
     const auto manifest = bucket_manifest(plan, k, tensors, version, label, session_prints);
     br.setManifest(kj::arrayPtr(manifest.data(), manifest.size()));
   } else {
-    plan.wait_sealed();
+    plan.wait_sealed(k);
     br.setManifest(kj::arrayPtr(b.manifest.data(), b.manifest.size()));
   }
   br.setDataFollows(data.data_follows());
@@ -213,7 +213,7 @@ void Delivery::await_ack() {
   }
   auto prints = ack.getFingerprints();
   if (!direct || prints.size() != 0) {
-    plan.wait_sealed();
+    plan.wait_sealed(k);
     const auto& b = plan.buckets[k];
     if (prints.size() != b.fingerprints.size()) {
       fail(FERRY_STATUS_CORRUPT_DATA, "{}: {}: {} fingerprints for {} tensors", ch.peer(), phase,

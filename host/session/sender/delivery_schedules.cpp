@@ -104,7 +104,7 @@ void deliver_direct_prints_at_commit(Delivery& d) {
 // receiver verifies what it read before it commits (the tensors stay lent until the Committed).
 // The acks of bucket k - kSlots bound the buckets announced and not yet applied.
 void deliver_read(Delivery& d) {
-  // While the tensors' fingerprints are computed (the first announcement waits for them).
+  // While the tensors' fingerprints are computed (each announcement waits for its bucket's).
   d.data.check_lent();
   d.plan.await_producers();  // (the announcements wait for the fingerprints, which wait too)
   for (std::uint32_t k = 0; k < d.bucket_count(); ++k) {

@@ -120,18 +120,25 @@ std::vector<std::uint8_t> bucket_manifest(const PushPlan& plan, std::uint32_t k,
   return manifest::encode(m);
 }
 
-PlanSealing::PlanSealing(PushPlan& plan, std::span<const TensorView> tensors,
-                         std::uint64_t version, std::string label, unsigned threads)
+void PushPlan::wait_sealed(std::size_t k) const {
+  seal();
+  const std::size_t wanted = std::min(k, buckets.size() - 1) + 1;
+  std::unique_lock lock(sealing->mutex);
+  sealing->changed.wait(lock, [&] { return sealing->sealed >= wanted || sealing->error; });
+  if (sealing->sealed < wanted) std::rethrow_exception(sealing->error);
+}
+
+PlanSealing::PlanSealing(PushPlan& plan, std::span<const TensorView> tensors, std::uint64_t version,
+                         std::string label, unsigned threads)
     : plan_(plan),
       tensors_(tensors),
       version_(version),
       label_(std::move(label)),
-      threads_(threads),
-      task_([this] { run(); }) {
-  plan_.sealed = task_.get_future().share();
+      threads_(threads) {
+  plan_.sealing = std::make_shared<SealProgress>();
   plan_.seal = [this] {
     std::call_once(once_, [this] {
-      thread_ = std::thread(std::move(task_));
+      thread_ = std::thread([this] { run(); });
       started_ = true;
     });
   };
@@ -142,20 +149,46 @@ PlanSealing::~PlanSealing() {
 }
 
 void PlanSealing::wait() {
-  if (started_) plan_.sealed.get();
+  if (started_) plan_.wait_sealed();
 }
 
 void PlanSealing::run() {
-  plan_.await_producers();
-  const auto start = Clock::now();
-  const std::vector<std::uint64_t> prints = fingerprint_tensors(tensors_, threads_);
-  const auto count = static_cast<std::uint32_t>(plan_.buckets.size());
-  for (std::uint32_t k = 0; k < count; ++k) {
-    auto& b = plan_.buckets[k];
-    for (const auto& item : b.items) b.fingerprints.push_back(prints[item.first]);
-    b.manifest = bucket_manifest(plan_, k, tensors_, version_, label_, prints);
+  SealProgress& progress = *plan_.sealing;
+  try {
+    plan_.await_producers();
+    const auto start = Clock::now();
+    std::vector<std::uint64_t> prints(tensors_.size(), 0);
+    const auto count = static_cast<std::uint32_t>(plan_.buckets.size());
+    for (std::uint32_t k = 0; k < count; ++k) {
+      auto& b = plan_.buckets[k];
+      // A bucket's tensors are consecutive (plan_buckets packs them in order): one launch each.
+      if (!b.items.empty()) {
+        const std::size_t first = b.items.front().first;
+        const std::size_t end = b.items.back().first + 1;
+        if (end - first != b.items.size()) {
+          fail(FERRY_STATUS_INTERNAL, "bucket {}: its {} tensors are not consecutive", k,
+               b.items.size());
+        }
+        const auto some = fingerprint_tensors(tensors_.subspan(first, end - first), threads_);
+        std::copy(some.begin(), some.end(), prints.begin() + static_cast<std::ptrdiff_t>(first));
+      }
+      b.fingerprints.clear();
+      for (const auto& item : b.items) b.fingerprints.push_back(prints[item.first]);
+      b.manifest = bucket_manifest(plan_, k, tensors_, version_, label_, prints);
+      {
+        std::lock_guard lock(progress.mutex);
+        if (k + 1 == count) seconds_ = std::chrono::duration<double>(Clock::now() - start).count();
+        progress.sealed = k + 1;
+      }
+      progress.changed.notify_all();
+    }
+  } catch (...) {
+    {
+      std::lock_guard lock(progress.mutex);
+      progress.error = std::current_exception();
+    }
+    progress.changed.notify_all();
   }
-  seconds_ = std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 }  // namespace ferry::session

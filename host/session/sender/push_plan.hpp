@@ -7,10 +7,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
-#include <future>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -30,11 +32,20 @@ struct PlannedBucket {
   bool cuda = true;  // every item is in CUDA memory (a device transport may put it in place)
 };
 
+// How far a PlanSealing got: buckets [0, sealed) have their fingerprints and manifests.
+struct SealProgress {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::size_t sealed = 0;
+  std::exception_ptr error;  // the fingerprinting's failure: no bucket from `sealed` on comes
+};
+
 struct PushPlan {
   // Fingerprints and manifests are computed while the sessions set up (handshake, connect,
   // first copies), once, by the first session that needs them (seal(); a session whose copies
-  // fingerprint what they write needs none): each bucket's `fingerprints` and `manifest` may be
-  // read only after wait_sealed(), which rethrows the fingerprinting's failure.
+  // fingerprint what they write needs none), bucket by bucket: bucket k's `fingerprints` and
+  // `manifest` may be read only after wait_sealed(k), which rethrows the fingerprinting's failure
+  // when it came before bucket k was sealed. Bucket 0 is announced while the others' are made.
   std::function<void()> seal;  // starts the work unless started; any thread
   // Waits, once, for the work that produces the tensors (order::Pending): nothing reads a
   // tensor's bytes (fingerprints, gathering, packing, launching copies, a receiver told where
@@ -43,11 +54,9 @@ struct PushPlan {
   void await_producers() const {
     if (before_reads) before_reads();
   }
-  std::shared_future<void> sealed;
-  void wait_sealed() const {
-    seal();
-    sealed.get();
-  }
+  std::shared_ptr<SealProgress> sealing;
+  // Starts the work (seal()) and waits for bucket k (every bucket by default).
+  void wait_sealed(std::size_t k = SIZE_MAX) const;
   std::vector<PlannedBucket> buckets;
   std::uint64_t capacity = 0;
   std::uint64_t total = 0;
@@ -95,7 +104,8 @@ class PlanSealing {
 
   // Waits for the work when it was started; rethrows its failure.
   void wait();
-  // How long the fingerprints and manifests took (0 unless they were made).
+  // How long the fingerprints and manifests took (0 unless they were all made; read it after
+  // wait()).
   double seconds() const { return seconds_; }
 
  private:
@@ -106,7 +116,6 @@ class PlanSealing {
   std::uint64_t version_;
   std::string label_;
   unsigned threads_;
-  std::packaged_task<void()> task_;
   std::thread thread_;
   std::once_flag once_;
   std::atomic<bool> started_{false};
