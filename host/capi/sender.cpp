@@ -1,8 +1,11 @@
 // capi/sender.cpp: ferry_sender_* over session::Sender: the trainer side of the C API.
 #include <ferry/ferry.h>
 
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,12 +17,87 @@
 #include "session/sender/push_progress.hpp"
 #include "session/sender/sender.hpp"
 
+namespace {
+
+// The plain views of the last push, as the caller described them, and the checked views made of
+// them. An RL trainer pushes the same tensors every step, through the same descriptions (the
+// Python Sender reuses its ferry_tensor_t array while the tensors are unchanged): comparing each
+// description's bytes with the last (~0.05 us a tensor) stands in for reading and checking it
+// again (~0.7 us: its name and shape copied, the names hashed for duplicates).
+struct LastPush {
+  std::vector<ferry_tensor_t> raw;                 // each as given (struct_size as given)
+  std::vector<std::vector<std::int64_t>> shapes;   // *shape, *strides as given
+  std::vector<std::vector<std::int64_t>> strides;  // empty: strides was NULL
+  std::vector<ferry::session::TensorView> views;
+
+  void clear() {
+    raw.clear();
+    shapes.clear();
+    strides.clear();
+    views.clear();
+  }
+
+  // Whether `tensors` describe, byte for byte, what the last push's did (names' and shapes'
+  // contents included: a caller may reuse its buffers for other values).
+  bool same(const ferry_tensor_t* const* tensors, std::size_t count) const {
+    if (raw.empty() || count != raw.size()) return false;
+    for (std::size_t i = 0; i < count; ++i) {
+      const ferry_tensor_t* t = tensors[i];
+      const ferry_tensor_t& was = raw[i];
+      if (t == nullptr || t->struct_size != was.struct_size) return false;
+      const std::size_t size = std::min(t->struct_size, sizeof(ferry_tensor_t));
+      if (std::memcmp(t, &was, size) != 0 || was.dlpack != nullptr) return false;
+      if (std::strcmp(t->name, views[i].name.c_str()) != 0) return false;
+      const std::size_t dims = was.ndim * sizeof(std::int64_t);
+      if (dims > 0 && std::memcmp(was.shape, shapes[i].data(), dims) != 0) return false;
+      if (was.strides != nullptr && dims > 0 &&
+          std::memcmp(was.strides, strides[i].data(), dims) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether every one of `tensors` (checked) is a plain view: DLPack capsules are made anew for
+  // each push, never worth remembering.
+  static bool all_plain(const ferry_tensor_t* const* tensors, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (tensors[i]->dlpack != nullptr) return false;
+    }
+    return true;
+  }
+
+  // Remembers `tensors` (checked plain views) as described by `checked`.
+  void remember(const ferry_tensor_t* const* tensors, std::size_t count,
+                std::vector<ferry::session::TensorView> checked) {
+    clear();
+    raw.resize(count);
+    shapes.resize(count);
+    strides.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const ferry_tensor_t* t = tensors[i];
+      std::memset(&raw[i], 0, sizeof(ferry_tensor_t));
+      std::memcpy(&raw[i], t, std::min(t->struct_size, sizeof(ferry_tensor_t)));
+      const std::uint32_t ndim = t->ndim;
+      if (ndim > 0) shapes[i].assign(t->shape, t->shape + ndim);
+      if (ndim > 0 && t->strides != nullptr) strides[i].assign(t->strides, t->strides + ndim);
+    }
+    views = std::move(checked);
+  }
+};
+
+}  // namespace
+
 // Owns everything session::Sender borrows (config, registry), declared in that order so the
 // sender is destroyed first.
 struct ferry_sender {
   ferry::config::Config config;
   std::unique_ptr<ferry::registry::Registry> registry;
   std::unique_ptr<ferry::session::Sender> sender;
+  // Held by the push that uses `last` (another push at the same time reads its tensors itself,
+  // and the session refuses it).
+  std::mutex last_mutex;
+  LastPush last;
 };
 
 namespace {
@@ -52,13 +130,30 @@ void push_views(ferry_sender_t* sender, const ferry_push_args_t* args,
   if (a.num_tensors == 0) {
     ferry::fail(FERRY_STATUS_INVALID_ARGUMENT, "{}: no tensors (num_tensors is 0)", kFn);
   }
-  auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
+  // A whole push of the same plain views as the last one reuses what was read of them.
+  std::unique_lock<std::mutex> cached(sender->last_mutex, std::defer_lock);
+  const bool cacheable = shard == nullptr && cached.try_lock();
+  const bool same =
+      cacheable && a.tensors != nullptr && sender->last.same(a.tensors, a.num_tensors);
   std::vector<ferry::session::TensorView> views;
-  views.reserve(inputs.size());
-  for (auto& in : inputs) {
-    views.push_back(
-        {std::move(in.name), in.dtype, std::move(in.shape), in.data, in.memory_kind, in.device});
+  bool from_last = same;
+  if (!same) {
+    if (cacheable) sender->last.clear();
+    auto inputs = ferry::capi::read_tensors(a.tensors, a.num_tensors, kFn);
+    views.reserve(inputs.size());
+    for (auto& in : inputs) {
+      views.push_back(
+          {std::move(in.name), in.dtype, std::move(in.shape), in.data, in.memory_kind, in.device});
+    }
+    if (cacheable && LastPush::all_plain(a.tensors, a.num_tensors)) {
+      sender->last.remember(a.tensors, a.num_tensors, std::move(views));
+      views.clear();
+      from_last = true;
+    }
   }
+  const std::span<const ferry::session::TensorView> pushed_views =
+      from_last ? std::span<const ferry::session::TensorView>(sender->last.views)
+                : std::span<const ferry::session::TensorView>(views);
   std::optional<ferry::session::ShardSpec> spec;
   if (shard != nullptr) {
     if (shard->world == 0 || shard->rank >= shard->world) {
@@ -89,7 +184,7 @@ void push_views(ferry_sender_t* sender, const ferry_push_args_t* args,
   const ferry::order::StreamOrder producers = ferry::order::checked_order(
       a.order, a.order_handles, a.num_order_handles, "ferry_sender_push: args->order");
   const ferry::session::PushReport pushed =
-      sender->sender->push(views, a.version, label, producers, spec);
+      sender->sender->push(pushed_views, a.version, label, producers, spec);
   if (report != nullptr) {
     ferry_push_report_t* r = new_report(pushed.receivers);
     r->version = pushed.version;

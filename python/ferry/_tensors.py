@@ -383,9 +383,8 @@ class ExportCache:
         try:
             for (name, t), (q_name, q_ptr, q_shape, q_strides, q_dtype) in zip(items, self._quick):
                 if (type(t) not in kinds or t.data_ptr() != q_ptr or name != q_name
-                        or t.dtype != q_dtype or t.shape != q_shape or t.is_neg()
-                        or (not t.is_contiguous() if q_strides is None
-                            else t.stride() != q_strides)):
+                        or t.dtype != q_dtype or t.shape != q_shape or t.stride() != q_strides
+                        or t.is_neg()):
                     return False
         except (AttributeError, RuntimeError, TypeError):
             return False
@@ -426,12 +425,7 @@ class ExportCache:
                 return None  # DLPack's path names the dtype ferry does not take
             self._views = PlainViews(signature, torch)
             self._signature = signature
-            # A tensor contiguous then is checked by is_contiguous() (~40 ns) rather than its
-            # strides (stride() parses its arguments: ~0.5 us). The same shape, contiguous, reads
-            # the same bytes: torch calls a tensor contiguous whatever the strides of its size-1
-            # dimensions, which address nothing.
-            self._quick = [entry[:3] + ((None if t.is_contiguous() else entry[3]),) + entry[4:5]
-                           for entry, (_, t) in zip(signature, items)]
+            self._quick = [entry[:5] for entry in signature]
             self._host = any(entry[5] < 0 for entry in signature)
         for device in self._views.devices:
             producers.add_torch_device(device)

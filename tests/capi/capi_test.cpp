@@ -723,6 +723,76 @@ TEST(CApi, RoundTripIntoTwoEmbeddedReceiversIsBitIdentical) {
   ferry_push_report_free(status);
 }
 
+// The first receiver's outcome: committed, and its error text.
+std::pair<bool, std::string> first_outcome(const ferry_push_report_t* report) {
+  ferry_receiver_result_t r{};
+  r.struct_size = FERRY_STRUCT_SIZE(ferry_receiver_result_t, reused_session);
+  if (take(ferry_push_report_receiver(report, 0, &r)).code != FERRY_STATUS_OK) return {false, ""};
+  return {r.committed == 1, r.error != nullptr ? r.error : ""};
+}
+
+// A push whose descriptions are byte for byte the last push's reuses what was read of them (an
+// RL trainer pushes the same tensors every step through the same array): every change the
+// caller makes is still seen, also one made in place in the buffers the descriptions point to
+// (a name's characters, a shape's extents), never a stale description.
+TEST(CApi, APushOfTheSameDescriptionsSeesEveryChangeToThem) {
+  ReceiverProcess receiver;
+  SenderPtr sender = make_sender({receiver.address()});
+  ASSERT_NE(sender, nullptr);
+  SenderTensors tensors(1);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) names.emplace_back(kCapiTestTensors[i].name);
+  std::vector<ferry_tensor_t> views;
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) {
+    views.push_back(view(names[i].data(), kCapiTestTensors[i].dtype, tensors.shapes[i],
+                         tensors.bytes[i].data()));
+    views.back().shape = tensors.shapes[i].data();  // the caller's own arrays
+  }
+  std::vector<const ferry_tensor_t*> pointers;
+  for (const auto& t : views) pointers.push_back(&t);
+  ReportPtr report;
+  auto push_ok = [&](uint64_t version) {
+    const Outcome o = push(sender.get(), pointers, version, &report);
+    ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+    expect_committed(report.get(), 1);
+    EXPECT_EQ(receiver.check(version), "OK") << "version " << version;
+  };
+  push_ok(1);
+  // The same descriptions, new values in the same memory.
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) capi_test_fill(tensors.bytes[i].data(), i, 2);
+  push_ok(2);
+  // The same descriptions, other memory (a description changed).
+  SenderTensors moved(3);
+  for (size_t i = 0; i < CAPI_TEST_NUM_TENSORS; ++i) views[i].data = moved.bytes[i].data();
+  push_ok(3);
+  // A name changed in its buffer: the new name is what the receiver is sent (and refuses).
+  names[0][0] = 'X';
+  Outcome o = push(sender.get(), pointers, 4, &report);
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  auto [committed, error] = first_outcome(report.get());
+  EXPECT_FALSE(committed);
+  EXPECT_NE(error.find("Xmbed.weight"), std::string::npos) << error;
+  names[0][0] = 'e';
+  // An extent changed in its array: the new shape is what is sent (and refused).
+  tensors.shapes[0][0] += 1;
+  moved.bytes[0].resize(moved.bytes[0].size() * 2);  // room for the larger shape's bytes
+  views[0].data = moved.bytes[0].data();
+  o = push(sender.get(), pointers, 4, &report);
+  ASSERT_EQ(o.code, FERRY_STATUS_OK) << o.message;
+  std::tie(committed, error) = first_outcome(report.get());
+  EXPECT_FALSE(committed);
+  EXPECT_NE(error.find("embed.weight"), std::string::npos) << error;
+  tensors.shapes[0][0] -= 1;
+  capi_test_fill(moved.bytes[0].data(), 0, 4);
+  for (size_t i = 1; i < CAPI_TEST_NUM_TENSORS; ++i) capi_test_fill(moved.bytes[i].data(), i, 4);
+  push_ok(4);
+  // A duplicate name made in place is refused as at a first push.
+  std::snprintf(names[1].data(), names[1].size() + 1, "%s", names[0].c_str());
+  o = push(sender.get(), pointers, 5, &report);
+  EXPECT_EQ(o.code, FERRY_STATUS_INVALID_ARGUMENT) << o.message;
+  EXPECT_NE(o.message.find("appears twice"), std::string::npos) << o.message;
+}
+
 // An engine whose allocator lends its weights' memory (torch_memory_saver style) tells ferry
 // before it unmaps and after it maps new memory at the same addresses: the trainer's kept session
 // is suspended (nothing writes the inaccessible mapping: a write would kill the engine), the
