@@ -256,6 +256,7 @@ std::unique_ptr<HostMirror> HostMirror::build(std::vector<MirrorParam> layout, u
   mirror->threads_ = threads;
   mirror->metadata_ = std::string(metadata);
   mirror->entries_ = lay_out(std::move(layout), mirror->data_bytes_);
+  mirror->index_entries();
   auto table = serialize_table(mirror->entries_);
   const std::uint64_t table_bytes = table.size();
   const auto* meta = reinterpret_cast<const std::byte*>(metadata.data());
@@ -455,6 +456,7 @@ std::unique_ptr<HostMirror> HostMirror::open_file(const std::filesystem::path& p
     fail(FERRY_STATUS_CORRUPT_DATA, "host mirror {}: trailing bytes after the parameter table",
          name);
   }
+  mirror->index_entries();
   if (header.has_committed != 0 && mirror->commit_record_hash() != header.commit_hash) {
     fail(FERRY_STATUS_CORRUPT_DATA,
          "host mirror {}: the record of committed version {} is damaged (checksum mismatch over "
@@ -475,10 +477,15 @@ HostMirror::~HostMirror() {
 }
 
 std::optional<std::size_t> HostMirror::find(std::string_view name) const {
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].param.name == name) return i;
-  }
-  return std::nullopt;
+  const auto it = index_.find(name);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
+}
+
+void HostMirror::index_entries() {
+  index_.clear();
+  index_.reserve(entries_.size());
+  for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].param.name, i);
 }
 
 void HostMirror::check_layout(std::span<const MirrorParam> layout) const {

@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace ferry::store {
@@ -164,6 +165,10 @@ class HostMirror {
 
   std::filesystem::path path_;  // empty for anonymous
   std::vector<MirrorEntry> entries_;
+  // Each entry's index by name (views of entries_' names, which never change once laid out or
+  // read): find() is called per parameter at every commit's refresh.
+  std::unordered_map<std::string_view, std::size_t> index_;
+  void index_entries();
   std::byte* base_ = nullptr;  // the whole mapping
   std::uint64_t mapping_bytes_ = 0;
   std::uint64_t header_bytes_ = 0;

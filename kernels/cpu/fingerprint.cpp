@@ -67,7 +67,7 @@ std::vector<std::uint64_t> fingerprint_chunks_cpu(const void* data, std::uint64_
     hashes[i] = chunk_hash(base + begin, len, first_index + i);
   };
 
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = hardware_threads();
   const std::uint64_t useful = std::max<std::uint64_t>(chunks / kMinChunksPerThread, 1);
   const auto workers = static_cast<unsigned>(std::min<std::uint64_t>(threads, useful));
   if (workers <= 1) {

@@ -153,7 +153,7 @@ void fp8_block_quant_cpu(std::span<const ferry_plan_op_t> ops, std::span<const E
   if (jobs.empty()) return;
   const std::uint64_t total =
       jobs.back().first_tile + fp8::blocks_of(jobs.back().rows) * jobs.back().tile_cols;
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = hardware_threads();
   // Work is handed out in runs of tiles (a tile is 16 Ki elements, ~10 us), one atomic per run.
   constexpr std::uint64_t kTilesPerRun = 8;
   std::atomic<std::uint64_t> next{0};

@@ -217,7 +217,7 @@ void scatter_cpu(std::span<const ferry_plan_op_t> ops, std::span<const EntryView
     }
   }
 
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = hardware_threads();
   std::uint64_t total = 0;
   for (const auto& op : ops) {
     // Bounded by real memory sizes (check_plan), so the sum cannot overflow in practice; saturate.

@@ -70,6 +70,10 @@ void convert_elements(const void* src, ferry_dtype_t src_dtype, void* dst, ferry
 // Bytes of the fingerprint chunking (docs/fingerprint.md).
 inline constexpr std::uint64_t kFingerprintChunkBytes = 1ull << 20;
 
+// The hardware's thread count (at least 1), read once per process: what `threads` = 0 means
+// below.
+unsigned hardware_threads() noexcept;
+
 // xxh64-interleaved-v1 of `bytes` bytes at `data`. `threads` = 0 uses the hardware count.
 std::uint64_t fingerprint_cpu(const void* data, std::uint64_t bytes, unsigned threads = 0);
 
