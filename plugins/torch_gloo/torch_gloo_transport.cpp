@@ -4,15 +4,22 @@
 #include "torch_gloo/torch_gloo_transport.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 
 #include <ferry/sdk/error.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 using ferry::fail;
 namespace tg = ferry::torch_gloo;
@@ -27,6 +34,72 @@ std::int64_t now_ns() {
       .count();
 }
 
+// The libraries an ELF shared object names as needed (DT_NEEDED), read from its file; empty when
+// the file is not a 64-bit little-endian ELF object the reader understands.
+std::vector<std::string> needed_libraries(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  auto at = [&](std::uint64_t offset, std::uint64_t size) {
+    return offset <= bytes.size() && size <= bytes.size() - offset;
+  };
+  Elf64_Ehdr header{};
+  if (!at(0, sizeof header)) return {};
+  std::memcpy(&header, bytes.data(), sizeof header);
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64 ||
+      header.e_ident[EI_DATA] != ELFDATA2LSB || header.e_phentsize != sizeof(Elf64_Phdr)) {
+    return {};
+  }
+  std::vector<Elf64_Phdr> segments(header.e_phnum);
+  if (!at(header.e_phoff, segments.size() * sizeof(Elf64_Phdr))) return {};
+  std::memcpy(segments.data(), bytes.data() + header.e_phoff, segments.size() * sizeof(Elf64_Phdr));
+  // The dynamic section's addresses are virtual: a loaded segment says where they lie in the file.
+  auto file_offset = [&](std::uint64_t address) -> std::optional<std::uint64_t> {
+    for (const auto& p : segments) {
+      if (p.p_type == PT_LOAD && address >= p.p_vaddr && address - p.p_vaddr < p.p_filesz) {
+        return p.p_offset + (address - p.p_vaddr);
+      }
+    }
+    return std::nullopt;
+  };
+  for (const auto& p : segments) {
+    if (p.p_type != PT_DYNAMIC || !at(p.p_offset, p.p_filesz)) continue;
+    std::vector<Elf64_Dyn> entries(p.p_filesz / sizeof(Elf64_Dyn));
+    std::memcpy(entries.data(), bytes.data() + p.p_offset, entries.size() * sizeof(Elf64_Dyn));
+    std::optional<std::uint64_t> strings;
+    for (const auto& d : entries) {
+      if (d.d_tag == DT_STRTAB) strings = file_offset(d.d_un.d_ptr);
+    }
+    if (!strings) return {};
+    std::vector<std::string> out;
+    for (const auto& d : entries) {
+      if (d.d_tag == DT_NULL) break;
+      if (d.d_tag != DT_NEEDED || !at(*strings + d.d_un.d_val, 1)) continue;
+      const char* name = bytes.data() + *strings + d.d_un.d_val;
+      out.emplace_back(name, strnlen(name, bytes.size() - (*strings + d.d_un.d_val)));
+    }
+    return out;
+  }
+  return {};
+}
+
+// The libtorch_cpu libraries this process has loaded (their paths).
+std::vector<std::string> loaded_libtorch() {
+  std::vector<std::string> out;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) {
+        if (info->dlpi_name != nullptr) {
+          const std::string name = std::filesystem::path(info->dlpi_name).filename().string();
+          if (name.rfind("libtorch_cpu.so", 0) == 0) {
+            static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
+          }
+        }
+        return 0;
+      },
+      &out);
+  return out;
+}
+
 // The backend library beside this plugin, loaded once and never unloaded (libtorch does not
 // survive being unloaded, and objects it made may outlive any one transport).
 tg::JoinFn backend_join() {
@@ -39,6 +112,27 @@ tg::JoinFn backend_join() {
     fail(FERRY_STATUS_INTERNAL, "torch_gloo: cannot find the plugin's own file (dladdr)");
   }
   const auto path = std::filesystem::path(self.dli_fname).parent_path() / tg::kBackendFile;
+  // A second libtorch in one process aborts it while loading (its dispatcher registrations clash
+  // with the first's: std::system_error, terminate). Where the process already runs a torch
+  // (an engine embedding the receiver) whose library is not the one the backend was built
+  // against, the backend is not loaded.
+  const auto needed = needed_libraries(path);
+  std::string wanted;
+  for (const auto& n : needed) {
+    if (n.rfind("libtorch_cpu.so", 0) == 0) wanted = n;
+  }
+  if (!wanted.empty()) {
+    for (const auto& loaded : loaded_libtorch()) {
+      if (std::filesystem::path(loaded).filename() != wanted) {
+        fail(FERRY_STATUS_FAILED_PRECONDITION,
+             "torch_gloo: this process runs the torch of {}, but the backend {} was built "
+             "against {}: loading a second libtorch would abort the process. Build ferry's "
+             "torch_gloo backend against the torch this process uses (meson's libtorch "
+             "feature; scripts/bundle --torch-backend)",
+             loaded, path.string(), wanted);
+      }
+    }
+  }
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();

@@ -77,6 +77,8 @@ def _skip_without_plugin(answer):
     status, body = answer
     if status == 501 and "torch_gloo" in body.get("message", ""):
         pytest.skip(body["message"])
+    if status == 409 and "would abort the process" in body.get("message", ""):
+        pytest.skip(body["message"])  # this Python's torch is not the one ferry was built with
 
 
 def _assert_identical(params, dump):
@@ -213,6 +215,70 @@ def test_backend_and_load_format_are_checked(receiver):
         "names": ["norm.weight"], "dtypes": ["float32"], "shapes": [[16]],
         "load_format": "safetensors"})
     assert status == 400 and "load_format 'safetensors'" in body["message"], body
+
+
+def _plugin_dir():
+    """Where this build keeps the torch_gloo plugin and its backend, or None."""
+    library = Path(os.environ.get("FERRY_LIBRARY", "/nonexistent/lib/libferry.so")).resolve()
+    # The build folder (libferry.so in host/capi/), or a bundle's lib/ferry/plugins beside it.
+    candidates = [library.parents[2] / "plugins" / "torch_gloo",
+                  library.parent / "ferry" / "plugins"]
+    return next((d for d in candidates if (d / "libferry_transport_torch_gloo.so").exists()),
+                None)
+
+
+_OTHER_TORCH_CHILD = r"""
+import ctypes, json, sys, urllib.error, urllib.request
+ctypes.CDLL(sys.argv[1])  # stands in for another torch's libtorch_cpu, loaded first
+import ferry
+import numpy as np
+with ferry.Receiver() as r:
+    r.register({"w": np.zeros(4, np.float32)})
+    r.serve(port=0)
+    req = urllib.request.Request(
+        "http://%s/init_weights_update_group" % r.address, method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"master_address": "127.0.0.1", "master_port": int(sys.argv[2]),
+                         "rank_offset": 1, "world_size": 2, "backend": "gloo",
+                         "timeout_s": 2}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            print(json.dumps([answer.status, json.loads(answer.read() or b"{}")]))
+    except urllib.error.HTTPError as e:
+        print(json.dumps([e.code, json.loads(e.read() or b"{}")]))
+"""
+
+
+def test_an_engine_running_another_torch_is_refused_before_the_backend_loads(ferry_module,
+                                                                              tmp_path):
+    """An engine embedding the receiver already runs a torch whose libtorch_cpu is not the one
+    ferry's torch_gloo backend was built against: loading the backend (and with it a second
+    libtorch) would abort the engine, so a gloo join answers 409 naming both, and the engine
+    lives on. (A copy of a small system library named libtorch_cpu.so.0 plays the other torch,
+    in a child process.)"""
+    np = pytest.importorskip("numpy", reason="NumPy is not installed (python3-numpy)")  # noqa
+    plugins = _plugin_dir()
+    if plugins is None:
+        pytest.skip("the torch_gloo plugin was not built (the libtorch feature)")
+    import ctypes.util
+    import shutil
+    system = ctypes.util.find_library("z")
+    source = next((Path(d) / system for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+                                             "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+                   if system and (Path(d) / system).exists()), None)
+    if source is None:
+        pytest.skip("no zlib shared library to stand in for another libtorch")
+    other = tmp_path / "libtorch_cpu.so.0"
+    shutil.copy(source, other)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "FERRY_PLUGIN_PATH": str(plugins)}
+    child = subprocess.run([sys.executable, "-c", _OTHER_TORCH_CHILD, str(other), str(_free_port())],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == 0, child.stderr[-3000:]
+    status, body = json.loads(child.stdout.strip().splitlines()[-1])
+    assert status == 409, body
+    message = body["message"]
+    assert "libtorch_cpu.so.0" in message and "would abort the process" in message, message
+    assert "libferry_torch_gloo_backend.so" in message, message
 
 
 def test_a_plugin_without_its_backend_is_refused_naming_the_file(ferry_module, tmp_path,
