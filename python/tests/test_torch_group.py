@@ -263,16 +263,19 @@ def test_an_engine_running_another_torch_is_refused_before_the_backend_loads(fer
     import ctypes.util
     import shutil
     system = ctypes.util.find_library("z")
-    source = next((Path(d) / system for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
-                                             "/lib64", "/usr/lib64", "/lib", "/usr/lib")
-                   if system and (Path(d) / system).exists()), None)
+    places = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
+              "/lib", "/usr/lib")
+    source = next((Path(d) / system for d in places if system and (Path(d) / system).exists()),
+                  None)
     if source is None:
         pytest.skip("no zlib shared library to stand in for another libtorch")
     other = tmp_path / "libtorch_cpu.so.0"
     shutil.copy(source, other)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "FERRY_PLUGIN_PATH": str(plugins)}
-    child = subprocess.run([sys.executable, "-c", _OTHER_TORCH_CHILD, str(other), str(_free_port())],
-                           capture_output=True, text=True, timeout=120, env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+           "FERRY_PLUGIN_PATH": str(plugins)}
+    child = subprocess.run(
+        [sys.executable, "-c", _OTHER_TORCH_CHILD, str(other), str(_free_port())],
+        capture_output=True, text=True, timeout=120, env=env)
     assert child.returncode == 0, child.stderr[-3000:]
     status, body = json.loads(child.stdout.strip().splitlines()[-1])
     assert status == 409, body
@@ -287,15 +290,10 @@ def test_a_plugin_without_its_backend_is_refused_naming_the_file(ferry_module, t
     loads, and a gloo join answers 409 naming the backend file it looked for."""
     pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
     import shutil
-    library = Path(os.environ.get("FERRY_LIBRARY", "/nonexistent/lib/libferry.so")).resolve()
-    # Where this build keeps the plugin: the build folder (libferry.so in host/capi/), or a
-    # bundle's lib/ferry/plugins beside libferry.so.
-    candidates = [library.parents[2] / "plugins" / "torch_gloo",
-                  library.parent / "ferry" / "plugins"]
-    plugin = next((d / "libferry_transport_torch_gloo.so" for d in candidates
-                   if (d / "libferry_transport_torch_gloo.so").exists()), None)
-    if plugin is None:
+    plugins = _plugin_dir()
+    if plugins is None:
         pytest.skip("the torch_gloo plugin was not built (the libtorch feature)")
+    plugin = plugins / "libferry_transport_torch_gloo.so"
     shutil.copy(plugin, tmp_path / plugin.name)
     monkeypatch.setenv("FERRY_PLUGIN_PATH", str(tmp_path))
     with ferry_module.Receiver() as r:
