@@ -14,7 +14,8 @@
 //   bucket), so the H2D copy of bucket k+1 and the caller's read of bucket k+2 overlap the scatter
 //   of bucket k. There is no device-wide synchronization; errors of enqueued work surface at
 //   synchronize() (the engine calls it at commit and before a rollback).
-// A device bucket is scattered in place on the apply stream and apply() waits for that scatter.
+// A device bucket is scattered in place on the apply stream and apply() waits for that scatter
+// (unless told not to: a bucket read in place, which the commit's synchronize() waits for).
 //
 // Threading: one caller at a time (the update engine serializes). Every call makes the applier's
 // device current on the calling thread for its duration.

@@ -209,16 +209,6 @@ void UpdateEngine::apply_staged(Bucket& b) {
         checked_sizes.push_back(m.tensors[i].size);
       }
     }
-    const auto compare = [&](std::span<const std::uint64_t> actual, const char* what) {
-      for (std::size_t k = 0; k < checked.size(); ++k) {
-        const auto& e = m.tensors[checked[k]];
-        if (actual[k] != *e.fingerprint) {
-          fail(FERRY_STATUS_CORRUPT_DATA,
-               "tensor '{}': fingerprint of the {} bytes {:016x} differs from the sender's {:016x}",
-               e.name, what, actual[k], *e.fingerprint);
-        }
-      }
-    };
     const bool verify_as_applied =
         read_in_place && device_bucket && b.entry_fingerprints.empty() && !checked.empty();
     if (verify_as_applied) {
@@ -250,7 +240,15 @@ void UpdateEngine::apply_staged(Bucket& b) {
               kernels::fingerprint_cpu(checked_data[k], checked_sizes[k], options_.threads));
         }
       }
-      compare(actual, "received");
+      for (std::size_t k = 0; k < checked.size(); ++k) {
+        const auto& e = m.tensors[checked[k]];
+        if (actual[k] != *e.fingerprint) {
+          fail(FERRY_STATUS_CORRUPT_DATA,
+               "tensor '{}': fingerprint of the received bytes {:016x} differs from the sender's "
+               "{:016x}",
+               e.name, actual[k], *e.fingerprint);
+        }
+      }
     }
     const auto cached = cache_.get_entry(m, plans_);
     const PlanOps ops = cached->ops;
