@@ -14,8 +14,9 @@
 #include "cli/context.hpp"
 #include "cli/token_option.hpp"
 #include "common/log.hpp"
-#include "session/receiver_endpoint.hpp"
 #include "receiver/receiver.hpp"
+#include "session/receiver_endpoint.hpp"
+#include "store/tagged_region_store.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -24,6 +25,8 @@ struct ServeOptions {
   std::optional<std::string> model_path, host, device, model_family, layout, ready_file;
   std::optional<int> port;
   std::optional<unsigned> tp_rank, tp_size;
+  // Test hook (hidden): store::TaggedRegionStore::delay_mirror_refreshes_for_tests.
+  std::optional<std::uint64_t> test_mirror_refresh_delay_ms;
 };
 
 // Blocks SIGINT/SIGTERM in every thread started afterwards, so one sigwait() sees them.
@@ -52,7 +55,12 @@ Action add_serve_command(CLI::App& app, const GlobalOptions& globals) {
   cmd->add_option("--tp-size", opts->tp_size, "tensor-parallel size");
   cmd->add_option("--ready-file", opts->ready_file,
                   "write the bound port to this file once serving (for scripts and tests)");
+  cmd->add_option("--test-mirror-refresh-delay-ms", opts->test_mirror_refresh_delay_ms)->group("");
   return [opts, token, &globals] {
+    if (opts->test_mirror_refresh_delay_ms) {
+      store::TaggedRegionStore::delay_mirror_refreshes_for_tests(
+          std::chrono::milliseconds(*opts->test_mirror_refresh_delay_ms));
+    }
     GlobalOptions g = globals;
     auto set = [&](const char* key, const std::string& value) {
       g.overrides.push_back(std::string(key) + "=" + value);

@@ -9,12 +9,17 @@
 #include <ferry/sdk/dtype.hpp>
 #include <ferry/sdk/error.hpp>
 
+#include <atomic>
+#include <thread>
 #include <utility>
 
 namespace ferry::store {
 namespace {
 
 constexpr std::size_t kMaxNameBytes = 1024;
+
+// delay_mirror_refreshes_for_tests's value, in ms.
+std::atomic<std::int64_t> test_refresh_delay_ms{0};
 
 // Every tag in `tags` once, in the given order.
 std::vector<std::string> unique_tags(std::span<const std::string> tags) {
@@ -777,6 +782,11 @@ void TaggedRegionStore::run_refresh(Refresh& refresh) noexcept {
   std::string error;
   try {
     if (!refresh.fault.empty()) fail(FERRY_STATUS_INTERNAL, "{}", refresh.fault);
+    const auto hold_until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(test_refresh_delay_ms.load());
+    while (std::chrono::steady_clock::now() < hold_until && !refresh_preempted_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     // In batches, so that an update that begins meanwhile (preempt_mirror_refresh) waits for at
     // most one batch in flight, not for the whole copy.
     std::vector<CopyJob> batch;
@@ -863,6 +873,10 @@ MirrorRefreshState TaggedRegionStore::wait_for_mirror_refresh() {
 MirrorRefreshState TaggedRegionStore::mirror_refresh_state() const {
   std::lock_guard lock(mutex_);
   return refresh_;
+}
+
+void TaggedRegionStore::delay_mirror_refreshes_for_tests(std::chrono::milliseconds delay) {
+  test_refresh_delay_ms.store(delay.count());
 }
 
 void TaggedRegionStore::fail_next_mirror_refresh(std::string error) {

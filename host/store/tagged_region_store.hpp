@@ -80,6 +80,11 @@ class TaggedRegionStore : public WeightStore {
   // of copying. There is no real way to make a host memcpy fail, and the CUDA errors that fail
   // a device-to-host copy cannot be caused on demand without breaking the device context.
   void fail_next_mirror_refresh(std::string error);
+  // For tests only (`ferry serve`'s hidden --test-mirror-refresh-delay-ms): every refresh of
+  // every store in the process waits this long before its first copy, as a slow device-to-host
+  // link would, so that a test can kill a receiver while a refresh is surely running. A
+  // pre-emption still ends the wait. 0 (the default): no wait.
+  static void delay_mirror_refreshes_for_tests(std::chrono::milliseconds delay);
 
  protected:
   // One reserved address range. `base` never changes; the memory behind it comes and goes.

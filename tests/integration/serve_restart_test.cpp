@@ -274,11 +274,15 @@ std::string big_model(const fs::path& dir) {
 }
 
 TEST_F(ServeRestart, AReceiverKilledDuringTheBackgroundRefreshLeavesNothingToRestore) {
-  // The SIGKILL follows the update's reply within about a millisecond, well inside the copy.
+  // The SIGKILL follows the update's reply within about a millisecond. Every refresh is held
+  // 3 s before its first copy (a hidden test option: a copy of a few hundred MiB alone ends
+  // within tens of ms, which a loaded machine running the test under a sanitizer once missed),
+  // so the kill surely lands inside version 2's refresh.
   const std::string path = big_model(models_->path());
   ServeOptions o = options(path);
   o.sets.push_back("update.apply_threads=1");
   o.sets.push_back("update.bucket_bytes=16777216");
+  o.serve_args = {"--test-mirror-refresh-delay-ms", "3000"};
   {
     auto serve = std::make_unique<ServeProcess>(o);
     // Version 1's refresh has ended once the relabel returns.
