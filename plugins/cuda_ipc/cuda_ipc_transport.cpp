@@ -511,6 +511,7 @@ std::vector<std::uint8_t> ferry_transport::pack_key(ferry_memory* memory) {
   if (!memory->not_shareable.empty()) {
     fail(FERRY_STATUS_UNIMPLEMENTED, "cuda_ipc pack_key: {}", memory->not_shareable);
   }
+  memory->offered = true;
   if (memory->share == ShareKind::Vmm) {
     // The peer that gets this key imports the memory next: its fds are made meanwhile.
     std::lock_guard lock(memory_mutex_);
@@ -533,7 +534,7 @@ void ferry_transport::deregister_memory(ferry_memory* memory) noexcept {
     if (it == memory_.end() || it->second != memory) return;
     memory_.erase(it);
   }
-  {
+  if (memory->offered) {
     // Peers that imported it keep their mapping (and so the old memory) until they disconnect;
     // this tells them to refuse the key from now on. Best effort: a peer that is gone needs
     // no telling.
@@ -1172,6 +1173,7 @@ ferry_request* ferry_transport::send_bucket(ferry_peer* peer, const ferry_bucket
     fail(FERRY_STATUS_FAILED_PRECONDITION, "cuda_ipc send_bucket: {}",
          bucket.data.memory->not_shareable);
   }
+  bucket.data.memory->offered = true;
   ferry_request* r = new_request(ferry_request::Kind::Send, peer);
   r->bucket_index = bucket.bucket_index;
   try {

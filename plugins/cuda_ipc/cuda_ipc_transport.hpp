@@ -21,6 +21,7 @@
 #include <ferry/plugin.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <future>
@@ -88,6 +89,10 @@ struct ferry_memory {
   std::string not_shareable;  // non-empty: why pack_key refuses (still usable as a local range)
   // False until resolve_share() found the fields below (CUDA memory, on first need).
   bool resolved = true;
+  // Its id went to a peer (pack_key, send_bucket), which may import it: deregister_memory then
+  // tells every peer (Revoked). The local side of puts (a sender's tensors, thousands a push,
+  // registered and deregistered every push) never goes, and tells no one.
+  std::atomic<bool> offered{false};
   std::vector<Chunk> chunks;      // VMM
   std::uint64_t base_offset = 0;  // VMM: base - span start; legacy: base - allocation base
   cudaIpcMemHandle_t ipc{};       // legacy

@@ -3,7 +3,8 @@
 // ferry's CUDA weight store (VMM chunks shared as fds) or from cudaMalloc (legacy cudaIpc).
 // Checked: direct puts across chunk boundaries and a staged ring are bit-identical; 100 transfers
 // and 20 whole sessions grow neither open fds, nor mappings, nor used device memory; the legacy
-// path with offsets inside one allocation; a restarted receiver's old key is refused as stale and
+// path with offsets inside one allocation; a key whose registration the receiver dropped is
+// refused naming it; a restarted receiver's old key is refused as stale and
 // the dead incarnation fails operations naming it; fingerprinting flushes in flight together keep
 // the order of writes to the same bytes; put_many queues all of its puts or none. Exits 77 (skip)
 // without a CUDA device.
@@ -370,6 +371,43 @@ TEST(CudaIpcGpu, LegacyHandlesWithOffsetsInsideOneAllocation) {
   sender.flush();
   EXPECT_EQ(peer.ask("check" + args({0, 24, 0, 1 * kMiB})), "");
   EXPECT_EQ(peer.ask("check" + args({1, 24, 0, 1 * kMiB})), "");
+}
+
+TEST(CudaIpcGpu, AKeyWhoseRegistrationWasDroppedIsRefusedNamingIt) {
+  Peer peer;
+  const auto key = unhex(peer.ask("store" + args({4 * kMiB, 2 * kMiB})));
+  Transport sender(FERRY_ROLE_SENDER, 0);
+  pair(sender, peer, "receiver r");
+  LocalBuffer local(4 * kMiB);
+  local.fill(41, 0, 4 * kMiB);
+  ferry_memory_t* m = sender.register_memory(local.data, local.size, FERRY_MEMORY_CUDA);
+  sender.put(m, 0, 4 * kMiB, key, 0);
+  sender.flush();
+  EXPECT_EQ(peer.ask("check" + args({0, 41, 0, 4 * kMiB})), "");
+  // Its key was packed (offered): the receiver tells this sender when it deregisters it.
+  ASSERT_EQ(peer.ask("drop" + args({0})), "");
+  ferry_blob_t k = borrow(key);
+  ferry_put_args_t a{};
+  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+  a.local = Transport::range(m, 0, 4 * kMiB);
+  a.remote_key = &k;
+  a.deadline_ns = in_seconds(10);
+  std::string message;
+  ferry_status_code_t code = FERRY_STATUS_OK;
+  // The Revoked message crosses the socket; until it arrived the put is queued (and flushed).
+  for (int i = 0; i < 5000 && code == FERRY_STATUS_OK; ++i) {
+    ferry_request_t* r = nullptr;
+    ErrorPtr e(Transport::api()->put(sender.get(), sender.peer(), &a, &r));
+    if (r != nullptr) Transport::api()->request_free(sender.get(), r);
+    code = error_code(e.get());
+    message = error_message(e.get());
+    if (code == FERRY_STATUS_OK) {
+      sender.flush();
+      ::usleep(1000);
+    }
+  }
+  EXPECT_EQ(code, FERRY_STATUS_FAILED_PRECONDITION);
+  EXPECT_NE(message.find("receiver r deregistered its memory"), std::string::npos) << message;
 }
 
 TEST(CudaIpcGpu, RestartedReceiversOldKeyIsRefused) {

@@ -11,6 +11,7 @@
 //   fill <which> <seed> <offset> <len>  -> ok        (writes pattern(seed) into memory <which>)
 //   check <which> <seed> <offset> <len> -> ok | err  (memory <which> holds pattern(seed)?)
 //   recv <which> <index> <len>    -> ok | err        (staged: pulls bucket <index> into <which>)
+//   drop <which>                  -> ok              (deregisters memory <which>)
 //   fds                           -> ok <open fds>
 //   quit                          -> exits 0
 // <which> is the index of a registration in the order made (0, 1, ...).
@@ -124,6 +125,12 @@ int main() {
         in >> which >> index >> length;
         ferry_request_t* r = transport->recv_bucket(registered.at(which).memory, length, index);
         transport->finish(r, "recv_bucket " + std::to_string(index));
+      } else if (command == "drop") {
+        std::size_t which = 0;
+        in >> which;
+        Registered& r = registered.at(which);
+        transport->deregister(r.memory);
+        r.memory = nullptr;
       } else if (command == "fds") {
         answer += " " + std::to_string(open_fds());
       } else {

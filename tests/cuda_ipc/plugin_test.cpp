@@ -1,8 +1,9 @@
 // tests/cuda_ipc/plugin_test.cpp: libferry_transport_cuda_ipc.so through its C table on any
 // machine (no GPU needed): it declares same-node point-to-point direct writes, refuses unknown
 // options, connects two instances over its Unix sockets, refuses to share host memory, refuses a
-// key of an earlier incarnation as stale, refuses a bad put of a put_many naming it, and fails a
-// posted receive naming the peer when the peer's instance goes away.
+// key of an earlier incarnation as stale, tells no peer of a registration it never offered, refuses
+// a bad put of a put_many naming it, and fails a posted receive naming the peer when the peer's
+// instance goes away.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -134,12 +135,17 @@ TEST(CudaIpcPlugin, PutManyRefusesABadPutNamingIt) {
             FERRY_STATUS_OK);
 }
 
-TEST(CudaIpcPlugin, KeyOfADeregisteredRegistrationIsRefused) {
+TEST(CudaIpcPlugin, ARegistrationNoPeerWasOfferedIsDeregisteredWithoutTellingThem) {
+  // A sender registers every tensor it puts from and deregisters it after the push: thousands
+  // a push, none of them ever offered to a peer (only pack_key and send_bucket do that). Telling
+  // every peer of each (Revoked) cost a MoE push ~2 ms and grew each peer's set of revoked ids
+  // by thousands a push. Host memory is never offered (it cannot be shared), so a key forged
+  // for it is never refused as revoked: the put goes on to its missing local memory.
   Transport receiver(FERRY_ROLE_RECEIVER, -1);
   Transport sender(FERRY_ROLE_SENDER, -1);
   std::vector<std::uint8_t> host(4096);
   ferry_memory_t* m = receiver.register_memory(host.data(), host.size(), FERRY_MEMORY_HOST, -1);
-  // The key this instance's first registration (id 1) has, laid out as pack_key does.
+  // The key this instance's first registration (id 1) would have, laid out as pack_key does.
   const auto key = encode_key(Key{decode_address(receiver.address()).nonce, 1, 0, 4096,
                                   ShareKind::Vmm});
   sender.connect(receiver.address(), "receiver r");
@@ -150,16 +156,16 @@ TEST(CudaIpcPlugin, KeyOfADeregisteredRegistrationIsRefused) {
   a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
   a.remote_key = &k;  // no local memory: a put that gets past the key checks fails on that
   a.deadline_ns = in_seconds(10);
-  std::string message;
-  ferry_status_code_t code = FERRY_STATUS_INVALID_ARGUMENT;
-  // The Revoked message crosses the receiver's socket; until it arrived the put fails later on.
-  for (int i = 0; i < 5000 && code == FERRY_STATUS_INVALID_ARGUMENT; ++i) {
+  // A Revoked would cross the receiver's socket within milliseconds; 300 ms of puts see none.
+  for (int i = 0; i < 300; ++i) {
+    std::string message;
     ferry_request_t* r = nullptr;
-    code = code_and_message(plugin()->put(sender.get(), sender.peer(), &a, &r), &message);
-    if (code == FERRY_STATUS_INVALID_ARGUMENT) ::usleep(1000);
+    ASSERT_EQ(code_and_message(plugin()->put(sender.get(), sender.peer(), &a, &r), &message),
+              FERRY_STATUS_INVALID_ARGUMENT)
+        << message;
+    ASSERT_NE(message.find("the local memory is not registered"), std::string::npos) << message;
+    ::usleep(1000);
   }
-  EXPECT_EQ(code, FERRY_STATUS_FAILED_PRECONDITION);
-  EXPECT_NE(message.find("receiver r deregistered its memory 1"), std::string::npos) << message;
 }
 
 TEST(CudaIpcPlugin, PostedReceiveFailsNamingAPeerThatWentAway) {
