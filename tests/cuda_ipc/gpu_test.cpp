@@ -373,6 +373,17 @@ TEST(CudaIpcGpu, LegacyHandlesWithOffsetsInsideOneAllocation) {
   EXPECT_EQ(peer.ask("check" + args({1, 24, 0, 1 * kMiB})), "");
 }
 
+// A put of `bytes` from the start of `m` to the start of the memory behind `key` (which must
+// outlive the args), with a 10 s deadline: for calls that expect a refusal.
+ferry_put_args_t whole_put(ferry_memory_t* m, std::uint64_t bytes, const ferry_blob_t& key) {
+  ferry_put_args_t a{};
+  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
+  a.local = Transport::range(m, 0, bytes);
+  a.remote_key = &key;
+  a.deadline_ns = in_seconds(10);
+  return a;
+}
+
 TEST(CudaIpcGpu, AKeyWhoseRegistrationWasDroppedIsRefusedNamingIt) {
   Peer peer;
   const auto key = unhex(peer.ask("store" + args({4 * kMiB, 2 * kMiB})));
@@ -387,11 +398,7 @@ TEST(CudaIpcGpu, AKeyWhoseRegistrationWasDroppedIsRefusedNamingIt) {
   // Its key was packed (offered): the receiver tells this sender when it deregisters it.
   ASSERT_EQ(peer.ask("drop" + args({0})), "");
   ferry_blob_t k = borrow(key);
-  ferry_put_args_t a{};
-  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
-  a.local = Transport::range(m, 0, 4 * kMiB);
-  a.remote_key = &k;
-  a.deadline_ns = in_seconds(10);
+  const ferry_put_args_t a = whole_put(m, 4 * kMiB, k);
   std::string message;
   ferry_status_code_t code = FERRY_STATUS_OK;
   // The Revoked message crosses the socket; until it arrived the put is queued (and flushed).
@@ -441,11 +448,7 @@ TEST(CudaIpcGpu, RestartedReceiversOldKeyIsRefused) {
   const auto new_key = unhex(second.ask("store" + args({4 * kMiB, 2 * kMiB})));
   pair(sender, second, "receiver incarnation 2");
   ferry_blob_t k = borrow(old_key);
-  ferry_put_args_t a{};
-  a.struct_size = FERRY_STRUCT_SIZE(ferry_put_args_t, deadline_ns);
-  a.local = Transport::range(m, 0, 4 * kMiB);
-  a.remote_key = &k;
-  a.deadline_ns = in_seconds(10);
+  const ferry_put_args_t a = whole_put(m, 4 * kMiB, k);
   ferry_request_t* r = nullptr;
   ErrorPtr e(Transport::api()->put(sender.get(), sender.peer(), &a, &r));
   ASSERT_TRUE(e);
